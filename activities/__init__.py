@@ -1,0 +1,1 @@
+"""Temporal activities: methods of classes built by each process's worker."""

@@ -1,0 +1,113 @@
+"""Every admitted prompt group that is not yet trained or discarded, sibling by sibling.
+
+This is the recovery ledger's seed: it knows each unfinished group's problem, which
+siblings are sealed and how many attempts each one used, so retries, drops and (later)
+restores all read one record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+
+from schemas.rollout import Problem
+
+
+class SiblingState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SEALED = "sealed"
+    DROPPED = "dropped"
+
+
+@dataclass
+class SiblingEntry:
+    state: SiblingState = SiblingState.PENDING
+    attempts: int = 0
+    last_reason: str = ""
+
+
+@dataclass
+class GroupEntry:
+    group_id: str
+    problem: Problem
+    siblings: list[SiblingEntry] = field(default_factory=list)
+    complete: bool = False
+
+    def settled(self) -> bool:
+        return all(s.state in (SiblingState.SEALED, SiblingState.DROPPED) for s in self.siblings)
+
+    def sealed(self) -> int:
+        return sum(s.state == SiblingState.SEALED for s in self.siblings)
+
+
+class GroupLedger:
+    def __init__(self, min_sealed: int = 2) -> None:
+        self._groups: dict[str, GroupEntry] = {}
+        self._min_sealed = min_sealed
+
+    def admit(self, group_id: str, problem: Problem, group_size: int) -> None:
+        self._groups[group_id] = GroupEntry(group_id, problem, [SiblingEntry() for _ in range(group_size)])
+
+    def start_attempt(self, group_id: str, sibling: int) -> int:
+        entry = self._groups[group_id].siblings[sibling]
+        entry.state = SiblingState.RUNNING
+        attempt = entry.attempts
+        entry.attempts += 1
+        return attempt
+
+    def seal(self, group_id: str, sibling: int) -> None:
+        self._groups[group_id].siblings[sibling].state = SiblingState.SEALED
+
+    def fail(self, group_id: str, sibling: int, reason: str, max_attempts: int) -> bool:
+        """Record a failed attempt; True when the sibling may be tried again."""
+        entry = self._groups[group_id].siblings[sibling]
+        entry.last_reason = reason
+        if entry.attempts < max_attempts:
+            entry.state = SiblingState.PENDING
+            return True
+        entry.state = SiblingState.DROPPED
+        return False
+
+    def settle(self, group_id: str) -> bool | None:
+        """None while siblings still run; True when trainable; False when too few sealed."""
+        group = self._groups[group_id]
+        if not group.settled():
+            return None
+        group.complete = group.sealed() >= self._min_sealed
+        return group.complete
+
+    def problem(self, group_id: str) -> Problem:
+        return self._groups[group_id].problem
+
+    def finish(self, group_ids: list[str]) -> None:
+        for group_id in group_ids:
+            self._groups.pop(group_id, None)
+
+    def inflight(self) -> int:
+        return len(self._groups)
+
+    def complete_group_ids(self) -> list[str]:
+        return [gid for gid, group in self._groups.items() if group.complete]
+
+    def state_dict(self) -> dict:
+        return {
+            "groups": [
+                {
+                    "group_id": g.group_id,
+                    "problem": g.problem.model_dump(),
+                    "complete": g.complete,
+                    "siblings": [asdict(s) for s in g.siblings],
+                }
+                for g in self._groups.values()
+            ]
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self._groups.clear()
+        for raw in state["groups"]:
+            siblings = [
+                SiblingEntry(SiblingState(s["state"]), s["attempts"], s["last_reason"]) for s in raw["siblings"]
+            ]
+            problem = Problem.model_validate(raw["problem"])
+            self._groups[raw["group_id"]] = GroupEntry(raw["group_id"], problem, siblings, raw["complete"])

@@ -1,0 +1,80 @@
+"""Ray placement of the trainer, the policy server and the environment server.
+
+Local by default (Ray's temp dir inside the run directory, auth off for a one-user
+machine); `ray.address` joins an existing cluster instead.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+
+from schemas.config import TurnkeepConfig
+
+
+@dataclass
+class Processes:
+    trainer: object
+    policy: object
+    env: object
+    model_dir: Path
+    policy_url: str
+    env_url: str
+
+
+def start_ray(cfg: TurnkeepConfig, run_dir: Path) -> None:
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if cfg.ray.address:
+        ray.init(address=cfg.ray.address, logging_level="WARNING")
+        return
+    temp_dir = run_dir.resolve() / "ray"
+    # Ray's unix socket paths live under the temp dir and must stay below ~107 bytes.
+    if len(str(temp_dir)) > 60:
+        raise ValueError(
+            f"run.run_dir resolves to a long path ({temp_dir}); Ray's sockets under it would exceed the "
+            "unix path limit. Use a shorter run.run_dir."
+        )
+    ray.init(
+        num_cpus=cfg.ray.num_cpus or os.cpu_count(),
+        _temp_dir=str(temp_dir),
+        include_dashboard=False,
+        logging_level="WARNING",
+        log_to_driver=True,
+    )
+
+
+@ray.remote(num_cpus=0)
+def _make_model(cfg_json: str) -> str:
+    from gpu_workers.tiny_model.build import ensure_tiny_model
+
+    cfg = TurnkeepConfig.model_validate_json(cfg_json)
+    return str(ensure_tiny_model(cfg.model, cfg.task, cfg.run.seed))
+
+
+async def launch(cfg: TurnkeepConfig) -> Processes:
+    from envs.env_actor import EnvServerActor
+    from gpu_workers.policy_actor import PolicyActor
+    from gpu_workers.trainer_actor import TrainerActor
+
+    cfg_json = cfg.model_dump_json()
+    model_dir = await _make_model.remote(cfg_json)
+    trainer = TrainerActor.options(name="trainer").remote()
+    policy = PolicyActor.options(name="policy", num_cpus=0).remote()
+    env = EnvServerActor.options(name="env").remote()
+    policy_url = await policy.start.remote(model_dir, cfg.policy.model_dump_json(), cfg.run.seed)
+    await trainer.setup.remote(model_dir, cfg_json)
+    env_url = await env.start.remote(model_dir, policy_url, cfg_json)
+    return Processes(trainer, policy, env, Path(model_dir), policy_url, env_url)
+
+
+async def shutdown(processes: Processes | None) -> None:
+    if processes is not None:
+        for actor in (processes.env, processes.policy):
+            try:
+                await actor.stop.remote()
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
+    ray.shutdown()

@@ -1,0 +1,162 @@
+"""Rollout pump: dataloader -> prompt group -> admission gate -> one /run per sibling.
+
+A sibling's row is written to the data plane under the barrier and only then is its
+receipt ACKed, so a finished result is always either stored here or still held by the
+environment server. Failed or timed-out attempts are retried up to
+`rollout.max_attempts`, then the sibling is dropped with its reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import aiohttp
+
+from controller.data_plane import DataPlane
+from controller.dataloader import PromptDataloader
+from controller.env_client import EnvClient, EnvServerError
+from controller.group_ledger import GroupLedger
+from controller.run_stats import RunStats
+from primitives.deadlines import DeadlineExpired, DeadlineRegistry
+from primitives.holds import HoldSet
+from schemas.config import RolloutConfig
+from schemas.rollout import RolloutOutcome, RolloutRequest, RolloutResult
+
+log = logging.getLogger("turnkeep.rollout")
+
+
+class RolloutPump:
+    def __init__(
+        self,
+        cfg: RolloutConfig,
+        inflight_limit: int,
+        dataloader: PromptDataloader,
+        ledger: GroupLedger,
+        data_plane: DataPlane,
+        env: EnvClient,
+        admission: HoldSet,
+        deadlines: DeadlineRegistry,
+        stats: RunStats,
+        on_group_settled: Callable[[str, bool], None],
+    ) -> None:
+        self._cfg = cfg
+        self._inflight_limit = inflight_limit
+        self._dataloader = dataloader
+        self._ledger = ledger
+        self._data_plane = data_plane
+        self._env = env
+        self._admission = admission
+        self._deadlines = deadlines
+        self._stats = stats
+        self._on_group_settled = on_group_settled
+        self._slot_freed = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()
+        self.crashed: BaseException | None = None
+
+    def group_finished(self) -> None:
+        """A group was trained or discarded: its in-flight slot is free."""
+        self._slot_freed.set()
+
+    async def run(self) -> None:
+        self._main_task = asyncio.current_task()
+        try:
+            while True:
+                await self._wait_for_slot()
+                await self._admission.wait_clear()
+                group_id, problem = self._dataloader.next_group()
+                self._ledger.admit(group_id, problem, self._cfg.group_size)
+                for sibling in range(self._cfg.group_size):
+                    self._spawn(self._run_sibling(group_id, sibling))
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            if self.crashed is not None:
+                raise RuntimeError("a rollout sibling task crashed; see the log above") from self.crashed
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._sibling_done)
+
+    def _sibling_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # A sibling task dying silently would leave its group unsettled forever.
+            log.error("sibling task crashed", exc_info=task.exception())
+            self.crashed = task.exception()
+            self._main_task.cancel()
+
+    async def _wait_for_slot(self) -> None:
+        while self._ledger.inflight() >= self._inflight_limit:
+            self._slot_freed.clear()
+            await self._slot_freed.wait()
+
+    async def _run_sibling(self, group_id: str, sibling: int) -> None:
+        while True:
+            await self._admission.wait_clear()
+            attempt = self._ledger.start_attempt(group_id, sibling)
+            request = RolloutRequest(
+                rollout_id=f"{group_id}.{sibling}.{attempt}",
+                group_id=group_id,
+                sibling=sibling,
+                attempt=attempt,
+                problem=self._ledger.problem(group_id),
+            )
+            result = await self._attempt(request)
+            if result.row is not None and not result.outcome.is_error():
+                await self._store(result)
+                self._ledger.seal(group_id, sibling)
+                break
+            log.info("rollout %s %s: %s", request.rollout_id, result.outcome, result.reason)
+            if self._ledger.fail(group_id, sibling, f"{result.outcome}: {result.reason}", self._cfg.max_attempts):
+                self._stats.retries += 1
+                continue
+            self._stats.siblings_dropped[str(result.outcome)] += 1
+            log.warning("sibling %s.%s dropped after %d attempts: %s", group_id, sibling, attempt + 1, result.reason)
+            break
+        trainable = self._ledger.settle(group_id)
+        if trainable is not None:
+            self._on_group_settled(group_id, trainable)
+
+    async def _attempt(self, request: RolloutRequest) -> RolloutResult:
+        budget = self._cfg.rollout_timeout_s
+        try:
+            return await self._deadlines.run_with_deadline(request.rollout_id, budget, self._env.run(request))
+        except DeadlineExpired:
+            await self._cancel_quietly(request.rollout_id)
+            return _failed(request, RolloutOutcome.TIMED_OUT, f"ran longer than rollout_timeout_s={budget}")
+        except (aiohttp.ClientError, EnvServerError, asyncio.TimeoutError, ValueError) as err:
+            return _failed(request, RolloutOutcome.FAILED, f"{type(err).__name__}: {err}")
+
+    async def _cancel_quietly(self, rollout_id: str) -> None:
+        try:
+            await self._env.cancel(rollout_id)
+        except (aiohttp.ClientError, EnvServerError) as err:
+            log.warning("could not cancel %s on the environment server: %s", rollout_id, err)
+
+    async def _store(self, result: RolloutResult) -> None:
+        row = result.row
+        assert row is not None
+        async with self._data_plane.barrier:
+            if self._data_plane.put(row):
+                self._stats.generated_tokens += row.generated_tokens()
+                self._stats.rows_sealed += 1
+            # ACK only after the row is stored, and never while a cut holds the barrier.
+            await self._ack(result.receipt)
+
+    async def _ack(self, receipt: str) -> None:
+        for attempt in range(5):
+            try:
+                await self._env.ack(receipt)
+                return
+            except (aiohttp.ClientError, EnvServerError) as err:
+                log.warning("ACK of %s failed (try %d): %s", receipt, attempt + 1, err)
+                await asyncio.sleep(0.2 * 2**attempt)
+        raise EnvServerError(f"could not ACK receipt {receipt} after 5 tries; the row is stored")
+
+
+def _failed(request: RolloutRequest, outcome: RolloutOutcome, reason: str) -> RolloutResult:
+    return RolloutResult(rollout_id=request.rollout_id, outcome=outcome, reason=reason)

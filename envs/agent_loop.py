@@ -1,0 +1,80 @@
+"""The multi-turn agent loop: policy turn -> tool -> turn boundary record, until done.
+
+After every completed turn (the policy's turn and its tool result) the loop commits a
+turn boundary record and then passes the boundary gate: a checkpoint that wants agents
+parked holds the gate, so agents stop exactly at boundaries and a running tool call
+finishes first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from envs.codec import TurnCodec
+from envs.environment import Environment
+from envs.policy_client import PolicyClient
+from envs.turn_records import TurnRecords
+from primitives.holds import HoldSet
+from schemas.policy import CompletionRequest
+from schemas.rollout import RolloutOutcome, RolloutRequest, RolloutResult, RolloutRow, Segment, TurnBoundary
+
+
+@dataclass(frozen=True)
+class LoopLimits:
+    max_turns: int
+    max_tokens_per_turn: int
+    max_model_len: int
+    temperature: float
+
+
+async def run_agent(
+    request: RolloutRequest,
+    env: Environment,
+    codec: TurnCodec,
+    policy: PolicyClient,
+    records: TurnRecords,
+    boundary_gate: HoldSet,
+    limits: LoopLimits,
+) -> RolloutResult:
+    segments = [Segment(kind="prompt", token_ids=codec.conversation_start(env.prompt()))]
+    outcome, reason = RolloutOutcome.TRUNCATED, f"no final answer within max_turns={limits.max_turns}"
+    for turn in range(limits.max_turns):
+        context = [tok for seg in segments for tok in seg.token_ids]
+        budget = min(limits.max_tokens_per_turn, limits.max_model_len - len(context))
+        if budget <= 0:
+            reason = f"conversation reached max_model_len={limits.max_model_len}"
+            break
+        completion = await policy.complete(
+            CompletionRequest(
+                prompt=context,
+                max_tokens=budget,
+                temperature=limits.temperature,
+                stop_token_ids=[codec.newline_id],
+            )
+        )
+        choice = completion.choices[0]
+        segments.append(
+            Segment(
+                kind="policy",
+                token_ids=choice.token_ids,
+                logprobs=choice.logprobs.token_logprobs,
+                policy_version=completion.policy_version,
+            )
+        )
+        step = await env.step(codec.decode(choice.token_ids))
+        if step.observation is not None:
+            segments.append(Segment(kind="tool", token_ids=codec.encode(step.observation)))
+        records.commit(TurnBoundary(rollout_id=request.rollout_id, turn_index=turn + 1, segments=segments))
+        if step.done:
+            outcome, reason = RolloutOutcome.FINISHED, ""
+            break
+        await boundary_gate.wait_clear()
+    row = RolloutRow(
+        group_id=request.group_id,
+        sibling=request.sibling,
+        attempt=request.attempt,
+        segments=segments,
+        reward=env.reward(),
+        num_turns=sum(seg.kind == "policy" for seg in segments),
+    )
+    return RolloutResult(rollout_id=request.rollout_id, outcome=outcome, reason=reason, row=row)

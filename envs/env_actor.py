@@ -1,0 +1,30 @@
+"""Ray actor that hosts the environment server in its own process."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import ray
+
+from envs.agent_loop import LoopLimits
+from envs.server import EnvServer
+from schemas.config import TurnkeepConfig
+
+
+@ray.remote(num_cpus=0)
+class EnvServerActor:
+    async def start(self, model_dir: str, policy_url: str, cfg_json: str) -> str:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        cfg = TurnkeepConfig.model_validate_json(cfg_json)
+        limits = LoopLimits(
+            max_turns=cfg.rollout.max_turns,
+            max_tokens_per_turn=cfg.rollout.max_tokens_per_turn,
+            max_model_len=cfg.policy.max_model_len,
+            temperature=cfg.rollout.temperature,
+        )
+        self._server = EnvServer(Path(model_dir), policy_url, cfg.env, limits)
+        return await self._server.start()
+
+    async def stop(self) -> None:
+        await self._server.stop()

@@ -1,0 +1,129 @@
+"""The environment server: runs agent loops over HTTP for the controller.
+
+Routes: `POST /run` (a RolloutRequest; answers with a RolloutResult whose receipt must
+be ACKed), `POST /ack`, `POST /cancel`, `GET /health`. A rollout runs as its own task,
+so a cancel (or a controller that went away) stops exactly that agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+from pydantic import ValidationError
+
+from envs.agent_loop import LoopLimits, run_agent
+from envs.calc_env import CalcEnvironment
+from envs.codec import TurnCodec
+from envs.policy_client import PolicyCallError, PolicyClient
+from envs.receipts import ReceiptBook
+from envs.turn_records import TurnRecords
+from primitives.holds import HoldSet
+from schemas.config import EnvServerConfig
+from schemas.rollout import AckRequest, RolloutOutcome, RolloutRequest, RolloutResult
+
+log = logging.getLogger("turnkeep.env")
+
+
+class EnvServer:
+    def __init__(self, model_dir: Path, policy_url: str, cfg: EnvServerConfig, limits: LoopLimits) -> None:
+        self._codec = TurnCodec(model_dir)
+        self._policy_url = policy_url
+        self._cfg = cfg
+        self._limits = limits
+        self.records = TurnRecords()
+        self.receipts = ReceiptBook()
+        self.boundary_gate = HoldSet()
+        self._running: dict[str, asyncio.Task] = {}
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> str:
+        # The default connector allows 100 connections; every running agent needs one.
+        connector = aiohttp.TCPConnector(limit=0)
+        self._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
+        self._policy = PolicyClient(self._policy_url, self._session)
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.add_routes(
+            [
+                web.post("/run", self._handle_run),
+                web.post("/ack", self._handle_ack),
+                web.post("/cancel", self._handle_cancel),
+                web.get("/health", self._handle_health),
+            ]
+        )
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._cfg.host, self._cfg.port)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        return f"http://{self._cfg.host}:{port}"
+
+    async def stop(self) -> None:
+        for task in list(self._running.values()):
+            task.cancel()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    async def _handle_run(self, http: web.Request) -> web.Response:
+        try:
+            request = RolloutRequest.model_validate_json(await http.read())
+        except ValidationError as err:
+            return _bad_request(f"not a RolloutRequest: {err}")
+        if request.rollout_id in self._running:
+            return _bad_request(f"rollout {request.rollout_id} is already running; use a new attempt number")
+        task = asyncio.get_running_loop().create_task(self._run(request))
+        self._running[request.rollout_id] = task
+        try:
+            result = await asyncio.shield(task)
+        finally:
+            if task.done():
+                self._running.pop(request.rollout_id, None)
+        return web.Response(body=result.model_dump_json(), content_type="application/json")
+
+    async def _run(self, request: RolloutRequest) -> RolloutResult:
+        env = CalcEnvironment(request.problem, self._cfg.tool_latency_s)
+        try:
+            result = await run_agent(
+                request, env, self._codec, self._policy, self.records, self.boundary_gate, self._limits
+            )
+        except (PolicyCallError, aiohttp.ClientError, ValidationError) as err:
+            result = RolloutResult(
+                rollout_id=request.rollout_id, outcome=RolloutOutcome.FAILED, reason=f"{type(err).__name__}: {err}"
+            )
+        finally:
+            self.records.forget(request.rollout_id)
+        return self.receipts.issue(result) if result.row is not None else result
+
+    async def _handle_ack(self, http: web.Request) -> web.Response:
+        try:
+            ack = AckRequest.model_validate_json(await http.read())
+        except ValidationError as err:
+            return _bad_request(f"not an AckRequest: {err}")
+        return web.json_response({"was_pending": self.receipts.ack(ack.receipt)})
+
+    async def _handle_cancel(self, http: web.Request) -> web.Response:
+        body = await http.json()
+        task = self._running.pop(str(body.get("rollout_id")), None)
+        if task is not None:
+            task.cancel()
+        return web.json_response({"cancelled": task is not None})
+
+    async def _handle_health(self, http: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "running": len(self._running),
+                "unacked": self.receipts.unacked(),
+                "turn_commits": self.records.commits,
+                "boundary_holders": sorted(self.boundary_gate.holders()),
+            }
+        )
+
+
+def _bad_request(message: str) -> web.Response:
+    return web.json_response({"error": message}, status=400)

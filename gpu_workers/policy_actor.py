@@ -1,0 +1,49 @@
+"""The policy server as a Ray actor, so Ray can place it and move weights to it.
+
+An async actor: every method runs on the actor's one event loop, which is also
+where the PolicyServer's HTTP endpoint and gate live, so no locking is needed.
+vLLM spawns its engine processes from inside the actor; they import
+`gpu_workers.*` by package path, which works because the project is installed.
+The config travels as JSON so the actor needs no pickled pydantic objects.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from gpu_workers.policy_server import PolicyServer
+from schemas.config import PolicyServerConfig
+
+
+@ray.remote
+class PolicyActor:
+    """Owns one PolicyServer (vLLM engine + completions endpoint)."""
+
+    def __init__(self) -> None:
+        self._server = PolicyServer()
+
+    async def start(self, model_dir: str, cfg_json: str, seed: int = 0) -> str:
+        """Start engine and endpoint; return the base URL agents call."""
+        cfg = PolicyServerConfig.model_validate_json(cfg_json)
+        return await self._server.start(model_dir, cfg, seed=seed)
+
+    async def load_weights(self, blob: bytes, version: int) -> float:
+        """Load safetensors bytes as `version`; return seconds admission was closed."""
+        return await self._server.load_weights(blob, version)
+
+    async def health(self) -> dict[str, Any]:
+        return self._server.health()
+
+    async def close_admission(self, holder: str, lease_s: float | None = None) -> bool:
+        return self._server.close_admission(holder, lease_s=lease_s)
+
+    async def open_admission(self, holder: str) -> bool:
+        return self._server.open_admission(holder)
+
+    async def drain(self, timeout_s: float | None = None) -> int:
+        return await self._server.drain(timeout_s)
+
+    async def stop(self) -> None:
+        await self._server.stop()

@@ -1,0 +1,89 @@
+"""HTTP face of the policy server (aiohttp): completions and health.
+
+Errors use OpenAI's shape, `{"error": {"message", "type", "param"}}`, and `param`
+names the offending field, so an agent's log says what to fix. Requests are fully
+validated here and in `PolicyServer._check_request` before vLLM sees them: a
+malformed request that reaches vLLM's engine-core input thread can kill it and
+hang every later call.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from gpu_workers.policy_errors import RequestError, WeightsUnavailable
+from schemas.policy import CompletionRequest
+
+if TYPE_CHECKING:
+    from gpu_workers.policy_server import PolicyServer
+
+logger = logging.getLogger("turnkeep.policy_http")
+
+SERVER_KEY: web.AppKey[Any] = web.AppKey("policy_server", object)
+
+
+def build_app(server: "PolicyServer") -> web.Application:
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app[SERVER_KEY] = server
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_get("/health", _health)
+    return app
+
+
+def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": param}}
+    return web.json_response(body, status=status)
+
+
+async def _parse(request: web.Request) -> CompletionRequest:
+    try:
+        body = await request.json(loads=json.loads)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestError(None, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise RequestError(None, "request body must be a JSON object")
+    try:
+        return CompletionRequest.model_validate(body)
+    except ValidationError as exc:
+        errors = exc.errors()
+        problems = "; ".join(f"{_param(e['loc'])}: {e['msg']}" for e in errors)
+        raise RequestError(_param(errors[0]["loc"]), problems) from None
+
+
+def _param(loc: tuple[int | str, ...]) -> str | None:
+    """`prompt.3` for a bad list item; drops pydantic's union-member tags (`seed.int`)."""
+    if not loc:
+        return None
+    parts = [str(loc[0])]
+    for item in loc[1:]:
+        if not isinstance(item, int):
+            break
+        parts.append(str(item))
+    return ".".join(parts)
+
+
+async def _completions(request: web.Request) -> web.Response:
+    server = request.app[SERVER_KEY]
+    try:
+        req = await _parse(request)
+        resp = await server.complete(req)
+    except RequestError as exc:
+        return _error(exc.status, str(exc), exc.param)
+    except WeightsUnavailable as exc:
+        return _error(exc.status, str(exc), kind="service_unavailable")
+    except ValueError as exc:
+        # vLLM's own input checks (sampling parameters it refuses) raise ValueError.
+        return _error(400, str(exc))
+    except Exception as exc:
+        logger.exception("completion failed")
+        return _error(500, f"{type(exc).__name__}: {exc}", kind="server_error")
+    return web.Response(text=resp.model_dump_json(), content_type="application/json")
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.json_response(request.app[SERVER_KEY].health())

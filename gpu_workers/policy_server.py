@@ -1,0 +1,179 @@
+"""The policy server: one vLLM engine, its admission gate, its weight version.
+
+Agents call `POST /v1/completions` (see `policy_http`); the trainer calls
+`load_weights` after each optimizer step; snapshot activities close admission and
+drain. The version stamped on a response is the version that generated every one
+of its tokens, because a weight load first closes the gate (holder `refit`) and
+drains every accepted call, so no call ever straddles two versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from gpu_workers.policy_admission import AdmissionGate
+from gpu_workers.policy_errors import RequestError, WeightsUnavailable
+from gpu_workers.policy_http import build_app
+from gpu_workers.vllm_engine import build_engine, generate
+from gpu_workers.vllm_refit import refit_engine
+from schemas.config import PolicyServerConfig
+from schemas.policy import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
+
+logger = logging.getLogger("turnkeep.policy_server")
+
+REFIT_HOLDER = "refit"
+
+
+class PolicyServer:
+    """vLLM engine + HTTP endpoint + admission gate + policy version."""
+
+    def __init__(self) -> None:
+        self.gate = AdmissionGate()
+        self.policy_version = 0
+        # False after a failed load: the model may hold a mix of two versions.
+        self.weights_ok = True
+        self._engine: Any = None
+        self._cfg: PolicyServerConfig | None = None
+        self._vocab_size = 0
+        self._runner: web.AppRunner | None = None
+        self._refit_lock = asyncio.Lock()
+        self.url = ""
+
+    async def start(self, model_dir: str | Path, cfg: PolicyServerConfig, seed: int = 0) -> str:
+        """Start the engine and the endpoint; return the base URL (http://host:port)."""
+        self._cfg = cfg
+        # Engine start blocks for ~20 s; a thread keeps this loop (Ray, Temporal) live.
+        self._engine = await asyncio.to_thread(build_engine, model_dir, cfg, seed)
+        self._vocab_size = self._engine.model_config.get_vocab_size()
+        # The first request pays ~1.5 s of lazy setup (output handler, first batch
+        # shapes); pay it here, before agents see the URL, and prove the engine works.
+        await generate(self._engine, [0], 1, 1.0, [], 0)
+        self._runner = web.AppRunner(build_app(self), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, cfg.host, cfg.port)
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        self.url = f"http://{host}:{port}"
+        logger.info("policy server listening on %s", self.url)
+        return self.url
+
+    async def stop(self) -> None:
+        """Stop the endpoint, then the engine (its processes exit with it)."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            await asyncio.to_thread(engine.shutdown)
+            # AsyncLLM sits in reference cycles; collect it now, while vLLM's modules
+            # are alive, or its __del__ re-runs shutdown at interpreter exit and fails.
+            del engine
+            gc.collect()
+
+    # -- admission ---------------------------------------------------------------
+
+    def close_admission(self, holder: str, lease_s: float | None = None) -> bool:
+        return self.gate.close(holder, lease_s=lease_s)
+
+    def open_admission(self, holder: str) -> bool:
+        return self.gate.open(holder)
+
+    async def drain(self, timeout_s: float | None = None) -> int:
+        return await self.gate.drain(timeout_s)
+
+    def inflight(self) -> int:
+        return self.gate.inflight()
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "policy_version": self.policy_version,
+            "inflight": self.gate.inflight(),
+            "admission_open": self.gate.is_open(),
+            "holders": self.gate.holders(),
+            "weights_ok": self.weights_ok,
+        }
+
+    # -- completions ---------------------------------------------------------------
+
+    async def complete(self, req: CompletionRequest) -> CompletionResponse:
+        """Serve one completion once admitted; stamp it with the generating version."""
+        self._check_request(req)
+        async with self.gate.admitted():
+            if not self.weights_ok:
+                raise WeightsUnavailable(f"weight load after version {self.policy_version} failed; retry it")
+            version = self.policy_version
+            sample = await generate(
+                self._engine, req.prompt, req.max_tokens, req.temperature, req.stop_token_ids, req.seed
+            )
+            if self.policy_version != version:
+                # Cannot happen while refits drain first; refuse rather than mislabel.
+                raise RuntimeError(f"policy version moved from {version} to {self.policy_version} mid-call")
+        choice = CompletionChoice(
+            text=sample.text,
+            token_ids=sample.token_ids,
+            logprobs=CompletionLogprobs(token_logprobs=sample.logprobs),
+            finish_reason=sample.finish_reason,
+        )
+        return CompletionResponse(id=f"cmpl-{uuid.uuid4().hex}", choices=[choice], policy_version=version)
+
+    def _check_request(self, req: CompletionRequest) -> None:
+        """Reject what vLLM would reject later, or worse, choke on in its engine loop."""
+        assert self._cfg is not None, "server not started"
+        if not req.prompt:
+            raise RequestError("prompt", "prompt must hold at least one token id")
+        _check_ids("prompt", req.prompt, self._vocab_size)
+        _check_ids("stop_token_ids", req.stop_token_ids, self._vocab_size)
+        room = self._cfg.max_model_len - len(req.prompt)
+        if room < 1:
+            raise RequestError("prompt", f"prompt has {len(req.prompt)} tokens; max_model_len is {self._cfg.max_model_len}")
+        if req.max_tokens > room:
+            raise RequestError(
+                "max_tokens",
+                f"max_tokens {req.max_tokens} + prompt {len(req.prompt)} exceeds max_model_len {self._cfg.max_model_len}",
+            )
+        if req.seed is not None and not -(2**63) <= req.seed < 2**63:
+            raise RequestError("seed", "seed must fit in a signed 64-bit integer")
+
+    # -- weights -------------------------------------------------------------------
+
+    async def load_weights(self, blob: bytes, version: int, drain_timeout_s: float | None = 120.0) -> float:
+        """Load new weights as `version`; return the seconds admission was closed.
+
+        A retry with the current version reloads the same weights (harmless); an
+        older version is refused, so a late retry can never roll the policy back.
+        """
+        async with self._refit_lock:
+            if version < self.policy_version:
+                raise ValueError(f"refusing weights for version {version}: serving {self.policy_version}")
+            started = time.monotonic()
+            self.gate.close(REFIT_HOLDER)
+            try:
+                await self.gate.drain(drain_timeout_s)
+                try:
+                    await refit_engine(self._engine, blob)
+                except BaseException:
+                    # The gate still reopens (no hold outlives its owner), but calls
+                    # get 503 until a load succeeds instead of mislabelled tokens.
+                    self.weights_ok = False
+                    raise
+                self.policy_version = version
+                self.weights_ok = True
+            finally:
+                self.gate.open(REFIT_HOLDER)
+            closed_s = time.monotonic() - started
+            logger.info("loaded policy version %d (admission closed %.3fs)", version, closed_s)
+            return closed_s
+
+
+def _check_ids(field: str, ids: list[int], vocab_size: int) -> None:
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if bad:
+        raise RequestError(field, f"token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")

@@ -1,0 +1,180 @@
+"""Make the made-up tiny policy model once and cache it as a Hugging Face directory.
+
+No model can be downloaded here, so the project makes its own: a tokenizer trained on
+calc transcripts, a small Llama (`LlamaForCausalLM`, so vLLM and transformers both load
+it), a supervised warm start, saved as config.json + model.safetensors +
+generation_config.json + tokenizer files.
+
+The cache directory is keyed by a hash of everything that shapes the weights (the tiny
+model's config, the task config, the seed and `FORMAT_VERSION`), so the same inputs
+always give the same directory, and the same bit-identical weights. The model is built
+into a staging directory, fsynced, then renamed into place (`primitives.atomic_files`)
+under a file lock: a crash leaves at most a stale staging directory (removed by the
+next build of that key), never a half-made model at the final path, and a concurrent
+caller waits on the lock, then reuses the finished directory.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import random
+import shutil
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from tokenizers import Tokenizer
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+from envs.calc_task import sample_problem, synthetic_transcript
+from gpu_workers.tiny_model.tokenizer import save_tokenizer, special_ids, train_tokenizer
+from gpu_workers.tiny_model.warm_start import rollout_reward, warm_start
+from primitives.atomic_files import STAGING_PREFIX, publish_dir, staging_dir
+from schemas.config import ModelConfig, TaskConfig, TinyModelConfig
+
+log = logging.getLogger("turnkeep.model")
+
+FORMAT_VERSION = 1
+"""Bump when the recipe changes (tokenizer, init, warm start) so old caches are not reused."""
+TOKENIZER_CORPUS = 2000
+"""Transcripts the tokenizer is trained on."""
+EXTRA_LINES = ["R ERR\n"] * 8
+"""Lines the synthetic transcripts never contain but the environment sends."""
+EVAL_ROLLOUTS = 128
+"""Rollouts sampled after the warm start to log the starting reward."""
+RECIPE_FILE = "turnkeep_tiny.json"
+"""What the directory was made from, plus the measured starting reward."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that shapes the tiny model's bytes."""
+
+    tiny: TinyModelConfig
+    task: TaskConfig
+    seed: int
+
+    def as_json(self) -> dict:
+        return {
+            "format": FORMAT_VERSION,
+            "tiny": self.tiny.model_dump(mode="json"),
+            "task": self.task.model_dump(mode="json"),
+            "seed": self.seed,
+        }
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(self.as_json(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def ensure_tiny_model(
+    model_cfg: ModelConfig, task_cfg: TaskConfig, seed: int, *, eval_rollouts: int = EVAL_ROLLOUTS
+) -> Path:
+    """The model directory to use: `model_cfg.path` if set, else the cached tiny model.
+
+    `eval_rollouts` rollouts measure the starting reward once, when the model is made
+    (logged and stored in turnkeep_tiny.json); 0 skips that.
+    """
+    if model_cfg.path is not None:
+        return _validated(model_cfg.path.expanduser())
+    recipe = Recipe(model_cfg.tiny, task_cfg, seed)
+    cache = model_cfg.cache_dir.expanduser()
+    final = cache / f"tiny-{recipe.key()}"
+    if final.is_dir():
+        return final
+    cache.mkdir(parents=True, exist_ok=True)
+    with _locked(cache / f"{final.name}.lock"):
+        if final.is_dir():  # another process built it while we waited
+            return final
+        _build_atomically(final, recipe, eval_rollouts)
+    return final
+
+
+def cache_key(tiny: TinyModelConfig, task: TaskConfig, seed: int) -> str:
+    """The hash that names the cached directory (`tiny-<key>`)."""
+    return Recipe(tiny, task, seed).key()
+
+
+def _validated(path: Path) -> Path:
+    if not (path / "config.json").is_file():
+        raise ValueError(
+            f"model.path = {str(path)!r} holds no config.json. Point model.path at a Hugging "
+            f"Face model directory (config.json, weights, tokenizer files), or remove "
+            f"model.path to use the made-up tiny model."
+        )
+    return path
+
+
+@contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    with open(lock_path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _build_atomically(final: Path, recipe: Recipe, eval_rollouts: int) -> None:
+    # Only the lock holder gets here, so a staging directory of this key is left over
+    # from a crashed build (other keys' builds may be live: leave theirs alone).
+    for stale in final.parent.glob(f"{STAGING_PREFIX}{final.name}-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    staging = staging_dir(final.parent, final.name)
+    try:
+        _make_model_dir(staging, recipe, eval_rollouts)
+        publish_dir(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    log.info("tiny model cached at %s", final)
+
+
+def _make_model_dir(out: Path, recipe: Recipe, eval_rollouts: int) -> None:
+    started = time.monotonic()
+    log.info("making the tiny model (seed %d) in %s", recipe.seed, out)
+    tok = train_tokenizer(_tokenizer_corpus(recipe.task, recipe.seed))
+    model = _init_model(recipe.tiny, tok, recipe.seed)
+    warm_start(model, tok, recipe.tiny, recipe.task, recipe.seed)
+    model.save_pretrained(out)
+    save_tokenizer(tok, out, recipe.tiny.max_position_embeddings)
+    reward = None
+    if eval_rollouts:
+        reward = rollout_reward(model, tok, recipe.task, eval_rollouts, recipe.seed)
+    seconds = time.monotonic() - started
+    log.info("tiny model made in %.1f s; starting reward %s (%d rollouts)", seconds, reward, eval_rollouts)
+    summary = {"starting_reward": reward, "starting_reward_rollouts": eval_rollouts}
+    (out / RECIPE_FILE).write_text(json.dumps(recipe.as_json() | summary, indent=2) + "\n")
+
+
+def _tokenizer_corpus(task: TaskConfig, seed: int) -> list[str]:
+    rng = random.Random(f"turnkeep-tokenizer-{seed}")
+    problems = (sample_problem(task, rng) for _ in range(TOKENIZER_CORPUS))
+    return [synthetic_transcript(p, rng, 0.5) for p in problems] + EXTRA_LINES
+
+
+def _init_model(tiny: TinyModelConfig, tok: Tokenizer, seed: int) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=tiny.hidden_size,
+        intermediate_size=tiny.intermediate_size,
+        num_hidden_layers=tiny.num_layers,
+        num_attention_heads=tiny.num_heads,
+        num_key_value_heads=tiny.num_heads,
+        head_dim=tiny.head_dim,
+        max_position_embeddings=tiny.max_position_embeddings,
+        tie_word_embeddings=False,
+        dtype="float32",
+        **special_ids(tok),
+    )
+    # Fork the global RNG so making the model neither depends on nor disturbs the caller's.
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    model.generation_config = GenerationConfig(**special_ids(tok))
+    return model

@@ -1,0 +1,89 @@
+"""The trainer's compute: GRPO steps on a Hugging Face causal LM, plus its checkpoint state.
+
+The optimizer step is the only moment that changes what a checkpoint or snapshot would
+record, so `train_step` awaits the trainer hold right before every optimizer step; the
+forward/backward work before it runs in a thread so the hold can be taken and released
+while it computes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import random
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save as save_safetensors
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM
+
+from gpu_workers.grpo import build_batch, clipped_policy_loss, token_logprobs
+from primitives.atomic_files import atomic_write_json, fsync_tree
+from primitives.holds import HoldSet
+from schemas.config import TrainConfig
+from schemas.rollout import RolloutRow
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class Trainer:
+    def __init__(self, model_dir: Path, cfg: TrainConfig, dtype: str, seed: int, hold: HoldSet) -> None:
+        torch.manual_seed(seed)
+        random.seed(seed)
+        torch.set_num_threads(cfg.torch_threads)
+        self._cfg = cfg
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype])
+        self.model.train()
+        self._pad_id = self.model.config.pad_token_id or 0
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.hold = hold
+        self.policy_version = 0
+
+    async def train_step(self, rows: list[RolloutRow]) -> dict:
+        batch = build_batch(rows, self._pad_id)
+        totals = {"loss": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "grad_norm": 0.0, "hold_wait_s": 0.0}
+        compute_s = 0.0
+        for _ in range(self._cfg.passes_per_batch):
+            started = time.monotonic()
+            stats = await asyncio.to_thread(self._backward, batch)
+            compute_s += time.monotonic() - started
+            waited = time.monotonic()
+            await self.hold.wait_clear()
+            totals["hold_wait_s"] += time.monotonic() - waited
+            stats["grad_norm"] = await asyncio.to_thread(self._optimizer_step)
+            for key in ("loss", "clip_frac", "approx_kl", "grad_norm"):
+                totals[key] += stats[key] / self._cfg.passes_per_batch
+        self.policy_version += 1
+        return {**{k: round(v, 5) for k, v in totals.items()}, "compute_s": round(compute_s, 3),
+                "policy_version": self.policy_version, "tokens": int(batch.loss_mask.sum())}
+
+    def _backward(self, batch) -> dict:
+        logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        logprobs = token_logprobs(logits.float(), batch.input_ids)
+        loss, stats = clipped_policy_loss(
+            logprobs, batch.gen_logprobs, batch.advantages, batch.loss_mask, self._cfg.clip_eps
+        )
+        loss.backward()
+        return {"loss": loss.item(), "clip_frac": stats.clip_fraction, "approx_kl": stats.approx_kl}
+
+    def _optimizer_step(self) -> float:
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self._cfg.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def weights_blob(self) -> bytes:
+        """The state dict as safetensors bytes, under the names the model directory uses."""
+        state = {name: tensor.detach().contiguous() for name, tensor in self.model.state_dict().items()}
+        return save_safetensors(state)
+
+    def save_checkpoint(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        state = {name: t.detach().contiguous() for name, t in self.model.state_dict().items()}
+        save_file(state, str(directory / "model.safetensors"))
+        torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
+        torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, directory / "rng.pt")
+        atomic_write_json(directory / "trainer_state.json", {"policy_version": self.policy_version})
+        fsync_tree(directory)

@@ -1,0 +1,43 @@
+"""Ray actor that hosts the trainer in its own process, with the trainer hold set."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import ray
+
+from primitives.holds import HoldSet
+from schemas.config import TurnkeepConfig
+from schemas.rollout import RolloutRow
+
+
+@ray.remote(num_cpus=0)
+class TrainerActor:
+    async def setup(self, model_dir: str, cfg_json: str) -> int:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        from gpu_workers.trainer import Trainer  # torch loads only inside the trainer process
+
+        cfg = TurnkeepConfig.model_validate_json(cfg_json)
+        self.hold = HoldSet()
+        self._trainer = Trainer(Path(model_dir), cfg.train, cfg.model.dtype, cfg.run.seed, self.hold)
+        return self._trainer.policy_version
+
+    async def train_step(self, rows: list[dict], step: int) -> dict:
+        parsed = [RolloutRow.model_validate(row) for row in rows]
+        stats = await self._trainer.train_step(parsed)
+        if stats["policy_version"] != step:
+            raise RuntimeError(f"trainer reached version {stats['policy_version']} but the controller expected {step}")
+        return stats
+
+    async def weights_blob(self) -> bytes:
+        return self._trainer.weights_blob()
+
+    async def save_checkpoint(self, directory: str) -> None:
+        self._trainer.save_checkpoint(Path(directory))
+
+    async def hold_add(self, holder: str, lease_s: float | None = None) -> bool:
+        return self.hold.add(holder, lease_s)
+
+    async def hold_release(self, holder: str) -> bool:
+        return self.hold.release(holder)

@@ -1,0 +1,151 @@
+"""Build the policy server's vLLM engine and sample from it over token ids.
+
+The engine is vLLM V1's `AsyncLLM`: one API-side object in this process, an engine
+core process and (on CPU, always the multiprocessing executor) one worker process.
+This module holds the few settings that decide whether its numbers can be trusted
+by the trainer and whether it coexists with the trainer on a small machine:
+
+- logprobs: `logprobs_mode="processed_logprobs"`: the log-probability under the
+  distribution the token was actually sampled from (after temperature; this server
+  never sets top-k/top-p or logits processors). That is the behaviour policy the
+  importance ratio needs. At temperature 1 it equals the trainer's
+  `log_softmax(logits)` (tested to 1e-5 after every refit); at temperature T it
+  equals `log_softmax(logits / T)`, i.e. `grpo.token_logprobs(..., temperature=T)`.
+  vLLM's default, `raw_logprobs` (before temperature), would report a ratio of 1
+  for tokens sampled at T != 1 from a different distribution, hiding that they are
+  off-policy for the temperature-1 model.
+- threads: `VLLM_CPU_OMP_THREADS_BIND=nobind` plus `OMP_NUM_THREADS=cpu_threads`.
+  vLLM's default (`auto`) pins the worker's OpenMP threads to all cores of a NUMA
+  node but one; on a machine shared with the trainer and environment servers that
+  pins us onto cores others need. `nobind` makes vLLM skip pinning entirely, and the
+  worker, spawned after we set the variables, sizes its OpenMP pool from
+  `OMP_NUM_THREADS` when it imports torch.
+- KV cache: `kv_cache_memory_bytes` from the config; `VLLM_CPU_KVCACHE_SPACE` stays
+  unset because it only counts whole GiB and would override the byte count.
+- `VLLM_ALLOW_INSECURE_SERIALIZATION=1`: the refit sends a module-level function
+  through `collective_rpc`; vLLM's msgpack channel to the engine core refuses
+  callables without it. The channel is a local IPC socket owned by this process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+# Imported here, not lazily inside build_engine: vLLM keeps tracebacks of some
+# failed optional imports, and a traceback holding build_engine's frames would keep
+# the AsyncLLM alive until interpreter exit (where its __del__ then fails).
+from vllm import SamplingParams, TokensPrompt
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.engine.async_llm import AsyncLLM
+
+from schemas.config import PolicyServerConfig
+
+LOGPROBS_MODE = "processed_logprobs"
+
+
+class Sample(NamedTuple):
+    """One completion as the policy generated it."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    text: str
+
+
+def engine_env(cfg: PolicyServerConfig) -> dict[str, str]:
+    """Environment the engine's child processes must start with."""
+    return {
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "OMP_NUM_THREADS": str(cfg.cpu_threads),
+        "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+        # Usage stats would try to phone home from a machine that has no network.
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+
+
+@contextlib.contextmanager
+def _patched_env(values: dict[str, str]) -> Iterator[None]:
+    """Set variables while the engine spawns its processes, then restore ours.
+
+    OMP_NUM_THREADS must not leak into this process's later children (Ray workers,
+    a trainer started from the same parent), so it is restored afterwards. The
+    serialization flag is left set: this process encodes every later refit call.
+    """
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in old.items():
+            if key == "VLLM_ALLOW_INSECURE_SERIALIZATION":
+                continue
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def build_engine(model_dir: str | Path, cfg: PolicyServerConfig, seed: int = 0, dtype: str = "float32") -> AsyncLLM:
+    """Start an `AsyncLLM` for the model directory (about 20 s on 2 cores)."""
+    args = AsyncEngineArgs(
+        model=str(model_dir),
+        dtype=dtype,
+        kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
+        max_model_len=cfg.max_model_len,
+        max_num_seqs=cfg.max_num_seqs,
+        enforce_eager=True,
+        seed=seed,
+        logprobs_mode=LOGPROBS_MODE,
+        # Agents resend the whole conversation each turn, so prefix caching saves
+        # most of the prefill; the refit clears it (stale KV from old weights).
+        enable_prefix_caching=True,
+        disable_log_stats=True,
+    )
+    with _patched_env(engine_env(cfg)):
+        return AsyncLLM.from_engine_args(args)
+
+
+async def generate(
+    engine: AsyncLLM,
+    prompt_ids: list[int],
+    max_tokens: int,
+    temperature: float,
+    stop_token_ids: list[int],
+    seed: int | None,
+) -> Sample:
+    """Sample one completion with the sampled tokens' logprobs.
+
+    `logprobs=0` asks vLLM for the sampled token's logprob only; FINAL_ONLY gives
+    one output per request instead of a cumulative stream.
+    """
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        stop_token_ids=list(stop_token_ids),
+        seed=seed,
+        logprobs=0,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+        # Stop tokens are part of what the policy generated (and trained on).
+        include_stop_str_in_output=True,
+        skip_special_tokens=False,
+        # The agent decides when a turn ends; EOS is just another stop token.
+        ignore_eos=False,
+    )
+    final = None
+    async for out in engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, uuid.uuid4().hex):
+        final = out
+    if final is None:
+        raise RuntimeError("vLLM returned no output")
+    choice = final.outputs[0]
+    token_ids = list(choice.token_ids)
+    logprobs = [step[tok].logprob for tok, step in zip(token_ids, choice.logprobs or [])]
+    if len(logprobs) != len(token_ids):
+        raise RuntimeError(f"vLLM returned {len(logprobs)} logprobs for {len(token_ids)} tokens")
+    return Sample(token_ids, logprobs, choice.finish_reason or "length", choice.text)

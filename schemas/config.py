@@ -1,0 +1,174 @@
+"""The run's configuration: one pydantic tree loaded from TOML.
+
+Every model forbids unknown keys, so a typo stops the run before anything starts
+instead of silently falling back to a default.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+
+
+class RunConfig(StrictModel):
+    run_dir: Path = Path("runs/tiny")
+    """Directory that receives metrics, checkpoints, logs and Ray's temp files."""
+    seed: int = 0
+    """Seed for the dataloader, sampling and the trainer's RNG."""
+    steps: int | None = Field(default=None, ge=1)
+    """Stop after this many train steps (None: run until stopped). `--steps` overrides it."""
+
+
+class TinyModelConfig(StrictModel):
+    hidden_size: int = Field(default=128, ge=32)
+    """Width of the made-up Llama model."""
+    num_layers: int = Field(default=2, ge=1)
+    """Decoder layers."""
+    num_heads: int = Field(default=4, ge=1)
+    """Attention heads (key/value heads are the same number)."""
+    head_dim: int = Field(default=32, ge=32)
+    """Per-head width; vLLM's CPU attention needs 32 or more."""
+    intermediate_size: int = Field(default=512, ge=32)
+    """MLP width."""
+    max_position_embeddings: int = Field(default=256, ge=64)
+    """Longest sequence the model is made for."""
+    warm_start_steps: int = Field(default=800, ge=0)
+    """Supervised steps on synthetic transcripts before RL (copying operands needs ~800)."""
+    warm_start_batch_size: int = Field(default=32, ge=1)
+    """Transcripts per supervised step."""
+    warm_start_lr: float = Field(default=3e-3, gt=0)
+    """Learning rate of the supervised warm start."""
+    warm_start_error_rate: float = Field(default=0.5, ge=0, le=1)
+    """Share of warm-start transcripts with a deliberate mistake, so RL starts often wrong."""
+
+    @model_validator(mode="after")
+    def _heads_fit(self) -> "TinyModelConfig":
+        if self.num_heads * self.head_dim != self.hidden_size:
+            raise ValueError(
+                f"num_heads * head_dim must equal hidden_size "
+                f"({self.num_heads} * {self.head_dim} != {self.hidden_size})"
+            )
+        return self
+
+
+class ModelConfig(StrictModel):
+    path: Path | None = None
+    """A Hugging Face model directory (config.json, safetensors, tokenizer). None: make the tiny model."""
+    cache_dir: Path = Path("~/.cache/turnkeep/models")
+    """Where the made-up tiny model is cached, keyed by its settings and seed."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights dtype in both trainer and policy server."""
+    tiny: TinyModelConfig = TinyModelConfig()
+    """Shape and warm start of the made-up model (ignored when `path` is set)."""
+
+
+class TaskConfig(StrictModel):
+    name: Literal["calc"] = "calc"
+    """The default task: arithmetic where every operation goes through a calculator tool."""
+    num_operands: int = Field(default=3, ge=2, le=6)
+    """Operands per question; the agent needs num_operands - 1 tool calls, then answers."""
+    max_operand: int = Field(default=99, ge=2)
+    """Largest operand."""
+    operators: str = "+-"
+    """Operators questions may use."""
+
+
+class RolloutConfig(StrictModel):
+    group_size: int = Field(default=8, ge=2)
+    """Siblings per prompt group (GRPO's N)."""
+    max_turns: int = Field(default=6, ge=1)
+    """Policy turns per rollout before it is ended as too long."""
+    max_tokens_per_turn: int = Field(default=16, ge=1)
+    """Tokens the policy may generate in one turn."""
+    temperature: float = Field(default=1.0, gt=0)
+    """Sampling temperature (1.0 keeps generation logprobs on-policy)."""
+    rollout_timeout_s: float = Field(default=120.0, gt=0)
+    """Wall-clock budget of one rollout attempt; the clock pauses while its deadline registry is held."""
+    max_attempts: int = Field(default=3, ge=1)
+    """Attempts per sibling (a failure or timeout retries it); after that it is dropped with a reason."""
+    max_inflight_groups: int | None = Field(default=None, ge=1)
+    """Groups admitted and not yet trained (None: prompts_per_step * (max_staleness + 1))."""
+
+
+class TrainConfig(StrictModel):
+    prompts_per_step: int = Field(default=16, ge=1)
+    """Complete groups consumed by one optimizer step."""
+    lr: float = Field(default=1e-4, gt=0)
+    """AdamW learning rate."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """AdamW weight decay."""
+    clip_eps: float = Field(default=0.2, gt=0, lt=1)
+    """PPO-style clip of the ratio against generation logprobs."""
+    passes_per_batch: int = Field(default=2, ge=1)
+    """Forward/backward passes over the batch before the optimizer step's hold (accumulated)."""
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    """Gradient clipping norm."""
+    max_staleness: int = Field(default=2, ge=0)
+    """A group is trained only while its oldest turn is at most this many policy versions old."""
+    save_period: int = Field(default=20, ge=1)
+    """Write a trainer checkpoint every this many steps."""
+    keep_checkpoints: int = Field(default=3, ge=1)
+    """Trainer checkpoints kept on disk (oldest pruned)."""
+    torch_threads: int = Field(default=1, ge=1)
+    """torch intra-op threads in the trainer (the policy server needs the other cores)."""
+
+
+class PolicyServerConfig(StrictModel):
+    host: str = "127.0.0.1"
+    """Interface the completions endpoint listens on."""
+    port: int = Field(default=0, ge=0, le=65535)
+    """Port (0: pick a free one)."""
+    kv_cache_memory_bytes: int = Field(default=32 * 1024 * 1024, ge=1024 * 1024)
+    """vLLM KV cache size; small models need only a few MiB."""
+    max_model_len: int = Field(default=256, ge=32)
+    """Longest prompt plus generation the engine accepts."""
+    max_num_seqs: int = Field(default=128, ge=1)
+    """Sequences vLLM batches together."""
+    cpu_threads: int = Field(default=1, ge=1)
+    """OpenMP threads for vLLM's CPU backend."""
+
+
+class EnvServerConfig(StrictModel):
+    host: str = "127.0.0.1"
+    """Interface the environment server listens on."""
+    port: int = Field(default=0, ge=0, le=65535)
+    """Port (0: pick a free one)."""
+    tool_latency_s: float = Field(default=0.0, ge=0)
+    """Added latency of each tool call (to mimic slow tools)."""
+
+
+class RayConfig(StrictModel):
+    address: str | None = None
+    """Join an existing Ray cluster at this address (None: start a local one in the run directory)."""
+    num_cpus: int | None = Field(default=None, ge=1)
+    """CPUs the local Ray reports (None: what the machine has)."""
+
+
+class TurnkeepConfig(StrictModel):
+    run: RunConfig = RunConfig()
+    """Where the run lives and how long it goes."""
+    model: ModelConfig = ModelConfig()
+    """Which policy model to train."""
+    task: TaskConfig = TaskConfig()
+    """The environment's task."""
+    rollout: RolloutConfig = RolloutConfig()
+    """How rollouts are generated and retried."""
+    train: TrainConfig = TrainConfig()
+    """GRPO and the trainer."""
+    policy: PolicyServerConfig = PolicyServerConfig()
+    """The vLLM policy server."""
+    env: EnvServerConfig = EnvServerConfig()
+    """The environment server."""
+    ray: RayConfig = RayConfig()
+    """Process placement."""
+
+    def inflight_group_limit(self) -> int:
+        if self.rollout.max_inflight_groups is not None:
+            return self.rollout.max_inflight_groups
+        return self.train.prompts_per_step * (self.train.max_staleness + 1)

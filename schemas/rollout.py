@@ -1,0 +1,101 @@
+"""Rollout messages between the controller, the environment server and the trainer."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class Segment(Wire):
+    kind: Literal["prompt", "policy", "tool"]
+    """Who produced these tokens: the task prompt, the policy (trained on), or a tool result."""
+    token_ids: list[int]
+    """Token ids of this segment."""
+    logprobs: list[float] | None = None
+    """Generation logprob of each token (policy segments only)."""
+    policy_version: int | None = None
+    """Policy version that generated the segment (policy segments only)."""
+
+
+class Problem(Wire):
+    question: str
+    """Prompt text shown to the agent (for example `Q 37+48-12`)."""
+    answer: int
+    """The verifier's expected answer."""
+
+
+class RolloutRequest(Wire):
+    rollout_id: str
+    """Unique per attempt: `<group_id>.<sibling>.<attempt>`."""
+    group_id: str
+    """Prompt group this sibling belongs to."""
+    sibling: int = Field(ge=0)
+    """Index of the sibling within its group."""
+    attempt: int = Field(ge=0)
+    """Attempt number of this sibling (a retry or a restore starts a new one)."""
+    problem: Problem
+    """The task instance."""
+
+
+class RolloutOutcome(StrEnum):
+    FINISHED = "finished"
+    TRUNCATED = "truncated"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+
+    def is_error(self) -> bool:
+        return self in (RolloutOutcome.FAILED, RolloutOutcome.TIMED_OUT)
+
+
+class RolloutRow(Wire):
+    group_id: str
+    """Prompt group."""
+    sibling: int
+    """Sibling index."""
+    attempt: int
+    """Attempt that produced the row."""
+    segments: list[Segment]
+    """The whole conversation: prompt, policy turns and tool results."""
+    reward: float
+    """Verifier reward."""
+    num_turns: int
+    """Policy turns taken."""
+
+    def policy_versions(self) -> list[int]:
+        return [s.policy_version for s in self.segments if s.policy_version is not None]
+
+    def generated_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.segments if s.kind == "policy")
+
+
+class RolloutResult(Wire):
+    rollout_id: str
+    """Echo of the request's id."""
+    outcome: RolloutOutcome
+    """How the rollout ended."""
+    reason: str = ""
+    """Why it ended that way (empty when finished normally)."""
+    row: RolloutRow | None = None
+    """The finished row (None when the rollout failed)."""
+    receipt: str = ""
+    """ACK this after storing the row; until then the server keeps the result."""
+
+
+class TurnBoundary(Wire):
+    rollout_id: str
+    """Rollout attempt the record belongs to."""
+    turn_index: int
+    """Turns completed so far (policy turn plus its tool result)."""
+    segments: list[Segment]
+    """The conversation so far as token ids, with the policy version of each generated turn."""
+
+
+class AckRequest(Wire):
+    receipt: str
+    """Receipt from a RolloutResult."""

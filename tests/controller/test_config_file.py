@@ -1,0 +1,57 @@
+from pathlib import Path
+
+import pytest
+
+from controller.config_file import ConfigError, load_config, parse_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_every_toml_in_configs_parses():
+    tomls = sorted((REPO / "configs").glob("*.toml"))
+    assert tomls, "configs/ has no TOML files"
+    for path in tomls:
+        load_config(path)
+
+
+def test_unknown_key_names_the_key_and_what_is_allowed():
+    with pytest.raises(ConfigError) as err:
+        parse_config({"train": {"lrr": 0.1}})
+    message = str(err.value)
+    assert "unknown key 'train.lrr'" in message
+    assert "lr" in message and "clip_eps" in message
+
+
+def test_unknown_section_is_refused():
+    with pytest.raises(ConfigError, match="unknown key 'trainer'"):
+        parse_config({"trainer": {}})
+
+
+def test_bad_value_names_the_key_and_the_bound():
+    with pytest.raises(ConfigError) as err:
+        parse_config({"rollout": {"group_size": 1}})
+    assert "rollout.group_size = 1" in str(err.value)
+    assert "greater than or equal to 2" in str(err.value)
+
+
+def test_head_dim_below_32_is_refused():
+    with pytest.raises(ConfigError, match="head_dim"):
+        parse_config({"model": {"tiny": {"head_dim": 16, "num_heads": 8}}})
+
+
+def test_overrides_apply_dotted_keys(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("[train]\nlr = 0.001\n")
+    cfg = load_config(path, {"train.prompts_per_step": 4, "run.steps": 3})
+    assert cfg.train.lr == 0.001
+    assert cfg.train.prompts_per_step == 4
+    assert cfg.run.steps == 3
+
+
+def test_missing_file_and_bad_toml_are_clear(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[train\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)

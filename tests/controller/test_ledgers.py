@@ -1,0 +1,71 @@
+import pytest
+
+from controller.claim_ledger import ClaimLedger
+from controller.group_ledger import GroupLedger, SiblingState
+from schemas.rollout import Problem
+
+PROBLEM = Problem(question="Q 1+2+3", answer=6)
+
+
+def test_claim_commit_and_release():
+    claims = ClaimLedger()
+    claims.claim(1, ["g1", "g2"])
+    assert claims.claimed() == ["g1", "g2"]
+    with pytest.raises(RuntimeError, match="already holds a claim"):
+        claims.claim(1, ["g3"])
+    assert claims.release(1) == ["g1", "g2"]
+    claims.claim(1, ["g1"])
+    assert claims.commit(1) == ["g1"]
+    assert claims.claimed() == []
+
+
+def test_claims_survive_a_state_dict_round_trip():
+    claims = ClaimLedger()
+    claims.claim(7, ["g1"])
+    restored = ClaimLedger()
+    restored.load_state_dict(claims.state_dict())
+    assert restored.commit(7) == ["g1"]
+
+
+def test_sibling_is_retried_up_to_max_attempts_then_dropped():
+    ledger = GroupLedger()
+    ledger.admit("g1", PROBLEM, group_size=2)
+    assert ledger.start_attempt("g1", 0) == 0
+    assert ledger.fail("g1", 0, "timed_out", max_attempts=2) is True
+    assert ledger.start_attempt("g1", 0) == 1
+    assert ledger.fail("g1", 0, "timed_out", max_attempts=2) is False
+    state = ledger.state_dict()["groups"][0]["siblings"][0]
+    assert state["state"] == SiblingState.DROPPED
+    assert state["last_reason"] == "timed_out"
+
+
+def test_group_settles_trainable_only_with_two_sealed_siblings():
+    ledger = GroupLedger()
+    ledger.admit("g1", PROBLEM, group_size=3)
+    for sibling in range(3):
+        ledger.start_attempt("g1", sibling)
+    ledger.seal("g1", 0)
+    assert ledger.settle("g1") is None
+    ledger.seal("g1", 1)
+    ledger.fail("g1", 2, "failed", max_attempts=1)
+    assert ledger.settle("g1") is True
+    assert ledger.complete_group_ids() == ["g1"]
+
+    ledger.admit("g2", PROBLEM, group_size=2)
+    ledger.start_attempt("g2", 0)
+    ledger.start_attempt("g2", 1)
+    ledger.seal("g2", 0)
+    ledger.fail("g2", 1, "failed", max_attempts=1)
+    assert ledger.settle("g2") is False
+
+
+def test_group_ledger_round_trip_and_finish():
+    ledger = GroupLedger()
+    ledger.admit("g1", PROBLEM, group_size=2)
+    ledger.start_attempt("g1", 1)
+    restored = GroupLedger()
+    restored.load_state_dict(ledger.state_dict())
+    assert restored.state_dict() == ledger.state_dict()
+    assert restored.problem("g1") == PROBLEM
+    restored.finish(["g1"])
+    assert restored.inflight() == 0

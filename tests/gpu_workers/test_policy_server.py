@@ -1,0 +1,174 @@
+"""The policy server against a real (tiny, random) vLLM engine, shared by all tests.
+
+The refit test is the one that matters most: after new weights are loaded, the
+server's logprobs must equal the trainer's (plain transformers, log_softmax of the
+logits) for the same tokens. It catches the CPU backend's stale prepacked lm_head
+for tied embeddings, and a prefix cache that kept KV from the old weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import torch
+
+from gpu_workers.vllm_refit import pack_state_dict
+
+pytestmark = pytest.mark.integration
+
+# Longer than one CPU KV block (128 tokens), so the prefix cache holds it.
+LONG_PROMPT = [1] + [4 + (i * 7) % 30 for i in range(149)]
+
+
+async def _post(url: str, body: Any, raw: bool = False) -> tuple[int, dict]:
+    async with aiohttp.ClientSession() as s:
+        kwargs = {"data": body} if raw else {"json": body}
+        async with s.post(f"{url}/v1/completions", **kwargs) as r:
+            return r.status, await r.json()
+
+
+async def _health(url: str) -> dict:
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"{url}/health") as r:
+            return await r.json()
+
+
+def trainer_logprobs(
+    model: torch.nn.Module, prompt: list[int], tokens: list[int], temperature: float = 1.0
+) -> list[float]:
+    """What the trainer computes: log_softmax of the logits (divided by the temperature)."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0].float()
+    logprobs = torch.log_softmax(logits / temperature, dim=-1)
+    return [logprobs[len(prompt) - 1 + i, t].item() for i, t in enumerate(tokens)]
+
+
+def perturbed_model(model_dir: Path, seed: int) -> torch.nn.Module:
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(model_dir).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.2)
+    return model
+
+
+def test_completion_returns_tokens_logprobs_and_version(policy_server, loop) -> None:
+    body = {"prompt": [1, 5, 6, 7], "max_tokens": 8, "temperature": 1.0, "seed": 3}
+    status, resp = loop.run(_post(policy_server.url, body))
+    assert status == 200, resp
+    choice = resp["choices"][0]
+    assert 1 <= len(choice["token_ids"]) <= 8
+    assert len(choice["logprobs"]["token_logprobs"]) == len(choice["token_ids"])
+    assert all(lp <= 0 for lp in choice["logprobs"]["token_logprobs"])
+    assert choice["finish_reason"] in ("stop", "length")
+    assert isinstance(choice["text"], str)
+    assert resp["policy_version"] == 0
+    health = loop.run(_health(policy_server.url))
+    assert health == {"policy_version": 0, "inflight": 0, "admission_open": True, "holders": [], "weights_ok": True}
+
+
+def test_refit_logprobs_match_trainer(policy_server, loop, tiny_model_dir) -> None:
+    # Fill the prefix cache with the old weights' KV for the long prompt.
+    assert loop.run(_post(policy_server.url, {"prompt": LONG_PROMPT, "max_tokens": 4}))[0] == 200
+    for version in (policy_server.policy_version + 1, policy_server.policy_version + 2):
+        model = perturbed_model(tiny_model_dir, seed=version)
+        loop.run(policy_server.load_weights(pack_state_dict(model.state_dict()), version))
+        assert loop.run(_health(policy_server.url))["policy_version"] == version
+        for seed, prompt in enumerate([[1, 5, 6, 7], [1, 9, 20, 11, 12, 30], LONG_PROMPT]):
+            body = {"prompt": prompt, "max_tokens": 12, "temperature": 1.0, "seed": seed}
+            status, resp = loop.run(_post(policy_server.url, body))
+            assert status == 200, resp
+            assert resp["policy_version"] == version
+            choice = resp["choices"][0]
+            expected = trainer_logprobs(model, prompt, choice["token_ids"])
+            got = choice["logprobs"]["token_logprobs"]
+            assert got == pytest.approx(expected, abs=1e-3), (version, prompt)
+
+
+def test_logprobs_are_those_of_the_sampling_temperature(policy_server, loop, tiny_model_dir) -> None:
+    """processed_logprobs: log_softmax(logits / T), the distribution tokens came from."""
+    version = policy_server.policy_version + 1
+    model = perturbed_model(tiny_model_dir, seed=100)
+    loop.run(policy_server.load_weights(pack_state_dict(model.state_dict()), version))
+    prompt = [1, 9, 20, 11]
+    body = {"prompt": prompt, "max_tokens": 12, "temperature": 0.7, "seed": 5}
+    status, resp = loop.run(_post(policy_server.url, body))
+    assert status == 200, resp
+    choice = resp["choices"][0]
+    expected = trainer_logprobs(model, prompt, choice["token_ids"], temperature=0.7)
+    assert choice["logprobs"]["token_logprobs"] == pytest.approx(expected, abs=1e-3)
+
+
+def test_old_version_is_refused(policy_server, loop) -> None:
+    with pytest.raises(ValueError, match="refusing"):
+        loop.run(policy_server.load_weights(b"", policy_server.policy_version - 1))
+
+
+def test_gate_holds_new_calls_until_released(policy_server, loop) -> None:
+    async def scenario() -> None:
+        assert policy_server.close_admission("snapshot:t1")
+        call = asyncio.create_task(_post(policy_server.url, {"prompt": [1, 5], "max_tokens": 4}))
+        await asyncio.sleep(0.5)
+        assert not call.done()
+        health = await _health(policy_server.url)
+        assert health["admission_open"] is False and health["holders"] == ["snapshot:t1"]
+        assert health["inflight"] == 0  # waiting at the gate is not accepted
+        assert policy_server.open_admission("snapshot:t1")
+        status, _ = await asyncio.wait_for(call, 30)
+        assert status == 200
+
+    loop.run(scenario())
+
+
+def test_drain_waits_for_accepted_calls(policy_server, loop) -> None:
+    async def scenario() -> None:
+        calls = [
+            asyncio.create_task(_post(policy_server.url, {"prompt": [1, 5 + i], "max_tokens": 32, "seed": i}))
+            for i in range(8)
+        ]
+        while policy_server.inflight() == 0:
+            await asyncio.sleep(0.001)
+        policy_server.close_admission("snapshot:t2")
+        try:
+            drained = await policy_server.drain(timeout_s=30)
+            assert drained >= 1
+            assert policy_server.inflight() == 0
+        finally:
+            policy_server.open_admission("snapshot:t2")
+        assert [status for status, _ in await asyncio.gather(*calls)] == [200] * 8
+
+    loop.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"max_tokens": 4}, "prompt"),
+        ({"prompt": ["a", "b"]}, "prompt.0"),
+        ({"prompt": []}, "prompt"),
+        ({"prompt": [1, 10_000]}, "prompt"),
+        ({"prompt": [1, 5], "max_tokens": 0}, "max_tokens"),
+        ({"prompt": [1, 5], "max_tokens": 100_000}, "max_tokens"),
+        ({"prompt": [1, 5], "temperature": -1}, "temperature"),
+        ({"prompt": [1, 5], "stop_token_ids": [-3]}, "stop_token_ids"),
+        ({"prompt": [1, 5], "seed": "x"}, "seed"),
+    ],
+)
+def test_bad_request_is_400_naming_the_field(policy_server, loop, body, param) -> None:
+    status, resp = loop.run(_post(policy_server.url, body))
+    assert status == 400
+    assert resp["error"]["param"] == param, resp
+
+
+def test_invalid_json_is_400(policy_server, loop) -> None:
+    status, resp = loop.run(_post(policy_server.url, b"{not json", raw=True))
+    assert status == 400
+    assert "JSON" in resp["error"]["message"]
+    # The engine survived every bad request above.
+    assert loop.run(_post(policy_server.url, {"prompt": [1, 5], "max_tokens": 2}))[0] == 200

@@ -1,0 +1,87 @@
+"""`turnkeep`: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+import orjson
+
+from controller.config_file import ConfigError, load_config
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
+
+
+def _parse_overrides(pairs: list[str]) -> dict:
+    overrides = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {pair!r}: expected KEY=VALUE, for example --set train.lr=1e-4")
+        try:
+            overrides[key] = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            overrides[key] = value
+    return overrides
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="turnkeep", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="train on the embedded default (local Ray, vLLM, environment server)")
+    run.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="TOML config (default: configs/tiny.toml)")
+    run.add_argument("--steps", type=int, help="stop after this many train steps and exit 0")
+    run.add_argument("--run-dir", type=Path, help="overrides run.run_dir")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    make = sub.add_parser("make-model", help="make (or find cached) the tiny model and print its directory")
+    make.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    make.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        overrides = _parse_overrides(args.set)
+        if getattr(args, "steps", None) is not None:
+            overrides["run.steps"] = args.steps
+        if getattr(args, "run_dir", None) is not None:
+            overrides["run.run_dir"] = str(args.run_dir)
+        cfg = load_config(args.config, overrides)
+    except ConfigError as err:
+        print(f"turnkeep: {err}", file=sys.stderr)
+        return 2
+    if args.command == "make-model":
+        from gpu_workers.tiny_model.build import ensure_tiny_model
+
+        print(ensure_tiny_model(cfg.model, cfg.task, cfg.run.seed))
+        return 0
+    return _run(cfg)
+
+
+def _run(cfg) -> int:
+    from controller.runtime import RunDirError, run_training
+
+    try:
+        summary = asyncio.run(run_training(cfg, cfg.run.steps))
+    except RunDirError as err:
+        print(f"turnkeep: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("turnkeep: interrupted", file=sys.stderr)
+        return 130
+    last = summary.last_metrics or {}
+    print(
+        f"\nturnkeep: {summary.steps} steps in {summary.wall_s:.0f}s; last reward {last.get('reward_mean')}; "
+        f"peak memory of the run's processes {summary.peak_rss_mib / 1024:.2f} GiB; "
+        f"metrics in {summary.run_dir / 'metrics.jsonl'}, checkpoints in {summary.run_dir / 'checkpoints'}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

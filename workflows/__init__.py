@@ -1,0 +1,1 @@
+"""Temporal workflows (snapshot attempts, the run workflow). They import only `schemas/`."""
