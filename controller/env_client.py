@@ -36,3 +36,8 @@ class EnvClient:
     async def cancel(self, rollout_id: str) -> None:
         async with self._session.post(f"{self._base}/cancel", json={"rollout_id": rollout_id}) as resp:
             await resp.read()
+
+    async def cancel_all(self) -> int:
+        """Stop every agent the server runs (the controller is going away)."""
+        async with self._session.post(f"{self._base}/cancel_all") as resp:
+            return int((await resp.json())["cancelled"])

@@ -73,8 +73,17 @@ class RolloutPump:
             for task in self._tasks:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self._stop_remote_agents()
             if self.crashed is not None:
                 raise RuntimeError("a rollout sibling task crashed; see the log above") from self.crashed
+
+    async def _stop_remote_agents(self) -> None:
+        # Closing our HTTP requests does not stop the server's agents; without this they
+        # would keep generating (and hold unACKed results) after the pump stopped.
+        try:
+            await self._env.cancel_all()
+        except (aiohttp.ClientError, EnvServerError) as err:
+            log.warning("could not stop the environment server's agents: %s", err)
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -61,8 +61,10 @@ class Controller:
         self.cfg = cfg
         self.processes = processes
         self.stats = RunStats()
-        self.admission = HoldSet()
-        self.deadlines = DeadlineRegistry(self.admission)
+        self.admission = HoldSet("admission")
+        # Rollout clocks pause for their own holders (a snapshot, a colocated switch), not for a refit.
+        self.deadline_holds = HoldSet("deadlines")
+        self.deadlines = DeadlineRegistry(self.deadline_holds)
         self.dataloader = PromptDataloader(cfg.task, cfg.run.seed)
         self.ledger = GroupLedger()
         self.claims = ClaimLedger()

@@ -52,6 +52,7 @@ class EnvServer:
                 web.post("/run", self._handle_run),
                 web.post("/ack", self._handle_ack),
                 web.post("/cancel", self._handle_cancel),
+                web.post("/cancel_all", self._handle_cancel_all),
                 web.get("/health", self._handle_health),
             ]
         )
@@ -113,6 +114,14 @@ class EnvServer:
         if task is not None:
             task.cancel()
         return web.json_response({"cancelled": task is not None})
+
+    async def _handle_cancel_all(self, http: web.Request) -> web.Response:
+        tasks = list(self._running.values())
+        self._running.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return web.json_response({"cancelled": len(tasks)})
 
     async def _handle_health(self, http: web.Request) -> web.Response:
         return web.json_response(

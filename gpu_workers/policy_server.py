@@ -24,6 +24,7 @@ from gpu_workers.policy_errors import RequestError, WeightsUnavailable
 from gpu_workers.policy_http import build_app
 from gpu_workers.vllm_engine import build_engine, generate
 from gpu_workers.vllm_refit import refit_engine
+from gpu_workers.weights_blob import Shapes, check_blob, checkpoint_shapes
 from schemas.config import PolicyServerConfig
 from schemas.policy import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
 
@@ -43,6 +44,8 @@ class PolicyServer:
         self._engine: Any = None
         self._cfg: PolicyServerConfig | None = None
         self._vocab_size = 0
+        # Names and shapes a weight blob must have; None skips the check.
+        self.weight_shapes: Shapes | None = None
         self._runner: web.AppRunner | None = None
         self._refit_lock = asyncio.Lock()
         self.url = ""
@@ -50,6 +53,7 @@ class PolicyServer:
     async def start(self, model_dir: str | Path, cfg: PolicyServerConfig, seed: int = 0) -> str:
         """Start the engine and the endpoint; return the base URL (http://host:port)."""
         self._cfg = cfg
+        self.weight_shapes = checkpoint_shapes(model_dir)
         # Engine start blocks for ~20 s; a thread keeps this loop (Ray, Temporal) live.
         self._engine = await asyncio.to_thread(build_engine, model_dir, cfg, seed)
         self._vocab_size = self._engine.model_config.get_vocab_size()
@@ -153,6 +157,7 @@ class PolicyServer:
         async with self._refit_lock:
             if version < self.policy_version:
                 raise ValueError(f"refusing weights for version {version}: serving {self.policy_version}")
+            check_blob(blob, self.weight_shapes)
             started = time.monotonic()
             self.gate.close(REFIT_HOLDER)
             try:

@@ -15,12 +15,11 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import save as save_safetensors
-from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
 from gpu_workers.grpo import build_batch, clipped_policy_loss, token_logprobs
-from primitives.atomic_files import atomic_write_json, fsync_tree
+from gpu_workers.weights_blob import pack_state_dict
+from primitives.atomic_files import atomic_write_bytes, atomic_write_json, fsync_tree
 from primitives.holds import HoldSet
 from schemas.config import TrainConfig
 from schemas.rollout import RolloutRow
@@ -29,11 +28,15 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 class Trainer:
-    def __init__(self, model_dir: Path, cfg: TrainConfig, dtype: str, seed: int, hold: HoldSet) -> None:
+    def __init__(
+        self, model_dir: Path, cfg: TrainConfig, dtype: str, seed: int, temperature: float, hold: HoldSet
+    ) -> None:
         torch.manual_seed(seed)
         random.seed(seed)
         torch.set_num_threads(cfg.torch_threads)
         self._cfg = cfg
+        # The policy server reports logprobs of the tempered distribution it sampled from.
+        self._temperature = temperature
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype])
         self.model.train()
         self._pad_id = self.model.config.pad_token_id or 0
@@ -61,7 +64,7 @@ class Trainer:
 
     def _backward(self, batch) -> dict:
         logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-        logprobs = token_logprobs(logits.float(), batch.input_ids)
+        logprobs = token_logprobs(logits.float(), batch.input_ids, temperature=self._temperature)
         loss, stats = clipped_policy_loss(
             logprobs, batch.gen_logprobs, batch.advantages, batch.loss_mask, self._cfg.clip_eps
         )
@@ -76,13 +79,11 @@ class Trainer:
 
     def weights_blob(self) -> bytes:
         """The state dict as safetensors bytes, under the names the model directory uses."""
-        state = {name: tensor.detach().contiguous() for name, tensor in self.model.state_dict().items()}
-        return save_safetensors(state)
+        return pack_state_dict(self.model.state_dict())
 
     def save_checkpoint(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        state = {name: t.detach().contiguous() for name, t in self.model.state_dict().items()}
-        save_file(state, str(directory / "model.safetensors"))
+        atomic_write_bytes(directory / "model.safetensors", self.weights_blob())
         torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
         torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, directory / "rng.pt")
         atomic_write_json(directory / "trainer_state.json", {"policy_version": self.policy_version})

@@ -20,7 +20,9 @@ class TrainerActor:
 
         cfg = TurnkeepConfig.model_validate_json(cfg_json)
         self.hold = HoldSet()
-        self._trainer = Trainer(Path(model_dir), cfg.train, cfg.model.dtype, cfg.run.seed, self.hold)
+        self._trainer = Trainer(
+            Path(model_dir), cfg.train, cfg.model.dtype, cfg.run.seed, cfg.rollout.temperature, self.hold
+        )
         return self._trainer.policy_version
 
     async def train_step(self, rows: list[dict], step: int) -> dict:

@@ -9,17 +9,20 @@ by the trainer and whether it coexists with the trainer on a small machine:
   distribution the token was actually sampled from (after temperature; this server
   never sets top-k/top-p or logits processors). That is the behaviour policy the
   importance ratio needs. At temperature 1 it equals the trainer's
-  `log_softmax(logits)` (tested to 1e-5 after every refit); at temperature T it
+  `log_softmax(logits)` (about 1e-6 apart here; the tests check every refit at
+  1e-3); at temperature T it
   equals `log_softmax(logits / T)`, i.e. `grpo.token_logprobs(..., temperature=T)`.
   vLLM's default, `raw_logprobs` (before temperature), would report a ratio of 1
   for tokens sampled at T != 1 from a different distribution, hiding that they are
   off-policy for the temperature-1 model.
 - threads: `VLLM_CPU_OMP_THREADS_BIND=nobind` plus `OMP_NUM_THREADS=cpu_threads`.
-  vLLM's default (`auto`) pins the worker's OpenMP threads to all cores of a NUMA
-  node but one; on a machine shared with the trainer and environment servers that
-  pins us onto cores others need. `nobind` makes vLLM skip pinning entirely, and the
-  worker, spawned after we set the variables, sizes its OpenMP pool from
-  `OMP_NUM_THREADS` when it imports torch.
+  vLLM's default (`auto`) takes every core of a NUMA node but one (kept for the
+  engine core process) and pins one OpenMP thread to each with OMP_PROC_BIND; on a
+  machine shared with the trainer and environment servers that claims cores others
+  need, and pinned threads cannot move off a busy core. `nobind` skips pinning
+  (the worker keeps the process's whole affinity mask), and the worker, spawned
+  while these variables are set, sizes its OpenMP pool from `OMP_NUM_THREADS`.
+  On 2 cores, 1 thread beat 2 (the API and engine core processes need a core).
 - KV cache: `kv_cache_memory_bytes` from the config; `VLLM_CPU_KVCACHE_SPACE` stays
   unset because it only counts whole GiB and would override the byte count.
 - `VLLM_ALLOW_INSECURE_SERIALIZATION=1`: the refit sends a module-level function
@@ -132,7 +135,8 @@ async def generate(
         seed=seed,
         logprobs=0,
         output_kind=RequestOutputKind.FINAL_ONLY,
-        # Stop tokens are part of what the policy generated (and trained on).
+        # token_ids always end with the stop token that ended generation (the
+        # policy generated it and is trained on it); keep it in the text as well.
         include_stop_str_in_output=True,
         skip_special_tokens=False,
         # The agent decides when a turn ends; EOS is just another stop token.

@@ -1,9 +1,8 @@
 """Load new weights into a running vLLM engine, in place, without a restart.
 
-The trainer's state dict travels as safetensors bytes: `collective_rpc` arguments
-go through msgpack, where tensors arrive as nested lists, while bytes arrive intact.
 `reload_weights_in_worker` is a module-level function so that it pickles by
-reference; vLLM runs it inside its worker process with the worker as first argument.
+reference; vLLM runs it inside its worker process with the worker as first
+argument. The weights arrive as safetensors bytes (see `weights_blob`).
 
 Two CPU-specific facts (DESIGN, "Machine notes"):
 - `model.load_weights` called directly fails on CPU; the worker's
@@ -16,34 +15,14 @@ Two CPU-specific facts (DESIGN, "Machine notes"):
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import logging
 from typing import Any
 
 import torch
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 
+from gpu_workers.weights_blob import iter_tensors
 
-def pack_state_dict(state_dict: Mapping[str, torch.Tensor]) -> bytes:
-    """Serialize a state dict for the refit, keeping one name per shared tensor.
-
-    safetensors refuses aliased tensors; tied models alias `lm_head.weight` to
-    `model.embed_tokens.weight`, and vLLM loads the tie from the embedding name
-    (which comes first in a Hugging Face state dict).
-    """
-    seen: set[tuple[int, torch.Size]] = set()
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in state_dict.items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.shape)
-        if key in seen:
-            continue
-        seen.add(key)
-        out[name] = tensor.detach().to("cpu").contiguous()
-    return st_save(out)
-
-
-def _iter_tensors(blob: bytes) -> Iterator[tuple[str, torch.Tensor]]:
-    yield from st_load(blob).items()
+logger = logging.getLogger("turnkeep.vllm_refit")
 
 
 def _repack_output_layer(model: torch.nn.Module) -> None:
@@ -53,9 +32,31 @@ def _repack_output_layer(model: torch.nn.Module) -> None:
         quant_method.process_weights_after_loading(lm_head)
 
 
+def _abandon_reload(worker: Any) -> None:
+    """Close a reload that failed half-way so that the next one can start clean.
+
+    vLLM's layerwise reload keeps per-layer progress; after an exception it stays
+    "in progress" and every later reload fails too. Finalizing puts the old kernel
+    tensors back where nothing was loaded. The model is then a mix of versions:
+    the server refuses to serve until a reload succeeds.
+    """
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+    try:
+        with set_current_vllm_config(worker.vllm_config):
+            finalize_layerwise_reload(worker.model_runner.get_model(), worker.model_config)
+    except Exception:
+        logger.exception("could not reset vLLM's layerwise reload state")
+
+
 def reload_weights_in_worker(worker: Any, blob: bytes) -> None:
     """Runs in vLLM's worker process: load `blob` into the model in place."""
-    worker.reload_weights(weights_iterator=_iter_tensors(bytes(blob)))
+    try:
+        worker.reload_weights(weights_iterator=iter_tensors(bytes(blob)))
+    except BaseException:
+        _abandon_reload(worker)
+        raise
     # Harmless for untied models (it repacks what was just loaded); needed for
     # tied ones, where the prepacked lm_head would otherwise stay stale.
     with torch.inference_mode():

@@ -44,6 +44,9 @@ class ScriptedEnv:
     async def cancel(self, rollout_id: str) -> None:
         self.cancelled.append(rollout_id)
 
+    async def cancel_all(self) -> int:
+        return 0
+
 
 def run_one_group(script, *, timeout_s: float, max_attempts: int, hold_for_s: float = 0.0):
     async def scenario():

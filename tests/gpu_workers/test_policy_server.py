@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 import torch
 
-from gpu_workers.vllm_refit import pack_state_dict
+from gpu_workers.weights_blob import pack_state_dict
 
 pytestmark = pytest.mark.integration
 
@@ -59,11 +59,14 @@ def perturbed_model(model_dir: Path, seed: int) -> torch.nn.Module:
 
 
 def test_completion_returns_tokens_logprobs_and_version(policy_server, loop) -> None:
-    body = {"prompt": [1, 5, 6, 7], "max_tokens": 8, "temperature": 1.0, "seed": 3}
+    stops = [2, 10, 11, 12, 13]  # </s> and a few digits
+    body = {"prompt": [1, 5, 6, 7], "max_tokens": 8, "temperature": 1.0, "seed": 3, "stop_token_ids": stops}
     status, resp = loop.run(_post(policy_server.url, body))
     assert status == 200, resp
     choice = resp["choices"][0]
     assert 1 <= len(choice["token_ids"]) <= 8
+    if choice["finish_reason"] == "stop":
+        assert choice["token_ids"][-1] in stops
     assert len(choice["logprobs"]["token_logprobs"]) == len(choice["token_ids"])
     assert all(lp <= 0 for lp in choice["logprobs"]["token_logprobs"])
     assert choice["finish_reason"] in ("stop", "length")
@@ -103,6 +106,36 @@ def test_logprobs_are_those_of_the_sampling_temperature(policy_server, loop, tin
     choice = resp["choices"][0]
     expected = trainer_logprobs(model, prompt, choice["token_ids"], temperature=0.7)
     assert choice["logprobs"]["token_logprobs"] == pytest.approx(expected, abs=1e-3)
+
+
+def test_refit_under_load_labels_every_response_truthfully(policy_server, loop, tiny_model_dir) -> None:
+    """Calls accepted before a refit finish on the old weights; calls that arrive during it wait."""
+    v_old, v_new = policy_server.policy_version + 1, policy_server.policy_version + 2
+    models = {v_old: perturbed_model(tiny_model_dir, seed=400), v_new: perturbed_model(tiny_model_dir, seed=401)}
+    loop.run(policy_server.load_weights(pack_state_dict(models[v_old].state_dict()), v_old))
+    prompts = [[1, 5 + i, 6] for i in range(12)]
+
+    async def scenario() -> list[tuple[list[int], dict]]:
+        def call(p: list[int], seed: int) -> asyncio.Task:
+            return asyncio.create_task(_post(policy_server.url, {"prompt": p, "max_tokens": 24, "seed": seed}))
+
+        before = [call(p, i) for i, p in enumerate(prompts[:6])]
+        while policy_server.inflight() == 0:
+            await asyncio.sleep(0.001)
+        refit = asyncio.create_task(policy_server.load_weights(pack_state_dict(models[v_new].state_dict()), v_new))
+        await asyncio.sleep(0)  # the refit closes the gate before the next calls arrive
+        after = [call(p, i) for i, p in enumerate(prompts[6:])]
+        await refit
+        results = await asyncio.gather(*before, *after)
+        return [(p, r) for p, (_, r) in zip(prompts, results)]
+
+    results = loop.run(scenario())
+    assert v_old in {r["policy_version"] for _, r in results[:6]}
+    assert {r["policy_version"] for _, r in results[6:]} == {v_new}
+    for prompt, resp in results:
+        choice = resp["choices"][0]
+        expected = trainer_logprobs(models[resp["policy_version"]], prompt, choice["token_ids"])
+        assert choice["logprobs"]["token_logprobs"] == pytest.approx(expected, abs=1e-3)
 
 
 def test_old_version_is_refused(policy_server, loop) -> None:
@@ -172,3 +205,41 @@ def test_invalid_json_is_400(policy_server, loop) -> None:
     assert "JSON" in resp["error"]["message"]
     # The engine survived every bad request above.
     assert loop.run(_post(policy_server.url, {"prompt": [1, 5], "max_tokens": 2}))[0] == 200
+
+
+def test_blob_that_does_not_fit_is_refused_before_the_engine(policy_server, loop, tiny_model_dir) -> None:
+    version = policy_server.policy_version
+    with pytest.raises(ValueError, match="not safetensors"):
+        loop.run(policy_server.load_weights(b"garbage-bytes", version + 1))
+    state = perturbed_model(tiny_model_dir, seed=300).state_dict()
+    wrong_shape = dict(state, **{"model.norm.weight": torch.ones(3)})
+    with pytest.raises(ValueError, match="model.norm.weight"):
+        loop.run(policy_server.load_weights(pack_state_dict(wrong_shape), version + 1))
+    partial = {k: v for k, v in state.items() if "layers.1." not in k}
+    with pytest.raises(ValueError, match="lacks"):
+        loop.run(policy_server.load_weights(pack_state_dict(partial), version + 1))
+    assert policy_server.weights_ok and policy_server.policy_version == version
+    assert loop.run(policy_server.drain(1)) == 0 and policy_server.gate.is_open()
+
+
+def test_failed_load_serves_503_until_a_load_succeeds(policy_server, loop, tiny_model_dir, monkeypatch) -> None:
+    """Runs last: it breaks the weights inside vLLM on purpose, then repairs them."""
+    version = policy_server.policy_version
+    model = perturbed_model(tiny_model_dir, seed=200)
+    # Skip the server's own shape check, so that the failure happens in vLLM's worker.
+    monkeypatch.setattr(policy_server, "weight_shapes", None)
+    wrong = dict(model.state_dict(), **{"model.embed_tokens.weight": torch.zeros(3, 128)})
+    with pytest.raises(Exception, match="collective_rpc"):
+        loop.run(policy_server.load_weights(pack_state_dict(wrong), version + 1))
+    health = loop.run(_health(policy_server.url))
+    assert health["weights_ok"] is False and health["admission_open"] and health["policy_version"] == version
+    status, resp = loop.run(_post(policy_server.url, {"prompt": [1, 5], "max_tokens": 2}))
+    assert status == 503, resp
+
+    loop.run(policy_server.load_weights(pack_state_dict(model.state_dict()), version + 1))
+    prompt = [1, 9, 20, 11]
+    status, resp = loop.run(_post(policy_server.url, {"prompt": prompt, "max_tokens": 12, "seed": 9}))
+    assert status == 200 and resp["policy_version"] == version + 1
+    choice = resp["choices"][0]
+    expected = trainer_logprobs(model, prompt, choice["token_ids"])
+    assert choice["logprobs"]["token_logprobs"] == pytest.approx(expected, abs=1e-3)

@@ -1,0 +1,124 @@
+"""The checkpoint participant protocol, spoken over HTTP by the environment server and
+the policy server, and driven by the controller's `gym.*` activities.
+
+Every call carries the checkpoint id; a reply for another id is an invariant break.
+`abort` and `resume` are idempotent. A prepared participant holds a lease and resumes
+by itself when the coordinator stops renewing it.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PROTOCOL_VERSION = 1
+
+
+class Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class ParticipantState(StrEnum):
+    RUNNING = "running"
+    PREPARING = "preparing"
+    PREPARED = "prepared"
+    COMMITTED = "committed"
+
+
+class Capabilities(Wire):
+    name: str
+    """Participant name; also its folder inside a snapshot (`env`, `policy`)."""
+    kind: str
+    """`environment` or `policy`."""
+    protocol_version: int = PROTOCOL_VERSION
+    """Version of this protocol the participant speaks."""
+    saves_state: bool
+    """True when commit writes artifacts (agents, resources); False for a fence-only participant."""
+
+
+class PrepareRequest(Wire):
+    checkpoint_id: str
+    """Attempt's checkpoint id (stable across retries of the same attempt)."""
+    lease_s: float = Field(gt=0)
+    """The participant resumes by itself unless renewed within this many seconds."""
+
+
+class LeaseRequest(Wire):
+    checkpoint_id: str
+    """Checkpoint whose lease is renewed."""
+    lease_s: float = Field(gt=0)
+    """New lease from now."""
+
+
+class CheckpointRef(Wire):
+    checkpoint_id: str
+    """Checkpoint the call is about (resume, abort)."""
+
+
+class CommitRequest(Wire):
+    checkpoint_id: str
+    """Checkpoint being committed; must be the prepared one."""
+    directory: str
+    """Absolute staging directory the participant writes its artifacts into."""
+
+
+class Artifact(Wire):
+    path: str
+    """Path relative to the snapshot directory."""
+    sha256: str
+    """Hex digest of the file."""
+    bytes: int
+    """File size."""
+
+
+class ParticipantStatus(Wire):
+    name: str
+    """Participant that answers."""
+    checkpoint_id: str | None
+    """Checkpoint the participant is prepared for (None while running normally)."""
+    state: ParticipantState
+    """Where the participant is in the protocol."""
+    ready: bool
+    """Prepared and quiescent: nothing runs, nothing is parked without a boundary, nothing unACKed."""
+    running: int = 0
+    """Work still moving (agents mid-turn, accepted policy calls)."""
+    parked: int = 0
+    """Agents parked at a turn boundary."""
+    waiting: int = 0
+    """Requests held at the participant's door that have not started (they hold no state)."""
+    unacked: int = 0
+    """Finished results whose receipt the controller has not ACKed."""
+    lease_remaining_s: float | None = None
+    """Seconds until the participant resumes by itself."""
+    detail: str = ""
+    """Human-readable note (why not ready)."""
+
+
+class CommitResult(Wire):
+    name: str
+    """Participant that wrote the artifacts."""
+    checkpoint_id: str
+    """Checkpoint the artifacts belong to."""
+    artifacts: list[Artifact]
+    """Every file written, with digest and size."""
+    counts: dict[str, int] = {}
+    """What was saved (for example parked agents)."""
+
+
+class ControlReply(Wire):
+    name: str
+    """Participant that answers."""
+    checkpoint_id: str
+    """Echo of the request's checkpoint id."""
+    state: ParticipantState
+    """State after the call."""
+    changed: bool
+    """False when the call was a repeat (idempotent no-op)."""
+
+
+class ParticipantError(Wire):
+    error: str
+    """What went wrong and how to fix it."""
+    code: str
+    """Stable machine-readable code: `bad_request`, `unauthorized`, `wrong_checkpoint`, `not_prepared`, `io_error`."""
