@@ -41,3 +41,7 @@ class EnvClient:
         """Stop every agent the server runs (the controller is going away)."""
         async with self._session.post(f"{self._base}/cancel_all") as resp:
             return int((await resp.json())["cancelled"])
+
+    async def health(self) -> dict:
+        async with self._session.get(f"{self._base}/health") as resp:
+            return await resp.json()

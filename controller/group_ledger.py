@@ -77,6 +77,12 @@ class GroupLedger:
         group.complete = group.sealed() >= self._min_sealed
         return group.complete
 
+    def sibling(self, group_id: str, sibling: int) -> SiblingEntry | None:
+        group = self._groups.get(group_id)
+        if group is None or not 0 <= sibling < len(group.siblings):
+            return None
+        return group.siblings[sibling]
+
     def problem(self, group_id: str) -> Problem:
         return self._groups[group_id].problem
 

@@ -49,6 +49,20 @@ class MetricsSink:
         self._print_progress(line)
         return line
 
+    def snapshot(self, result) -> None:
+        """One line per snapshot attempt, between the step lines."""
+        closed = f", admission closed {result.admission_closed_s:.2f}s" if result.admission_closed_s else ""
+        waited = f", trainer waited {result.trainer_wait_s:.2f}s" if result.trainer_wait_s else ""
+        text = f"snapshot {result.checkpoint_id}: {result.outcome} in {result.wall_s:.2f}s{closed}{waited}"
+        if result.outcome != "published":
+            text += f" ({result.reason})"
+        if self._out.isatty():
+            text = "\r" + text.ljust(100) + "\n"
+        else:
+            text += "\n"
+        self._out.write(text)
+        self._out.flush()
+
     def _print_progress(self, line: dict) -> None:
         elapsed = line["wall_s"]
         eta = ""

@@ -1,7 +1,9 @@
 """Ray placement of the trainer, the policy server and the environment server.
 
 Local by default (Ray's temp dir inside the run directory, auth off for a one-user
-machine); `ray.address` joins an existing cluster instead.
+machine); `ray.address` joins an existing cluster instead. The run's control token
+(`<run_dir>/control_token`, mode 0600) is created here and handed to the policy
+server and the environment server, whose checkpoint routes require it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import ray
 
+from primitives.control_token import create_control_token
 from schemas.config import TurnkeepConfig
 
 
@@ -23,6 +26,8 @@ class Processes:
     model_dir: Path
     policy_url: str
     env_url: str
+    control_token: str
+    """Bearer token of the participants' `/checkpoint/*` routes."""
 
 
 def start_ray(cfg: TurnkeepConfig, run_dir: Path) -> None:
@@ -60,14 +65,15 @@ async def launch(cfg: TurnkeepConfig) -> Processes:
     from gpu_workers.trainer_actor import TrainerActor
 
     cfg_json = cfg.model_dump_json()
+    token = create_control_token(cfg.run.run_dir)
     model_dir = await _make_model.remote(cfg_json)
     trainer = TrainerActor.options(name="trainer").remote()
     policy = PolicyActor.options(name="policy", num_cpus=0).remote()
     env = EnvServerActor.options(name="env").remote()
-    policy_url = await policy.start.remote(model_dir, cfg.policy.model_dump_json(), cfg.run.seed)
+    policy_url = await policy.start.remote(model_dir, cfg.policy.model_dump_json(), cfg.run.seed, token)
     await trainer.setup.remote(model_dir, cfg_json)
-    env_url = await env.start.remote(model_dir, policy_url, cfg_json)
-    return Processes(trainer, policy, env, Path(model_dir), policy_url, env_url)
+    env_url = await env.start.remote(model_dir, policy_url, cfg_json, token)
+    return Processes(trainer, policy, env, Path(model_dir), policy_url, env_url, token)
 
 
 async def shutdown(processes: Processes | None) -> None:

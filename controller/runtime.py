@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +44,10 @@ class RunSummary:
     peak_rss_mib: float
 
 
+class RunStopped(RuntimeError):
+    """The run workflow stopped the run (failed snapshots in a row, a broken invariant)."""
+
+
 class RunDirError(ValueError):
     """The run directory cannot be used for a new run."""
 
@@ -57,7 +62,10 @@ def prepare_run_dir(run_dir: Path) -> None:
 
 
 class Controller:
-    def __init__(self, cfg: TurnkeepConfig, processes: Processes, session: aiohttp.ClientSession, max_steps: int | None):
+    def __init__(
+        self, cfg: TurnkeepConfig, processes: Processes, session: aiohttp.ClientSession, max_steps: int | None,
+        start_step: int = 0,
+    ):
         self.cfg = cfg
         self.processes = processes
         self.stats = RunStats()
@@ -71,13 +79,16 @@ class Controller:
         self.data_plane = DataPlane()
         self.metrics = MetricsSink(cfg.run.run_dir, self.stats, max_steps)
         self.last_metrics: dict | None = None
+        self.env_client = EnvClient(processes.env_url, session)
+        # Set by the snapshot wiring: runs after each trainer checkpoint (ties an attempt to it).
+        self.after_checkpoint: Callable[[int], Awaitable[None]] | None = None
         self.rollouts = RolloutPump(
             cfg.rollout,
             cfg.inflight_group_limit(),
             self.dataloader,
             self.ledger,
             self.data_plane,
-            EnvClient(processes.env_url, session),
+            self.env_client,
             self.admission,
             self.deadlines,
             self.stats,
@@ -96,6 +107,7 @@ class Controller:
             write_checkpoint=self._checkpoint,
             on_step=self._on_step,
         )
+        self.training.step = start_step
 
     def _on_step(self, report: StepReport) -> None:
         self.last_metrics = self.metrics.step(report)
@@ -115,41 +127,26 @@ class Controller:
         await write_trainer_checkpoint(
             self.cfg.run.run_dir, step, self.processes.trainer, state, self.cfg.train.keep_checkpoints
         )
+        if self.after_checkpoint is not None:
+            await self.after_checkpoint(step)
 
-    async def run(self, max_steps: int | None) -> None:
+    async def run(self, max_steps: int | None, watch: Awaitable[str] | None = None) -> None:
+        """Run both pumps until `max_steps`; `watch` resolving (to a reason) stops the run early."""
         rollout_task = asyncio.create_task(self.rollouts.run(), name="rollout-pump")
         train_task = asyncio.create_task(self.training.run(max_steps), name="train-pump")
-        done, _ = await asyncio.wait({rollout_task, train_task}, return_when=asyncio.FIRST_COMPLETED)
-        rollout_task.cancel()
-        await asyncio.gather(rollout_task, return_exceptions=True)
+        tasks = {rollout_task, train_task}
+        watch_task = asyncio.ensure_future(watch) if watch is not None else None
+        if watch_task is not None:
+            tasks.add(watch_task)
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in (rollout_task, watch_task):
+            if task is not None and task not in done:
+                task.cancel()
+        if watch_task is not None and watch_task in done and train_task not in done:
+            train_task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         for task in done:
             if not task.cancelled() and task.exception() is not None:
                 raise task.exception()
-        await train_task
-
-
-async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary:
-    run_dir = cfg.run.run_dir
-    prepare_run_dir(run_dir)
-    atomic_write_json(run_dir / "config.json", cfg.model_dump(mode="json"))
-    started = time.monotonic()
-    start_ray(cfg, run_dir)
-    processes = None
-    try:
-        log.info("starting trainer, policy server and environment server")
-        processes = await launch(cfg)
-        log.info("policy server %s, environment server %s, model %s", processes.policy_url, processes.env_url,
-                 processes.model_dir)
-        connector = aiohttp.TCPConnector(limit=0)
-        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
-            controller = Controller(cfg, processes, session, max_steps)
-            await controller.run(max_steps)
-        return RunSummary(
-            controller.training.step,
-            time.monotonic() - started,
-            run_dir,
-            controller.last_metrics,
-            controller.metrics.peak_rss_mib,
-        )
-    finally:
-        await shutdown(processes)
+        if watch_task is not None and watch_task in done and not watch_task.cancelled():
+            raise RunStopped(watch_task.result())

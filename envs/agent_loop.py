@@ -1,20 +1,21 @@
 """The multi-turn agent loop: policy turn -> tool -> turn boundary record, until done.
 
 After every completed turn (the policy's turn and its tool result) the loop commits a
-turn boundary record and then passes the boundary gate: a checkpoint that wants agents
-parked holds the gate, so agents stop exactly at boundaries and a running tool call
-finishes first.
+turn boundary record and then awaits `park()`: the server parks the agent there while
+a checkpoint holds its boundary gate, so agents stop exactly at boundaries and a
+running tool call finishes first. An agent that has passed the gate finishes its
+whole next turn, policy call included, before it parks again.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from envs.codec import TurnCodec
 from envs.environment import Environment
 from envs.policy_client import PolicyClient
 from envs.turn_records import TurnRecords
-from primitives.holds import HoldSet
 from schemas.policy import CompletionRequest
 from schemas.rollout import RolloutOutcome, RolloutRequest, RolloutResult, RolloutRow, Segment, TurnBoundary
 
@@ -33,7 +34,7 @@ async def run_agent(
     codec: TurnCodec,
     policy: PolicyClient,
     records: TurnRecords,
-    boundary_gate: HoldSet,
+    park: Callable[[], Awaitable[None]],
     limits: LoopLimits,
 ) -> RolloutResult:
     segments = [Segment(kind="prompt", token_ids=codec.conversation_start(env.prompt()))]
@@ -68,7 +69,7 @@ async def run_agent(
         if step.done:
             outcome, reason = RolloutOutcome.FINISHED, ""
             break
-        await boundary_gate.wait_clear()
+        await park()
     row = RolloutRow(
         group_id=request.group_id,
         sibling=request.sibling,

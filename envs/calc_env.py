@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from envs.calc_task import CalcCall, FinalAnswer, parse_action, run_tool, score
 from envs.environment import Environment, StepResult
@@ -26,6 +27,16 @@ class CalcEnvironment(Environment):
                 await asyncio.sleep(self._tool_latency_s)
             return StepResult(observation=run_tool(action), done=False)
         return StepResult(observation=None, done=True)
+
+    def export_state(self) -> dict[str, Any]:
+        # The policy turns are all the state there is: tool results follow from them.
+        return {"turns": list(self._turns)}
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        turns = state.get("turns")
+        if not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
+            raise ValueError(f"calc env state needs 'turns': a list of strings, got {state!r}")
+        self._turns = list(turns)
 
     def reward(self) -> float:
         return score(self._problem, self._turns)

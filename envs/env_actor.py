@@ -9,12 +9,15 @@ import ray
 
 from envs.agent_loop import LoopLimits
 from envs.server import EnvServer
+from primitives.control_token import token_path
+from primitives.participant_http import ControlAuth
 from schemas.config import TurnkeepConfig
 
 
 @ray.remote(num_cpus=0)
 class EnvServerActor:
-    async def start(self, model_dir: str, policy_url: str, cfg_json: str) -> str:
+    async def start(self, model_dir: str, policy_url: str, cfg_json: str, control_token: str | None = None) -> str:
+        """Start the server; `control_token` guards its checkpoint routes (None: they refuse every call)."""
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         cfg = TurnkeepConfig.model_validate_json(cfg_json)
         limits = LoopLimits(
@@ -23,7 +26,8 @@ class EnvServerActor:
             max_model_len=cfg.policy.max_model_len,
             temperature=cfg.rollout.temperature,
         )
-        self._server = EnvServer(Path(model_dir), policy_url, cfg.env, limits)
+        control = ControlAuth(control_token, where=str(token_path(cfg.run.run_dir)))
+        self._server = EnvServer(Path(model_dir), policy_url, cfg.env, limits, control)
         return await self._server.start()
 
     async def stop(self) -> None:

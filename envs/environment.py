@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -15,7 +16,12 @@ class StepResult:
 
 
 class Environment(ABC):
-    """One episode: `prompt()`, then `step(turn_text)` per policy turn, then `reward()`."""
+    """One episode: `prompt()`, then `step(turn_text)` per policy turn, then `reward()`.
+
+    A snapshot saves a parked agent's environment with `export_state()` at a turn
+    boundary; a restore builds a fresh environment for the same problem and hands the
+    state to `restore_state()`, so the episode continues as if never interrupted.
+    """
 
     @abstractmethod
     def prompt(self) -> str:
@@ -28,3 +34,11 @@ class Environment(ABC):
     @abstractmethod
     def reward(self) -> float:
         """The verifier's reward for the episode so far."""
+
+    @abstractmethod
+    def export_state(self) -> dict[str, Any]:
+        """JSON-ready state at a turn boundary (what `step` has accumulated so far)."""
+
+    @abstractmethod
+    def restore_state(self, state: dict[str, Any]) -> None:
+        """Continue from `export_state()`'s output; only called on a fresh environment."""

@@ -28,3 +28,9 @@ class ReceiptBook:
 
     def unacked(self) -> int:
         return len(self._pending)
+
+    def discard_all(self) -> int:
+        """Drop every pending result (the controller stopped for good); returns how many."""
+        count = len(self._pending)
+        self._pending.clear()
+        return count

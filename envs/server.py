@@ -1,8 +1,11 @@
 """The environment server: runs agent loops over HTTP for the controller.
 
 Routes: `POST /run` (a RolloutRequest; answers with a RolloutResult whose receipt must
-be ACKed), `POST /ack`, `POST /cancel`, `GET /health`. A rollout runs as its own task,
-so a cancel (or a controller that went away) stops exactly that agent.
+be ACKed), `POST /ack`, `POST /cancel`, `GET /health`, and the checkpoint participant
+routes `/checkpoint/*` (see `env_participant` and `primitives.participant_http`). A
+rollout runs as its own task, so a cancel (or a controller that went away) stops
+exactly that agent; a /run that arrives while a checkpoint holds the door waits in
+that task before it starts, so it can be cancelled too.
 """
 
 from __future__ import annotations
@@ -16,12 +19,16 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from envs.agent_loop import LoopLimits, run_agent
+from envs.agent_registry import AgentRegistry
 from envs.calc_env import CalcEnvironment
 from envs.codec import TurnCodec
+from envs.env_participant import ENV_CAPABILITIES, EnvParticipant
 from envs.policy_client import PolicyCallError, PolicyClient
 from envs.receipts import ReceiptBook
 from envs.turn_records import TurnRecords
 from primitives.holds import HoldSet
+from primitives.participant_core import ParticipantCore
+from primitives.participant_http import ControlAuth, add_participant_routes
 from schemas.config import EnvServerConfig
 from schemas.rollout import AckRequest, RolloutOutcome, RolloutRequest, RolloutResult
 
@@ -29,14 +36,28 @@ log = logging.getLogger("turnkeep.env")
 
 
 class EnvServer:
-    def __init__(self, model_dir: Path, policy_url: str, cfg: EnvServerConfig, limits: LoopLimits) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        policy_url: str,
+        cfg: EnvServerConfig,
+        limits: LoopLimits,
+        control: ControlAuth = ControlAuth(None),
+    ) -> None:
         self._codec = TurnCodec(model_dir)
         self._policy_url = policy_url
         self._cfg = cfg
         self._limits = limits
+        self._control = control
         self.records = TurnRecords()
         self.receipts = ReceiptBook()
-        self.boundary_gate = HoldSet()
+        self.door = HoldSet("env-door")
+        self.boundary_gate = HoldSet("env-boundary")
+        self.agents = AgentRegistry(self.door, self.boundary_gate)
+        self.participant = ParticipantCore(
+            ENV_CAPABILITIES,
+            EnvParticipant(self.agents, self.records, self.receipts, self.door, self.boundary_gate),
+        )
         self._running: dict[str, asyncio.Task] = {}
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -56,6 +77,7 @@ class EnvServer:
                 web.get("/health", self._handle_health),
             ]
         )
+        add_participant_routes(app, self.participant, self._control, fault_injection=self._cfg.fault_injection)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._cfg.host, self._cfg.port)
@@ -88,18 +110,21 @@ class EnvServer:
         return web.Response(body=result.model_dump_json(), content_type="application/json")
 
     async def _run(self, request: RolloutRequest) -> RolloutResult:
-        env = CalcEnvironment(request.problem, self._cfg.tool_latency_s)
-        try:
-            result = await run_agent(
-                request, env, self._codec, self._policy, self.records, self.boundary_gate, self._limits
-            )
-        except (PolicyCallError, aiohttp.ClientError, ValidationError) as err:
-            result = RolloutResult(
-                rollout_id=request.rollout_id, outcome=RolloutOutcome.FAILED, reason=f"{type(err).__name__}: {err}"
-            )
-        finally:
-            self.records.forget(request.rollout_id)
-        return self.receipts.issue(result) if result.row is not None else result
+        async with self.agents.live(request) as agent:
+            env = agent.env = CalcEnvironment(request.problem, self._cfg.tool_latency_s)
+            try:
+                result = await run_agent(
+                    request, env, self._codec, self._policy, self.records, lambda: self.agents.park(agent), self._limits
+                )
+            except (PolicyCallError, aiohttp.ClientError, ValidationError) as err:
+                result = RolloutResult(
+                    rollout_id=request.rollout_id, outcome=RolloutOutcome.FAILED, reason=f"{type(err).__name__}: {err}"
+                )
+            finally:
+                self.records.forget(request.rollout_id)
+            # Still inside `live`: the agent leaves the registry and its result becomes
+            # unACKed in one step, so a checkpoint never sees it in neither.
+            return self.receipts.issue(result) if result.row is not None else result
 
     async def _handle_ack(self, http: web.Request) -> web.Response:
         try:
@@ -121,7 +146,9 @@ class EnvServer:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        return web.json_response({"cancelled": len(tasks)})
+        # The controller is going away: results it never stored will never be ACKed.
+        discarded = self.receipts.discard_all()
+        return web.json_response({"cancelled": len(tasks), "discarded_results": discarded})
 
     async def _handle_health(self, http: web.Request) -> web.Response:
         return web.json_response(
@@ -130,6 +157,8 @@ class EnvServer:
                 "unacked": self.receipts.unacked(),
                 "turn_commits": self.records.commits,
                 "boundary_holders": sorted(self.boundary_gate.holders()),
+                "door_holders": sorted(self.door.holders()),
+                "checkpoint_id": self.participant.current,
             }
         )
 

@@ -24,10 +24,13 @@ class PolicyActor:
     def __init__(self) -> None:
         self._server = PolicyServer()
 
-    async def start(self, model_dir: str, cfg_json: str, seed: int = 0) -> str:
-        """Start engine and endpoint; return the base URL agents call."""
+    async def start(self, model_dir: str, cfg_json: str, seed: int = 0, control_token: str | None = None) -> str:
+        """Start engine and endpoint; return the base URL agents call.
+
+        `control_token` guards the checkpoint routes (None: they refuse every call).
+        """
         cfg = PolicyServerConfig.model_validate_json(cfg_json)
-        return await self._server.start(model_dir, cfg, seed=seed)
+        return await self._server.start(model_dir, cfg, seed=seed, control_token=control_token)
 
     async def load_weights(self, blob: bytes, version: int) -> float:
         """Load safetensors bytes as `version`; return seconds admission was closed."""

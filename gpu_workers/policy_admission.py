@@ -27,6 +27,7 @@ class AdmissionGate:
         self.holds = HoldSet("policy-admission")
         self._running: dict[int, asyncio.Future[None]] = {}
         self._ids = itertools.count()
+        self._waiting = 0
 
     def close(self, holder: str, lease_s: float | None = None) -> bool:
         """Stop accepting new calls until `holder` is released; True if newly added."""
@@ -46,14 +47,22 @@ class AdmissionGate:
         """Accepted calls that have not finished."""
         return len(self._running)
 
+    def waiting(self) -> int:
+        """Calls waiting at the closed gate (not accepted yet, nothing started)."""
+        return self._waiting
+
     @asynccontextmanager
     async def admitted(self) -> AsyncIterator[None]:
         """Wait at the gate, then run the body as one accepted call."""
         # wait_clear returns after the set emptied, but another holder may have
         # arrived before this task resumed: check again with no await in between,
         # so acceptance and the registration below are atomic on the loop.
-        while not self.holds.is_clear():
-            await self.holds.wait_clear()
+        self._waiting += 1
+        try:
+            while not self.holds.is_clear():
+                await self.holds.wait_clear()
+        finally:
+            self._waiting -= 1
         call_id = next(self._ids)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._running[call_id] = done

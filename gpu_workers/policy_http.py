@@ -1,4 +1,7 @@
-"""HTTP face of the policy server (aiohttp): completions and health.
+"""HTTP face of the policy server (aiohttp): completions, health, checkpoint routes.
+
+The `/checkpoint/*` participant routes come from `primitives.participant_http`
+around the server's `ParticipantCore` (see `policy_participant`).
 
 Errors use OpenAI's shape, `{"error": {"message", "type", "param"}}`, and `param`
 names the offending field, so an agent's log says what to fix. Requests are fully
@@ -17,6 +20,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from gpu_workers.policy_errors import RequestError, WeightsUnavailable
+from primitives.participant_http import ControlAuth, add_participant_routes
 from schemas.policy import CompletionRequest
 
 if TYPE_CHECKING:
@@ -27,11 +31,14 @@ logger = logging.getLogger("turnkeep.policy_http")
 SERVER_KEY: web.AppKey[Any] = web.AppKey("policy_server", object)
 
 
-def build_app(server: "PolicyServer") -> web.Application:
+def build_app(
+    server: "PolicyServer", control: ControlAuth = ControlAuth(None), fault_injection: bool = False
+) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[SERVER_KEY] = server
     app.router.add_post("/v1/completions", _completions)
     app.router.add_get("/health", _health)
+    add_participant_routes(app, server.participant, control, fault_injection=fault_injection)
     return app
 
 

@@ -1,10 +1,11 @@
 """The policy server: one vLLM engine, its admission gate, its weight version.
 
 Agents call `POST /v1/completions` (see `policy_http`); the trainer calls
-`load_weights` after each optimizer step; snapshot activities close admission and
-drain. The version stamped on a response is the version that generated every one
-of its tokens, because a weight load first closes the gate (holder `refit`) and
-drains every accepted call, so no call ever straddles two versions.
+`load_weights` after each optimizer step; snapshot attempts fence and drain it
+through the checkpoint participant routes (see `policy_participant`). The version
+stamped on a response is the version that generated every one of its tokens,
+because a weight load first closes the gate (holder `refit`) and drains every
+accepted call, so no call ever straddles two versions.
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ from aiohttp import web
 from gpu_workers.policy_admission import AdmissionGate
 from gpu_workers.policy_errors import RequestError, WeightsUnavailable
 from gpu_workers.policy_http import build_app
+from gpu_workers.policy_participant import POLICY_CAPABILITIES, PolicyParticipant
 from gpu_workers.vllm_engine import build_engine, generate
 from gpu_workers.vllm_refit import refit_engine
 from gpu_workers.weights_blob import Shapes, check_blob, checkpoint_shapes
+from primitives.participant_core import ParticipantCore
+from primitives.participant_http import ControlAuth
 from schemas.config import PolicyServerConfig
 from schemas.policy import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
 
@@ -48,10 +52,16 @@ class PolicyServer:
         self.weight_shapes: Shapes | None = None
         self._runner: web.AppRunner | None = None
         self._refit_lock = asyncio.Lock()
+        self.participant = ParticipantCore(POLICY_CAPABILITIES, PolicyParticipant(self))
         self.url = ""
 
-    async def start(self, model_dir: str | Path, cfg: PolicyServerConfig, seed: int = 0) -> str:
-        """Start the engine and the endpoint; return the base URL (http://host:port)."""
+    async def start(
+        self, model_dir: str | Path, cfg: PolicyServerConfig, seed: int = 0, control_token: str | None = None
+    ) -> str:
+        """Start the engine and the endpoint; return the base URL (http://host:port).
+
+        `control_token` guards the checkpoint routes (None: they refuse every call).
+        """
         self._cfg = cfg
         self.weight_shapes = checkpoint_shapes(model_dir)
         # Engine start blocks for ~20 s; a thread keeps this loop (Ray, Temporal) live.
@@ -60,7 +70,8 @@ class PolicyServer:
         # The first request pays ~1.5 s of lazy setup (output handler, first batch
         # shapes); pay it here, before agents see the URL, and prove the engine works.
         await generate(self._engine, [0], 1, 1.0, [], 0)
-        self._runner = web.AppRunner(build_app(self), access_log=None)
+        app = build_app(self, ControlAuth(control_token), fault_injection=cfg.fault_injection)
+        self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, cfg.host, cfg.port)
         await site.start()
@@ -95,6 +106,10 @@ class PolicyServer:
 
     def inflight(self) -> int:
         return self.gate.inflight()
+
+    def refitting(self) -> bool:
+        """True while a weight load is under way (a snapshot then waits: the version would change)."""
+        return self._refit_lock.locked()
 
     def health(self) -> dict[str, Any]:
         return {

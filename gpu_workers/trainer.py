@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
+from activities.trainer_activities import HoldWaitClock
 from gpu_workers.grpo import build_batch, clipped_policy_loss, token_logprobs
 from gpu_workers.weights_blob import pack_state_dict
 from primitives.atomic_files import atomic_write_bytes, atomic_write_json, fsync_tree
@@ -42,6 +43,7 @@ class Trainer:
         self._pad_id = self.model.config.pad_token_id or 0
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.hold = hold
+        self.hold_wait_clock = HoldWaitClock()
         self.policy_version = 0
 
     async def train_step(self, rows: list[RolloutRow]) -> dict:
@@ -53,7 +55,10 @@ class Trainer:
             stats = await asyncio.to_thread(self._backward, batch)
             compute_s += time.monotonic() - started
             waited = time.monotonic()
+            if not self.hold.is_clear():
+                self.hold_wait_clock.waiting_since = waited
             await self.hold.wait_clear()
+            self.hold_wait_clock.waiting_since = None
             totals["hold_wait_s"] += time.monotonic() - waited
             stats["grad_norm"] = await asyncio.to_thread(self._optimizer_step)
             for key in ("loss", "clip_frac", "approx_kl", "grad_norm"):

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import ray
 
-from primitives.holds import HoldSet
+from primitives.holds import HoldSet, UnknownHolder
 from schemas.config import TurnkeepConfig
 from schemas.rollout import RolloutRow
 
@@ -19,7 +20,8 @@ class TrainerActor:
         from gpu_workers.trainer import Trainer  # torch loads only inside the trainer process
 
         cfg = TurnkeepConfig.model_validate_json(cfg_json)
-        self.hold = HoldSet()
+        self.hold = HoldSet("trainer")
+        self._worker = None
         self._trainer = Trainer(
             Path(model_dir), cfg.train, cfg.model.dtype, cfg.run.seed, cfg.rollout.temperature, self.hold
         )
@@ -32,6 +34,9 @@ class TrainerActor:
             raise RuntimeError(f"trainer reached version {stats['policy_version']} but the controller expected {step}")
         return stats
 
+    async def version(self) -> int:
+        return self._trainer.policy_version
+
     async def weights_blob(self) -> bytes:
         return self._trainer.weights_blob()
 
@@ -39,7 +44,35 @@ class TrainerActor:
         self._trainer.save_checkpoint(Path(directory))
 
     async def hold_add(self, holder: str, lease_s: float | None = None) -> bool:
-        return self.hold.add(holder, lease_s)
+        added = self.hold.add(holder, lease_s)
+        if added:
+            self._trainer.hold_wait_clock.added_at[holder] = time.monotonic()
+        return added
+
+    async def hold_holders(self) -> list[str]:
+        return sorted(self.hold.holders())
+
+    async def hold_renew(self, holder: str, lease_s: float) -> bool:
+        """Extend a lease the holder still has; False when it is gone (never re-adds it)."""
+        try:
+            self.hold.renew(holder, lease_s)
+            return True
+        except UnknownHolder:
+            return False
+
+    async def start_temporal_worker(self, address: str, namespace: str, run_id: str) -> None:
+        from activities.trainer_activities import TrainerActivities
+        from workers.temporal_workers import connect, start_worker, trainer_queue
+
+        client = await connect(address, namespace)
+        acts = TrainerActivities(self.hold, lambda: self._trainer.policy_version, self._trainer.hold_wait_clock)
+        self._worker, self._worker_task = start_worker(
+            client, trainer_queue(run_id), activities=[acts.hold, acts.release]
+        )
+
+    async def stop_temporal_worker(self) -> None:
+        if self._worker is not None:
+            await self._worker.shutdown()
 
     async def hold_release(self, holder: str) -> bool:
         return self.hold.release(holder)

@@ -132,6 +132,8 @@ class PolicyServerConfig(StrictModel):
     """Sequences vLLM batches together."""
     cpu_threads: int = Field(default=1, ge=1)
     """OpenMP threads for vLLM's CPU backend."""
+    fault_injection: bool = False
+    """Serve `/checkpoint/faults` so tests and benchmarks can make checkpoint calls fail or lag."""
 
 
 class EnvServerConfig(StrictModel):
@@ -141,6 +143,8 @@ class EnvServerConfig(StrictModel):
     """Port (0: pick a free one)."""
     tool_latency_s: float = Field(default=0.0, ge=0)
     """Added latency of each tool call (to mimic slow tools)."""
+    fault_injection: bool = False
+    """Serve `/checkpoint/faults` so tests and benchmarks can make checkpoint calls fail or lag."""
 
 
 class RayConfig(StrictModel):
@@ -148,6 +152,38 @@ class RayConfig(StrictModel):
     """Join an existing Ray cluster at this address (None: start a local one in the run directory)."""
     num_cpus: int | None = Field(default=None, ge=1)
     """CPUs the local Ray reports (None: what the machine has)."""
+
+
+class TemporalConfig(StrictModel):
+    address: str | None = None
+    """Temporal frontend `host:port` to use (None: start `temporal server start-dev` inside the run directory)."""
+    namespace: str = "default"
+    """Temporal namespace of the run's workflows."""
+    port: int = Field(default=7233, ge=0, le=65535)
+    """Frontend port of the embedded dev server (0: pick a free one)."""
+    ui_port: int = Field(default=8233, ge=0, le=65535)
+    """Web UI port of the embedded dev server (0: pick a free one)."""
+    ip: str = "127.0.0.1"
+    """Interface the embedded dev server and its UI listen on."""
+
+
+class SnapshotConfig(StrictModel):
+    enabled: bool = True
+    """Take rollout snapshots (needs Temporal); off runs the bare training loop."""
+    attempt_interval_s: float = Field(default=20.0, gt=0)
+    """Seconds between periodic snapshot attempts (an attempt also follows every trainer checkpoint)."""
+    prepare_timeout_s: float = Field(default=60.0, gt=0)
+    """How long participants may take to park and drain before the attempt fails."""
+    phase_timeout_s: float = Field(default=60.0, gt=0)
+    """Start-to-close timeout of every other attempt phase (commit, cut, publish, resume)."""
+    lease_s: float = Field(default=30.0, gt=0)
+    """Lease of every hold an attempt takes; a dead coordinator's holds expire after this."""
+    max_consecutive_failures: int = Field(default=3, ge=1)
+    """Failed attempts in a row that stop the run."""
+    keep_latest_k: int = Field(default=2, ge=1)
+    """Published snapshots kept per trainer checkpoint."""
+    trainer_hold: bool = True
+    """Hold the optimizer step from before the Gym phase until the cut (off: the peer's behaviour, for benchmarks)."""
 
 
 class TurnkeepConfig(StrictModel):
@@ -167,6 +203,10 @@ class TurnkeepConfig(StrictModel):
     """The environment server."""
     ray: RayConfig = RayConfig()
     """Process placement."""
+    temporal: TemporalConfig = TemporalConfig()
+    """Where snapshot workflows run."""
+    snapshot: SnapshotConfig = SnapshotConfig()
+    """Rollout snapshots."""
 
     def inflight_group_limit(self) -> int:
         if self.rollout.max_inflight_groups is not None:

@@ -9,10 +9,16 @@ by itself when the coordinator stops renewing it.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from schemas.rollout import RolloutRequest, TurnBoundary
 
 PROTOCOL_VERSION = 1
+
+CheckpointRoute = Literal["capabilities", "prepare", "status", "renew", "commit", "resume", "abort"]
+"""The `/checkpoint/<route>` names (fault injection addresses routes by these)."""
 
 
 class Wire(BaseModel):
@@ -35,6 +41,8 @@ class Capabilities(Wire):
     """Version of this protocol the participant speaks."""
     saves_state: bool
     """True when commit writes artifacts (agents, resources); False for a fence-only participant."""
+    recovery_mode: Literal["stateless", "exported", "restart_only"] | None = None
+    """How the participant's agents come back after a restore (None: it runs no agents)."""
 
 
 class PrepareRequest(Wire):
@@ -121,4 +129,40 @@ class ParticipantError(Wire):
     error: str
     """What went wrong and how to fix it."""
     code: str
-    """Stable machine-readable code: `bad_request`, `unauthorized`, `wrong_checkpoint`, `not_prepared`, `io_error`."""
+    """Stable machine-readable code: `bad_request`, `unauthorized`, `wrong_checkpoint`, `not_prepared`,
+    `released` (the checkpoint already ended: resumed, aborted or its lease ran out), `io_error`,
+    `injected_fault`."""
+    checkpoint_id: str | None = None
+    """Echo of the request's checkpoint id (None when the request carried none or did not parse)."""
+
+
+class SavedAgent(Wire):
+    """One agent parked at a turn boundary, as a snapshot keeps it (a line of `agents.jsonl`)."""
+
+    request: RolloutRequest
+    """The rollout request the agent was started with."""
+    boundary: TurnBoundary
+    """Its newest committed turn boundary: the conversation so far, as token ids."""
+    env_state: dict[str, Any]
+    """The environment's own exported state at that boundary (`Environment.export_state()`)."""
+
+    @model_validator(mode="after")
+    def _same_rollout(self) -> "SavedAgent":
+        if self.boundary.rollout_id != self.request.rollout_id:
+            raise ValueError(
+                f"boundary belongs to rollout {self.boundary.rollout_id!r}, request is {self.request.rollout_id!r}"
+            )
+        return self
+
+
+class FaultPlan(Wire):
+    """Body of `POST /checkpoint/faults` (served only with fault injection on); replaces the plan."""
+
+    fail: dict[CheckpointRoute, Annotated[int, Field(ge=0)]] = {}
+    """The next N calls of each route fail with HTTP `status` before doing anything."""
+    status: int = Field(default=500, ge=500, le=599)
+    """HTTP status of an injected failure."""
+    enospc: dict[Literal["commit"], Annotated[int, Field(ge=0)]] = {}
+    """The next N commits raise OSError(ENOSPC) inside the write (reported as HTTP 507, `io_error`)."""
+    delay_s: dict[CheckpointRoute, Annotated[float, Field(ge=0)]] = {}
+    """Seconds every call of a route takes after it has acted (a slow drain or a slow write), until the plan changes."""

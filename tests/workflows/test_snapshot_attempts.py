@@ -1,0 +1,146 @@
+"""Snapshot attempts end to end: real Temporal dev server, real participants over HTTP,
+the real controller, trainer and vLLM engine (the session's shared stack)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+import orjson
+import pytest
+
+from schemas.participant import FaultPlan
+from schemas.snapshot import SnapshotManifest
+from tests.workflows.snapshot_harness import published_dirs, run_scenario, scenario_config, staging_dirs
+
+pytestmark = pytest.mark.integration
+
+
+def outcomes(result) -> list[str]:
+    return [line["outcome"] for line in result.snapshot_lines]
+
+
+def assert_released(result) -> None:
+    """Invariant 4: every hold and gate is released once the attempts are over."""
+    assert result.trainer_holders == []
+    assert result.controller.admission.is_clear()
+    assert result.controller.deadline_holds.is_clear()
+    assert result.env_health["unacked"] == 0
+    assert staging_dirs(result.run_dir) == []
+
+
+def test_happy_path_publishes_a_complete_verified_snapshot(stack, stack_config, temporal_address):
+    cfg = scenario_config(stack_config)
+    result = asyncio.run(run_scenario(stack, temporal_address, cfg, steps=4))
+
+    assert "published" in outcomes(result)
+    assert "failed" not in outcomes(result)
+    published = [line for line in result.snapshot_lines if line["outcome"] == "published"]
+    for line in published:
+        assert line["trigger"] == "trainer_checkpoint"
+        assert set(line["phase_s"]) >= {"preflight", "trainer_hold", "gym_prepare", "gym_commit", "cut", "publish",
+                                         "resume"}
+        assert line["bytes_written"] > 0 and line["reason"].startswith("published")
+    snapshot_dir = published_dirs(result.run_dir)[-1]
+    manifest = SnapshotManifest.model_validate_json((snapshot_dir / "manifest.json").read_bytes())
+    assert manifest.anchor_step == int(snapshot_dir.parent.parent.name.removeprefix("step_"))
+    assert manifest.config_fingerprint
+    for artifact in manifest.artifacts:
+        data = (snapshot_dir / artifact.path).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == artifact.sha256 and len(data) == artifact.bytes
+    state = orjson.loads((snapshot_dir / "controller" / "state.json").read_bytes())
+    assert state["step"] == manifest.anchor_step
+    assert manifest.counts["continuations"] == len(state["continuations"])
+    assert_released(result)
+
+
+def test_a_step_finishing_during_a_slow_prepare_waits_and_the_attempt_lands(stack, stack_config, temporal_address):
+    # The peer's case: the Gym phase (3 s) is longer than a train step (about 1 s here).
+    cfg = scenario_config(stack_config)
+    result = asyncio.run(run_scenario(stack, temporal_address, cfg, steps=4,
+                                      env_faults=FaultPlan(delay_s={"prepare": 3.0})))
+    published = [line for line in result.snapshot_lines if line["outcome"] == "published"]
+    assert published, outcomes(result)
+    assert not [line for line in result.snapshot_lines if "trainer" in line["reason"] and line["outcome"] == "skipped"]
+    assert max(line["trainer_wait_s"] for line in published) > 1.0
+    assert max(line["trainer_hold_wait_s"] for line in result.step_lines) > 1.0
+    assert_released(result)
+
+
+def test_one_http_500_on_commit_is_retried_and_publishes(stack, stack_config, temporal_address):
+    cfg = scenario_config(stack_config)
+    result = asyncio.run(run_scenario(stack, temporal_address, cfg, steps=2,
+                                      env_faults=FaultPlan(fail={"commit": 1})))
+    assert outcomes(result)[0] == "published"
+    assert_released(result)
+
+
+def test_a_resume_that_fails_once_is_retried(stack, stack_config, temporal_address):
+    cfg = scenario_config(stack_config)
+    result = asyncio.run(run_scenario(stack, temporal_address, cfg, steps=2,
+                                      policy_faults=FaultPlan(fail={"resume": 1})))
+    assert outcomes(result)[0] == "published"
+    assert_released(result)
+
+
+def test_a_parked_rollout_longer_than_its_budget_is_not_timed_out(stack, stack_config, temporal_address):
+    # Many groups in flight and a step after the checkpoint, so agents are mid-rollout when it parks them.
+    cfg = scenario_config(stack_config, rollout={"rollout_timeout_s": 2.0, "max_inflight_groups": 24})
+    result = asyncio.run(run_scenario(stack, temporal_address, cfg, steps=3,
+                                      env_faults=FaultPlan(delay_s={"prepare": 4.0})))
+    assert outcomes(result)[0] == "published"
+    parked = result.snapshot_lines[0]
+    assert parked["admission_closed_s"] > cfg.rollout.rollout_timeout_s
+    assert parked["parked_agents"] > 0
+    assert result.controller.stats.siblings_dropped == {}
+    assert result.controller.stats.retries == 0
+    assert_released(result)
+
+
+async def _wait_for_phase(snapshots, phase: str):
+    from workflows.run_workflow import RunWorkflow
+
+    while True:
+        status = await snapshots.handle.query(RunWorkflow.status)
+        if status.running_attempt:
+            child = snapshots.client.get_workflow_handle(status.running_attempt)
+            if await child.query("phase") == phase:
+                return child
+        await asyncio.sleep(0.05)
+
+
+def test_cancel_in_the_middle_of_prepare_aborts_with_compensation(stack, stack_config, temporal_address):
+    async def cancel_during_prepare(snapshots, controller):
+        child = await _wait_for_phase(snapshots, "gym_prepare")
+        await asyncio.sleep(0.5)
+        await child.cancel()  # what `temporal workflow cancel --workflow-id <id>` does
+
+    cfg = scenario_config(stack_config)
+    result = asyncio.run(run_scenario(stack, temporal_address, cfg, steps=2, during=cancel_during_prepare,
+                                      env_faults=FaultPlan(delay_s={"prepare": 8.0})))
+    first = result.snapshot_lines[0]
+    assert first["outcome"] == "aborted", first
+    assert "compensate" in first["phase_s"]
+    assert result.env_health["boundary_holders"] == []  # Gym is running again
+    assert_released(result)
+
+
+def test_a_killed_controller_worker_is_replaced_and_the_attempt_ends_from_history(
+    stack, stack_config, temporal_address
+):
+    from controller.snapshot_wiring import controller_worker
+
+    async def kill_worker_during_prepare(snapshots, controller):
+        await _wait_for_phase(snapshots, "gym_prepare")
+        await asyncio.sleep(0.5)
+        snapshots.worker_task.cancel()  # the worker dies with the attempt in flight
+        await asyncio.gather(snapshots.worker_task, return_exceptions=True)
+        snapshots.worker, snapshots.worker_task = controller_worker(snapshots.client, snapshots.ctx)
+
+    cfg = scenario_config(stack_config)
+    result = asyncio.run(run_scenario(stack, temporal_address, cfg, steps=2, during=kill_worker_during_prepare,
+                                      env_faults=FaultPlan(delay_s={"prepare": 3.0})))
+    first = result.snapshot_lines[0]
+    assert first["outcome"] in ("published", "failed", "aborted"), first
+    assert first["reason"]
+    assert_released(result)

@@ -1,0 +1,197 @@
+"""The run workflow: one per training run; it starts snapshot attempts as child workflows.
+
+Attempts start every `attempt_interval_s`, right after each trainer checkpoint, and when
+an operator (or the preemption handler) signals `snapshot_now`. It finishes any release
+left pending by an earlier attempt before it starts another, counts consecutive
+failures, and stops the run on `max_consecutive_failures` or on a broken invariant. It
+answers `status` and takes `pause_snapshots` / `resume_snapshots`, and continues as new
+before its history grows large.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.workflow import ParentClosePolicy
+from temporalio.common import RetryPolicy, SearchAttributePair, TypedSearchAttributes
+
+with workflow.unsafe.imports_passed_through():
+    from schemas import search_attributes as sa
+    from schemas.snapshot import (
+        AnchorQuery,
+        AnchorResult,
+        AttemptRecord,
+        GymInput,
+        GymReleaseResult,
+        Outcome,
+        RecordResult,
+        RunCarryOver,
+        RunStatus,
+        RunWorkflowInput,
+        RunWorkflowResult,
+        SnapshotAttemptInput,
+        SnapshotAttemptResult,
+        SnapshotNowSignal,
+        TrainerCheckpointSignal,
+        TrainerReleaseInput,
+        TrainerReleaseResult,
+        Trigger,
+    )
+    from workflows.snapshot_attempt import SnapshotAttemptWorkflow
+
+ATTEMPTS_BEFORE_CONTINUE_AS_NEW = 200
+QUICK = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=5)
+UNTIL_IT_WORKS = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30))
+
+
+@workflow.defn(name="TurnkeepRun")
+class RunWorkflow:
+    def __init__(self) -> None:
+        self._triggers: deque[tuple[Trigger, int | None, str]] = deque()
+        self._stop_reason: str | None = None
+        self._state = RunCarryOver()
+        self._running: str | None = None
+        self._last: SnapshotAttemptResult | None = None
+        self._run_id = ""
+
+    @workflow.signal
+    def trainer_checkpoint_saved(self, signal: TrainerCheckpointSignal) -> None:
+        self._triggers.append((Trigger.TRAINER_CHECKPOINT, signal.step, "trainer checkpoint"))
+
+    @workflow.signal
+    def snapshot_now(self, signal: SnapshotNowSignal | None = None) -> None:
+        signal = signal or SnapshotNowSignal()
+        trigger = Trigger.PREEMPTION if signal.preemption else Trigger.OPERATOR
+        self._triggers.appendleft((trigger, None, signal.reason))
+
+    @workflow.signal
+    def pause_snapshots(self) -> None:
+        self._state.paused = True
+
+    @workflow.signal
+    def resume_snapshots(self) -> None:
+        self._state.paused = False
+
+    @workflow.signal
+    def stop(self, reason: str) -> None:
+        self._stop_reason = reason
+
+    @workflow.query
+    def status(self) -> RunStatus:
+        return RunStatus(
+            run_id=self._run_id, paused=self._state.paused, consecutive_failures=self._state.consecutive_failures,
+            attempts_by_outcome=dict(self._state.counts), running_attempt=self._running, last_result=self._last,
+            release_pending=self._state.release_pending,
+        )
+
+    @workflow.run
+    async def run(self, inp: RunWorkflowInput) -> RunWorkflowResult:
+        self._run_id = inp.run_id
+        self._state = inp.carried or RunCarryOver()
+        started_attempts = 0
+        while self._stop_reason is None:
+            await self._finish_pending_release(inp)
+            trigger = await self._next_trigger(inp)
+            if trigger is None:
+                continue
+            result = await self._attempt(inp, *trigger)
+            started_attempts += 1
+            stop = self._account(inp, result)
+            await workflow.execute_activity(
+                "snapshot.record", AttemptRecord(result=result, consecutive_failures=self._state.consecutive_failures),
+                result_type=RecordResult, start_to_close_timeout=timedelta(seconds=30), retry_policy=QUICK,
+            )
+            if stop:
+                return RunWorkflowResult(stopped_reason=stop, attempts_by_outcome=dict(self._state.counts))
+            if started_attempts >= ATTEMPTS_BEFORE_CONTINUE_AS_NEW and not self._triggers:
+                workflow.continue_as_new(inp.model_copy(update={"carried": self._state}))
+        return RunWorkflowResult(stopped_reason=self._stop_reason, attempts_by_outcome=dict(self._state.counts))
+
+    async def _next_trigger(self, inp: RunWorkflowInput) -> tuple[Trigger, int | None, str] | None:
+        try:
+            await workflow.wait_condition(
+                lambda: bool(self._triggers) or self._stop_reason is not None,
+                timeout=timedelta(seconds=inp.attempt_interval_s), timeout_summary="next periodic snapshot",
+            )
+        except TimeoutError:
+            return None if self._state.paused else (Trigger.PERIODIC, None, "periodic")
+        if self._stop_reason is not None:
+            return None
+        trigger = self._triggers.popleft()
+        if self._state.paused and trigger[0] in (Trigger.PERIODIC, Trigger.TRAINER_CHECKPOINT):
+            if trigger[0] is Trigger.TRAINER_CHECKPOINT:
+                # Nobody will take over the train pump's checkpoint hold: release it now.
+                await workflow.execute_activity(
+                    "trainer.release", TrainerReleaseInput(holders=[f"checkpoint:{trigger[1]}"]),
+                    result_type=TrainerReleaseResult, task_queue=f"{inp.run_id}.trainer",
+                    start_to_close_timeout=timedelta(seconds=30), retry_policy=QUICK,
+                )
+            return None
+        return trigger
+
+    async def _attempt(self, inp: RunWorkflowInput, trigger: Trigger, step: int | None, note: str):
+        if step is None:
+            anchor = await workflow.execute_activity(
+                "snapshot.anchor", AnchorQuery(incarnation=inp.incarnation), result_type=AnchorResult,
+                start_to_close_timeout=timedelta(seconds=30), retry_policy=QUICK,
+            )
+            step = anchor.newest_checkpoint_step if anchor.newest_checkpoint_step is not None else 0
+        number = self._state.numbers.get(str(step), 1)
+        self._state.numbers[str(step)] = number + 1
+        checkpoint_id = f"{inp.run_id}.snapshot.{step}.{number}"
+        self._running = checkpoint_id
+        try:
+            return await workflow.execute_child_workflow(
+                SnapshotAttemptWorkflow.run,
+                SnapshotAttemptInput(
+                    run_id=inp.run_id, checkpoint_id=checkpoint_id, number=number, trigger=trigger, anchor_step=step,
+                    incarnation=inp.incarnation, trainer_hold=inp.trainer_hold, keep_latest_k=inp.keep_latest_k,
+                    timeouts=inp.timeouts,
+                ),
+                id=checkpoint_id,
+                # A cancelled run still compensates its attempt; TERMINATE would skip compensation.
+                parent_close_policy=ParentClosePolicy.REQUEST_CANCEL,
+                static_summary=f"{trigger} snapshot under step {step} (#{number}): {note}",
+                search_attributes=TypedSearchAttributes([
+                    SearchAttributePair(sa.RUN_ID, inp.run_id), SearchAttributePair(sa.ANCHOR_STEP, step),
+                    SearchAttributePair(sa.TRIGGER, str(trigger)), SearchAttributePair(sa.OUTCOME, "running"),
+                ]),
+            )
+        finally:
+            self._running = None
+
+    def _account(self, inp: RunWorkflowInput, result: SnapshotAttemptResult) -> str | None:
+        """Update the counters; return why the run must stop, if it must."""
+        self._last = result
+        self._state.counts[str(result.outcome)] = self._state.counts.get(str(result.outcome), 0) + 1
+        if result.outcome is Outcome.PUBLISHED_RELEASE_PENDING:
+            self._state.release_pending = result.checkpoint_id
+        if result.outcome in (Outcome.PUBLISHED, Outcome.PUBLISHED_RELEASE_PENDING):
+            self._state.consecutive_failures = 0
+            self._state.last_published = result.checkpoint_id
+        elif result.outcome.counts_as_failure():
+            self._state.consecutive_failures += 1
+        if result.invariant_broken:
+            return f"snapshot attempt {result.checkpoint_id} broke an invariant: {result.reason}"
+        if self._state.consecutive_failures >= inp.max_consecutive_failures:
+            return (
+                f"{self._state.consecutive_failures} snapshot attempts failed in a row "
+                f"(snapshot.max_consecutive_failures = {inp.max_consecutive_failures}); last: {result.reason}"
+            )
+        return None
+
+    async def _finish_pending_release(self, inp: RunWorkflowInput) -> None:
+        pending = self._state.release_pending
+        if pending is None:
+            return
+        released = await workflow.execute_activity(
+            "gym.resume", GymInput(run_id=inp.run_id, checkpoint_id=pending, incarnation=inp.incarnation,
+                                   lease_s=inp.timeouts.lease_s),
+            result_type=GymReleaseResult, start_to_close_timeout=timedelta(seconds=inp.timeouts.phase_s),
+            retry_policy=UNTIL_IT_WORKS, summary=f"finish the release of {pending}",
+        )
+        workflow.logger.info("pending release of %s finished after %.1fs closed", pending,
+                             released.admission_closed_s)
+        self._state.release_pending = None

@@ -1,0 +1,237 @@
+"""One rollout snapshot attempt, top to bottom.
+
+preflight -> trainer.hold -> gym.prepare -> gym.commit -> data_plane.cut -> (release the
+hold) -> publish -> resume. Any failure or cancellation before publish runs the
+compensations in one place (`_compensate`): abort the participants, release the hold,
+delete the staging directory; the previous snapshot stays authoritative. A resume that
+keeps failing after publish ends as `published_release_pending`: the snapshot is valid,
+admission stays closed and the run workflow retries the release until it succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
+
+with workflow.unsafe.imports_passed_through():
+    from schemas import search_attributes as sa
+    from schemas.snapshot import (
+        CutInput,
+        CutResult,
+        DiscardStagingInput,
+        GymCommitResult,
+        GymInput,
+        GymPrepareResult,
+        GymReleaseResult,
+        Outcome,
+        PreflightInput,
+        Trigger,
+        PreflightResult,
+        PublishInput,
+        PublishResult,
+        SnapshotAttemptInput,
+        SnapshotAttemptResult,
+        StagingInput,
+        StagingResult,
+        TrainerHoldInput,
+        TrainerHoldResult,
+        TrainerReleaseInput,
+        TrainerReleaseResult,
+    )
+
+INVARIANT = "InvariantBroken"
+TRAINER_MOVED = "TrainerMoved"
+FEW = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=3)
+TRANSIENT = RetryPolicy(
+    initial_interval=timedelta(milliseconds=200), backoff_coefficient=2.0, maximum_attempts=5,
+    non_retryable_error_types=[INVARIANT, TRAINER_MOVED],
+)
+PERSISTENT = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=5),
+                         maximum_attempts=20, non_retryable_error_types=[INVARIANT])
+
+
+def trainer_queue(run_id: str) -> str:
+    return f"{run_id}.trainer"
+
+
+@dataclass
+class AttemptProgress:
+    """What the compensation needs to know about how far the attempt got."""
+
+    holder: str
+    trainer_held: bool = False
+    gym_started: bool = False
+    staging_dir: str | None = None
+    phase_s: dict[str, float] = field(default_factory=dict)
+    participant_s: float = 0.0
+    admission_closed_s: float = 0.0
+    trainer_wait_s: float = 0.0
+
+
+@workflow.defn(name="SnapshotAttempt")
+class SnapshotAttemptWorkflow:
+    def __init__(self) -> None:
+        self._phase = "starting"
+
+    @workflow.query
+    def phase(self) -> str:
+        return self._phase
+
+    @workflow.run
+    async def run(self, inp: SnapshotAttemptInput) -> SnapshotAttemptResult:
+        started = workflow.time()
+        progress = AttemptProgress(holder=f"snapshot:{inp.checkpoint_id}")
+        try:
+            result = await self._attempt(inp, progress)
+        except (ActivityError, ApplicationError, asyncio.CancelledError) as err:
+            outcome, reason, invariant = _classify(err)
+            await self._compensate(inp, progress)
+            result = self._result(inp, progress, outcome, reason)
+            result.invariant_broken = invariant
+        result.wall_s = round(workflow.time() - started, 3)
+        workflow.upsert_search_attributes([sa.OUTCOME.value_set(str(result.outcome))])
+        workflow.set_current_details(f"{result.outcome}: {result.reason}")
+        return result
+
+    async def _attempt(self, inp: SnapshotAttemptInput, progress: AttemptProgress) -> SnapshotAttemptResult:
+        budget = inp.timeouts
+        pre = await self._call(progress, "preflight", "snapshot.preflight", PreflightInput(
+            run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
+            anchor_step=inp.anchor_step), PreflightResult, budget.phase_s, FEW)
+        if pre.skip_reason:
+            await self._compensate(inp, progress)
+            return self._result(inp, progress, Outcome.SKIPPED, pre.skip_reason)
+
+        hold = None
+        if inp.trainer_hold:
+            progress.trainer_held = True
+            hold = await self._call(progress, "trainer_hold", "trainer.hold", TrainerHoldInput(
+                holder=progress.holder, lease_s=budget.lease_s,
+                release_also=[f"checkpoint:{inp.anchor_step}"]), TrainerHoldResult, budget.phase_s, TRANSIENT,
+                task_queue=trainer_queue(inp.run_id))
+            if hold.step != inp.anchor_step:
+                await self._compensate(inp, progress)
+                return self._result(inp, progress, Outcome.SKIPPED,
+                                    f"trainer reached step {hold.step} before the hold; anchor is {inp.anchor_step}")
+
+        staging = await self._call(progress, "preflight", "snapshot.open_staging", StagingInput(
+            run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
+            anchor_step=inp.anchor_step, number=inp.number), StagingResult, budget.phase_s, FEW)
+        progress.staging_dir = staging.staging_dir
+        gym = GymInput(run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
+                       lease_s=budget.lease_s, staging_dir=staging.staging_dir)
+
+        progress.gym_started = True
+        prepared = await self._call(progress, "gym_prepare", "gym.prepare", gym, GymPrepareResult,
+                                    budget.prepare_s, FEW, heartbeat_s=10)
+        progress.participant_s += prepared.participant_s
+        committed = await self._call(progress, "gym_commit", "gym.commit", gym, GymCommitResult,
+                                     budget.phase_s, TRANSIENT, heartbeat_s=10)
+        progress.participant_s += committed.participant_s
+        cut = await self._call(progress, "cut", "data_plane.cut", CutInput(
+            run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
+            staging_dir=staging.staging_dir, expected_step=hold.step if hold else inp.anchor_step,
+            expected_policy_version=hold.policy_version if hold else -1), CutResult, budget.phase_s, TRANSIENT)
+        if progress.trainer_held:
+            await self._release_trainer(inp, progress)
+
+        counts = {**committed.counts, "data_plane_rows": cut.data_plane_rows,
+                  "unfinished_groups": cut.unfinished_groups, "continuations": cut.continuations}
+        published = await self._call(progress, "publish", "snapshot.publish", PublishInput(
+            run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
+            staging_dir=staging.staging_dir, anchor_step=inp.anchor_step, number=inp.number,
+            policy_version=hold.policy_version if hold else -1, artifacts=committed.artifacts + cut.artifacts,
+            counts=counts, keep_latest_k=inp.keep_latest_k), PublishResult, budget.phase_s, TRANSIENT)
+        progress.staging_dir = None  # renamed into place: nothing to discard any more
+
+        outcome, reason = Outcome.PUBLISHED, f"published {published.snapshot_dir}"
+        try:
+            released = await self._call(progress, "resume", "gym.resume", gym, GymReleaseResult,
+                                        budget.phase_s, FEW)
+            progress.participant_s += released.participant_s
+            progress.admission_closed_s = released.admission_closed_s
+        except ActivityError as err:
+            outcome = Outcome.PUBLISHED_RELEASE_PENDING
+            reason = f"published {published.snapshot_dir}; release failed and is retried: {_cause(err)}"
+        result = self._result(inp, progress, outcome, reason)
+        result.snapshot_dir = published.snapshot_dir
+        result.bytes_written = published.bytes_written
+        result.parked_agents = committed.counts.get("parked_agents", 0)
+        result.data_plane_rows = cut.data_plane_rows
+        return result
+
+    async def _release_trainer(self, inp: SnapshotAttemptInput, progress: AttemptProgress,
+                               holders: list[str] | None = None) -> None:
+        released = await self._call(progress, "trainer_release", "trainer.release",
+                                    TrainerReleaseInput(holders=holders or [progress.holder]), TrainerReleaseResult,
+                                    inp.timeouts.phase_s, PERSISTENT, task_queue=trainer_queue(inp.run_id))
+        progress.trainer_wait_s = max(progress.trainer_wait_s, released.waited_s)
+        progress.trainer_held = False
+
+    async def _compensate(self, inp: SnapshotAttemptInput, progress: AttemptProgress) -> None:
+        """Undo whatever the attempt did; every step is idempotent, so a retry is safe."""
+        self._phase = "compensating"
+        budget = inp.timeouts.phase_s
+        if progress.gym_started:
+            gym = GymInput(run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
+                           lease_s=inp.timeouts.lease_s)
+            aborted = await self._call(progress, "compensate", "gym.abort", gym, GymReleaseResult, budget, PERSISTENT)
+            progress.admission_closed_s = aborted.admission_closed_s
+            progress.gym_started = False
+        holders = [progress.holder] if progress.trainer_held else []
+        if inp.trigger is Trigger.TRAINER_CHECKPOINT and inp.trainer_hold:
+            # The train pump's checkpoint hold must not outlive an attempt that never took it over.
+            holders.append(f"checkpoint:{inp.anchor_step}")
+        if holders:
+            await self._release_trainer(inp, progress, holders)
+        if progress.staging_dir is not None:
+            await self._call(progress, "compensate", "snapshot.discard_staging", DiscardStagingInput(
+                checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation, staging_dir=progress.staging_dir),
+                type(None), budget, PERSISTENT)
+            progress.staging_dir = None
+
+    async def _call(self, progress, phase, activity, arg, result_type, timeout_s, retry, *, task_queue=None,
+                    heartbeat_s=None):
+        self._phase = phase
+        began = workflow.time()
+        try:
+            return await workflow.execute_activity(
+                activity, arg, result_type=result_type, task_queue=task_queue,
+                start_to_close_timeout=timedelta(seconds=timeout_s), retry_policy=retry,
+                heartbeat_timeout=timedelta(seconds=heartbeat_s) if heartbeat_s else None,
+                summary=activity,
+            )
+        finally:
+            progress.phase_s[phase] = round(progress.phase_s.get(phase, 0.0) + workflow.time() - began, 3)
+
+    def _result(self, inp, progress: AttemptProgress, outcome: Outcome, reason: str) -> SnapshotAttemptResult:
+        return SnapshotAttemptResult(
+            checkpoint_id=inp.checkpoint_id, outcome=outcome, reason=reason, anchor_step=inp.anchor_step,
+            trigger=inp.trigger, phase_s=dict(progress.phase_s), admission_closed_s=progress.admission_closed_s,
+            participant_s=round(progress.participant_s, 3), trainer_wait_s=progress.trainer_wait_s,
+        )
+
+
+def _cause(err: BaseException) -> str:
+    while err.__cause__ is not None:
+        err = err.__cause__
+    return str(err) or err.__class__.__name__
+
+
+def _classify(err: BaseException) -> tuple[Outcome, str, bool]:
+    """(outcome, reason, invariant broken) for what ended the attempt early."""
+    if is_cancelled_exception(err):
+        return Outcome.ABORTED, "cancelled (temporal workflow cancel, or the run is stopping)", False
+    root = err
+    while root.__cause__ is not None:
+        root = root.__cause__
+    if isinstance(root, ApplicationError) and root.type == INVARIANT:
+        return Outcome.FAILED, f"invariant broken: {root.message}", True
+    if isinstance(root, ApplicationError) and root.type == TRAINER_MOVED:
+        return Outcome.SKIPPED, root.message, False
+    return Outcome.FAILED, _cause(err), False
