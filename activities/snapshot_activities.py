@@ -20,6 +20,8 @@ from schemas.snapshot import (
     AnchorQuery,
     AnchorResult,
     AttemptRecord,
+    CheckpointRequest,
+    CheckpointRequestResult,
     CutInput,
     CutResult,
     DiscardStagingInput,
@@ -46,6 +48,12 @@ class SnapshotActivities:
         return AnchorResult(
             current_step=self._ctx.controller.training.step, newest_checkpoint_step=steps[-1] if steps else None
         )
+
+    @activity.defn(name="snapshot.request_checkpoint")
+    async def request_checkpoint(self, inp: CheckpointRequest) -> CheckpointRequestResult:
+        self._ctx.check(inp.incarnation)
+        self._ctx.controller.training.request_checkpoint(str(inp.trigger))
+        return CheckpointRequestResult(requested=True)
 
     @activity.defn(name="snapshot.preflight")
     async def preflight(self, inp: PreflightInput) -> PreflightResult:
@@ -127,9 +135,6 @@ class SnapshotActivities:
     async def record(self, inp: AttemptRecord) -> RecordResult:
         ctx = self._ctx
         result = inp.result
-        line = {"kind": "snapshot", **result.model_dump(mode="json"), "consecutive_failures": inp.consecutive_failures}
-        append_jsonl(ctx.run_dir / "metrics.jsonl", line, durable=False)
-        ctx.controller.metrics.snapshot(result)
         warning = None
         if result.admission_closed_s > ctx.interval_s and not ctx.warned_long_closure:
             ctx.warned_long_closure = True
@@ -139,4 +144,9 @@ class SnapshotActivities:
                 "large share of the run. Raise snapshot.attempt_interval_s (or speed up the slow participant)."
             )
             log.warning(warning)
+        line = {"kind": "snapshot", **result.model_dump(mode="json"), "consecutive_failures": inp.consecutive_failures}
+        if warning:
+            line["warning"] = warning
+        append_jsonl(ctx.run_dir / "metrics.jsonl", line, durable=False)
+        ctx.controller.metrics.snapshot(result)
         return RecordResult(warning=warning)

@@ -30,6 +30,8 @@ def new_run_id(cfg: TurnkeepConfig) -> str:
 
 
 async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary:
+    # Participants in other processes get paths from us; they must not depend on our cwd.
+    cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"run_dir": cfg.run.run_dir.resolve()})})
     run_dir = cfg.run.run_dir
     prepare_run_dir(run_dir)
     run_id = new_run_id(cfg)

@@ -81,7 +81,7 @@ class Controller:
         self.last_metrics: dict | None = None
         self.env_client = EnvClient(processes.env_url, session)
         # Set by the snapshot wiring: runs after each trainer checkpoint (ties an attempt to it).
-        self.after_checkpoint: Callable[[int], Awaitable[None]] | None = None
+        self.after_checkpoint: Callable[[int, str], Awaitable[None]] | None = None
         self.rollouts = RolloutPump(
             cfg.rollout,
             cfg.inflight_group_limit(),
@@ -121,14 +121,14 @@ class Controller:
             "group_ledger": self.ledger.state_dict(),
         }
 
-    async def _checkpoint(self, step: int) -> None:
+    async def _checkpoint(self, step: int, trigger: str) -> None:
         async with self.data_plane.barrier:
             state = self.state_dict()
         await write_trainer_checkpoint(
             self.cfg.run.run_dir, step, self.processes.trainer, state, self.cfg.train.keep_checkpoints
         )
         if self.after_checkpoint is not None:
-            await self.after_checkpoint(step)
+            await self.after_checkpoint(step, trigger)
 
     async def run(self, max_steps: int | None, watch: Awaitable[str] | None = None) -> None:
         """Run both pumps until `max_steps`; `watch` resolving (to a reason) stops the run early."""

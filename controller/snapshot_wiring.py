@@ -18,9 +18,10 @@ from activities.snapshot_activities import SnapshotActivities
 from activities.snapshot_context import SnapshotContext
 from controller.fingerprint import config_fingerprint
 from controller.runtime import Controller
+from controller.temporal_server import register_search_attributes
 from schemas import search_attributes as sa
 from schemas.config import TurnkeepConfig
-from schemas.snapshot import RunWorkflowInput, SnapshotTimeouts, TrainerCheckpointSignal
+from schemas.snapshot import RunWorkflowInput, SnapshotTimeouts, TrainerCheckpointSignal, Trigger
 from workers.temporal_workers import connect, controller_queue, start_worker
 from workflows.run_workflow import RunWorkflow
 from workflows.snapshot_attempt import SnapshotAttemptWorkflow
@@ -58,7 +59,8 @@ def controller_worker(client: Client, ctx: SnapshotContext) -> tuple[Worker, asy
     gym, snap = GymActivities(ctx), SnapshotActivities(ctx)
     return start_worker(
         client, controller_queue(ctx.run_id),
-        activities=[gym.prepare, gym.commit, gym.resume, gym.abort, snap.anchor, snap.preflight, snap.open_staging,
+        activities=[gym.prepare, gym.commit, gym.resume, gym.abort, snap.anchor, snap.request_checkpoint,
+                    snap.preflight, snap.open_staging,
                     snap.discard_staging, snap.cut, snap.publish, snap.record],
         workflows=[RunWorkflow, SnapshotAttemptWorkflow],
     )
@@ -70,6 +72,8 @@ async def start_snapshots(
 ) -> SnapshotRuntime:
     processes = controller.processes
     client = await connect(address, cfg.temporal.namespace)
+    if cfg.temporal.address is not None:
+        await register_search_attributes(client, cfg.temporal.namespace)
     await processes.trainer.start_temporal_worker.remote(address, cfg.temporal.namespace, run_id)
     environments, policy = participant_clients(processes, session, cfg.snapshot.phase_timeout_s)
     ctx = SnapshotContext(
@@ -83,22 +87,25 @@ async def start_snapshots(
         RunWorkflowInput(
             run_id=run_id, incarnation=incarnation, attempt_interval_s=cfg.snapshot.attempt_interval_s,
             max_consecutive_failures=cfg.snapshot.max_consecutive_failures, keep_latest_k=cfg.snapshot.keep_latest_k,
-            trainer_hold=cfg.snapshot.trainer_hold, timeouts=timeouts(cfg),
+            trainer_hold=cfg.snapshot.trainer_hold, checkpoint_on_demand=cfg.snapshot.checkpoint_on_demand,
+            timeouts=timeouts(cfg),
         ),
         id=f"{run_id}.run", task_queue=controller_queue(run_id),
         static_summary=f"turnkeep run {run_id} ({cfg.run.run_dir})",
         search_attributes=TypedSearchAttributes([SearchAttributePair(sa.RUN_ID, run_id)]),
     )
     runtime = SnapshotRuntime(client, worker, worker_task, handle, ctx)
-    controller.after_checkpoint = lambda step: _tie_attempt_to_checkpoint(cfg, runtime, step)
+    controller.after_checkpoint = lambda step, trigger: _tie_attempt_to_checkpoint(cfg, runtime, step, trigger)
     return runtime
 
 
-async def _tie_attempt_to_checkpoint(cfg: TurnkeepConfig, runtime: SnapshotRuntime, step: int) -> None:
+async def _tie_attempt_to_checkpoint(cfg: TurnkeepConfig, runtime: SnapshotRuntime, step: int, trigger: str) -> None:
     """Hold the next optimizer step until the attempt for this checkpoint takes over the hold."""
     if cfg.snapshot.trainer_hold:
         await runtime.ctx.trainer.hold_add.remote(f"checkpoint:{step}", cfg.snapshot.lease_s)
-    await runtime.handle.signal(RunWorkflow.trainer_checkpoint_saved, TrainerCheckpointSignal(step=step))
+    await runtime.handle.signal(
+        RunWorkflow.trainer_checkpoint_saved, TrainerCheckpointSignal(step=step, trigger=Trigger(trigger))
+    )
 
 
 async def stop_snapshots(runtime: SnapshotRuntime | None, reason: str, grace_s: float) -> None:

@@ -116,3 +116,24 @@ def stop_dev_server(endpoint: TemporalEndpoint | None) -> None:
     except subprocess.TimeoutExpired:
         endpoint.process.kill()
         endpoint.process.wait()
+
+
+async def register_search_attributes(client: Client, namespace: str) -> None:
+    """On a server we did not start, add turnkeep's search attributes (already present is fine)."""
+    from temporalio.api.enums.v1 import IndexedValueType
+    from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+    from temporalio.service import RPCError
+
+    kinds = {"KEYWORD": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD, "INT": IndexedValueType.INDEXED_VALUE_TYPE_INT}
+    wanted = {key.name: kinds[key.indexed_value_type.name] for key in search_attributes.ALL}
+    try:
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(namespace=namespace, search_attributes=wanted)
+        )
+    except RPCError as err:
+        if "already" not in str(err).lower():
+            raise RuntimeError(
+                f"could not register turnkeep's search attributes on {namespace}: {err}. Register them with "
+                "`temporal operator search-attribute create` (TurnkeepRunId, TurnkeepTrigger, TurnkeepOutcome: "
+                "Keyword; TurnkeepAnchorStep: Int)"
+            ) from err

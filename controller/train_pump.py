@@ -49,7 +49,7 @@ class TrainPump:
         admission: HoldSet,
         stats: RunStats,
         on_groups_finished: Callable[[], None],
-        write_checkpoint: Callable[[int], Awaitable[None]],
+        write_checkpoint: Callable[[int, str], Awaitable[None]],
         on_step: Callable[[StepReport], None],
     ) -> None:
         self._cfg = cfg
@@ -65,6 +65,8 @@ class TrainPump:
         self._on_step = on_step
         self._group_settled = asyncio.Event()
         self._untrainable: list[str] = []
+        self._checkpoint_request: str | None = None
+        self._checkpointed_step: int | None = None
         self.step = 0
 
     def group_settled(self, group_id: str, trainable: bool) -> None:
@@ -72,9 +74,28 @@ class TrainPump:
             self._untrainable.append(group_id)
         self._group_settled.set()
 
+    def request_checkpoint(self, trigger: str) -> None:
+        """Write a trainer checkpoint at the current step as soon as no step is running.
+
+        A snapshot must be filed under a checkpoint of the current step; this lets a
+        periodic or operator snapshot get one instead of being skipped.
+        """
+        self._checkpoint_request = trigger
+        self._group_settled.set()  # wakes a train pump that is waiting for data
+
     async def run(self, max_steps: int | None) -> None:
         while max_steps is None or self.step < max_steps:
+            await self._serve_checkpoint_request()
             await self.train_one_step()
+
+    async def _serve_checkpoint_request(self) -> None:
+        trigger, self._checkpoint_request = self._checkpoint_request, None
+        if trigger is not None and self._checkpointed_step != self.step:
+            await self._checkpoint(self.step, trigger)
+
+    async def _checkpoint(self, step: int, trigger: str) -> None:
+        await self._write_checkpoint(step, trigger)
+        self._checkpointed_step = step
 
     async def train_one_step(self) -> StepReport:
         group_ids = await self._claim_batch()
@@ -97,7 +118,7 @@ class TrainPump:
         self._on_groups_finished()
         refit_s = await self._refit(trainer_stats["policy_version"])
         if self.step % self._cfg.save_period == 0:
-            await self._write_checkpoint(self.step)
+            await self._checkpoint(self.step, "trainer_checkpoint")
         report = StepReport(
             step=self.step,
             policy_version=trainer_stats["policy_version"],
@@ -113,6 +134,7 @@ class TrainPump:
 
     async def _claim_batch(self) -> list[str]:
         while True:
+            await self._serve_checkpoint_request()
             fresh = await self._drop_unusable_groups()
             if len(fresh) >= self._cfg.prompts_per_step:
                 return fresh[: self._cfg.prompts_per_step]

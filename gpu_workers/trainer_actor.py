@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ class TrainerActor:
         cfg = TurnkeepConfig.model_validate_json(cfg_json)
         self.hold = HoldSet("trainer")
         self._worker = None
+        self._stepping = asyncio.Lock()
         self._trainer = Trainer(
             Path(model_dir), cfg.train, cfg.model.dtype, cfg.run.seed, cfg.rollout.temperature, self.hold
         )
@@ -29,13 +31,16 @@ class TrainerActor:
 
     async def train_step(self, rows: list[dict], step: int) -> dict:
         parsed = [RolloutRow.model_validate(row) for row in rows]
-        stats = await self._trainer.train_step(parsed)
+        async with self._stepping:
+            stats = await self._trainer.train_step(parsed)
         if stats["policy_version"] != step:
             raise RuntimeError(f"trainer reached version {stats['policy_version']} but the controller expected {step}")
         return stats
 
     async def version(self) -> int:
-        return self._trainer.policy_version
+        """The policy version once no step is running (a caller that went away may have left one)."""
+        async with self._stepping:
+            return self._trainer.policy_version
 
     async def weights_blob(self) -> bytes:
         return self._trainer.weights_blob()

@@ -184,6 +184,9 @@ class SnapshotConfig(StrictModel):
     """Published snapshots kept per trainer checkpoint."""
     trainer_hold: bool = True
     """Hold the optimizer step from before the Gym phase until the cut (off: the peer's behaviour, for benchmarks)."""
+    checkpoint_on_demand: bool = True
+    """A periodic or operator attempt with no trainer checkpoint at the current step asks for one (written between
+    steps) instead of being skipped; turn off for models whose checkpoints are expensive (then save_period rules)."""
 
 
 class TurnkeepConfig(StrictModel):

@@ -65,6 +65,8 @@ class SnapshotAttemptInput(Wire):
     """Hold the optimizer step across the Gym phase (off only to measure the peer's behaviour)."""
     keep_latest_k: int = 2
     """Published snapshots kept per trainer checkpoint."""
+    checkpoint_hold: str | None = None
+    """The train pump's hold on the next optimizer step, which this attempt takes over (tied attempts)."""
     timeouts: SnapshotTimeouts
     """Per-phase limits."""
 
@@ -122,6 +124,17 @@ class PreflightResult(Wire):
 
 class AnchorQuery(Wire):
     incarnation: int
+
+
+class CheckpointRequest(Wire):
+    incarnation: int
+    trigger: Trigger
+    """The attempt's trigger; the tied attempt runs with it."""
+
+
+class CheckpointRequestResult(Wire):
+    requested: bool
+    """False when a checkpoint at the current step already exists (the attempt can start now)."""
 
 
 class AnchorResult(Wire):
@@ -262,6 +275,8 @@ class RunWorkflowInput(Wire):
     max_consecutive_failures: int
     keep_latest_k: int
     trainer_hold: bool = True
+    checkpoint_on_demand: bool = True
+    """Periodic and operator attempts ask the train pump for a checkpoint at the current step."""
     timeouts: SnapshotTimeouts
     carried: "RunCarryOver | None" = None
     """State carried across continue-as-new."""
@@ -282,6 +297,8 @@ class RunCarryOver(Wire):
 class TrainerCheckpointSignal(Wire):
     step: int
     """Step of the trainer checkpoint just published."""
+    trigger: Trigger = Trigger.TRAINER_CHECKPOINT
+    """What the checkpoint was written for (`save_period`, or an attempt that asked for one)."""
 
 
 class SnapshotNowSignal(Wire):

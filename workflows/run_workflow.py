@@ -23,6 +23,8 @@ with workflow.unsafe.imports_passed_through():
         AnchorQuery,
         AnchorResult,
         AttemptRecord,
+        CheckpointRequest,
+        CheckpointRequestResult,
         GymInput,
         GymReleaseResult,
         Outcome,
@@ -48,17 +50,20 @@ UNTIL_IT_WORKS = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_inte
 
 @workflow.defn(name="TurnkeepRun")
 class RunWorkflow:
-    def __init__(self) -> None:
+    @workflow.init
+    def __init__(self, inp: RunWorkflowInput) -> None:
+        # State comes from the input here, not in run(): a signal that arrives with the
+        # start runs before run() and must not be overwritten by it.
         self._triggers: deque[tuple[Trigger, int | None, str]] = deque()
         self._stop_reason: str | None = None
-        self._state = RunCarryOver()
+        self._state = inp.carried or RunCarryOver()
         self._running: str | None = None
         self._last: SnapshotAttemptResult | None = None
-        self._run_id = ""
+        self._run_id = inp.run_id
 
     @workflow.signal
     def trainer_checkpoint_saved(self, signal: TrainerCheckpointSignal) -> None:
-        self._triggers.append((Trigger.TRAINER_CHECKPOINT, signal.step, "trainer checkpoint"))
+        self._triggers.append((signal.trigger, signal.step, f"tied to trainer checkpoint step_{signal.step}"))
 
     @workflow.signal
     def snapshot_now(self, signal: SnapshotNowSignal | None = None) -> None:
@@ -88,8 +93,6 @@ class RunWorkflow:
 
     @workflow.run
     async def run(self, inp: RunWorkflowInput) -> RunWorkflowResult:
-        self._run_id = inp.run_id
-        self._state = inp.carried or RunCarryOver()
         started_attempts = 0
         while self._stop_reason is None:
             await self._finish_pending_release(inp)
@@ -97,6 +100,8 @@ class RunWorkflow:
             if trigger is None:
                 continue
             result = await self._attempt(inp, *trigger)
+            if result is None:
+                continue
             started_attempts += 1
             stop = self._account(inp, result)
             await workflow.execute_activity(
@@ -107,6 +112,7 @@ class RunWorkflow:
                 return RunWorkflowResult(stopped_reason=stop, attempts_by_outcome=dict(self._state.counts))
             if started_attempts >= ATTEMPTS_BEFORE_CONTINUE_AS_NEW and not self._triggers:
                 workflow.continue_as_new(inp.model_copy(update={"carried": self._state}))
+        await self._finish_pending_release(inp)  # never leave admission closed behind
         return RunWorkflowResult(stopped_reason=self._stop_reason, attempts_by_outcome=dict(self._state.counts))
 
     async def _next_trigger(self, inp: RunWorkflowInput) -> tuple[Trigger, int | None, str] | None:
@@ -121,7 +127,7 @@ class RunWorkflow:
             return None
         trigger = self._triggers.popleft()
         if self._state.paused and trigger[0] in (Trigger.PERIODIC, Trigger.TRAINER_CHECKPOINT):
-            if trigger[0] is Trigger.TRAINER_CHECKPOINT:
+            if trigger[1] is not None:
                 # Nobody will take over the train pump's checkpoint hold: release it now.
                 await workflow.execute_activity(
                     "trainer.release", TrainerReleaseInput(holders=[f"checkpoint:{trigger[1]}"]),
@@ -132,11 +138,20 @@ class RunWorkflow:
         return trigger
 
     async def _attempt(self, inp: RunWorkflowInput, trigger: Trigger, step: int | None, note: str):
+        """Run one attempt; None when it waits for a trainer checkpoint it asked for (that one starts it)."""
+        tied = step is not None
         if step is None:
             anchor = await workflow.execute_activity(
                 "snapshot.anchor", AnchorQuery(incarnation=inp.incarnation), result_type=AnchorResult,
                 start_to_close_timeout=timedelta(seconds=30), retry_policy=QUICK,
             )
+            if inp.checkpoint_on_demand and anchor.newest_checkpoint_step != anchor.current_step:
+                await workflow.execute_activity(
+                    "snapshot.request_checkpoint", CheckpointRequest(incarnation=inp.incarnation, trigger=trigger),
+                    result_type=CheckpointRequestResult, start_to_close_timeout=timedelta(seconds=30),
+                    retry_policy=QUICK,
+                )
+                return None
             step = anchor.newest_checkpoint_step if anchor.newest_checkpoint_step is not None else 0
         number = self._state.numbers.get(str(step), 1)
         self._state.numbers[str(step)] = number + 1
@@ -148,6 +163,7 @@ class RunWorkflow:
                 SnapshotAttemptInput(
                     run_id=inp.run_id, checkpoint_id=checkpoint_id, number=number, trigger=trigger, anchor_step=step,
                     incarnation=inp.incarnation, trainer_hold=inp.trainer_hold, keep_latest_k=inp.keep_latest_k,
+                    checkpoint_hold=f"checkpoint:{step}" if tied and inp.trainer_hold else None,
                     timeouts=inp.timeouts,
                 ),
                 id=checkpoint_id,

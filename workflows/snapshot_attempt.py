@@ -30,7 +30,6 @@ with workflow.unsafe.imports_passed_through():
         GymReleaseResult,
         Outcome,
         PreflightInput,
-        Trigger,
         PreflightResult,
         PublishInput,
         PublishResult,
@@ -112,7 +111,7 @@ class SnapshotAttemptWorkflow:
             progress.trainer_held = True
             hold = await self._call(progress, "trainer_hold", "trainer.hold", TrainerHoldInput(
                 holder=progress.holder, lease_s=budget.lease_s,
-                release_also=[f"checkpoint:{inp.anchor_step}"]), TrainerHoldResult, budget.phase_s, TRANSIENT,
+                release_also=[inp.checkpoint_hold] if inp.checkpoint_hold else []), TrainerHoldResult, budget.phase_s, TRANSIENT,
                 task_queue=trainer_queue(inp.run_id))
             if hold.step != inp.anchor_step:
                 await self._compensate(inp, progress)
@@ -184,9 +183,9 @@ class SnapshotAttemptWorkflow:
             progress.admission_closed_s = aborted.admission_closed_s
             progress.gym_started = False
         holders = [progress.holder] if progress.trainer_held else []
-        if inp.trigger is Trigger.TRAINER_CHECKPOINT and inp.trainer_hold:
+        if inp.checkpoint_hold:
             # The train pump's checkpoint hold must not outlive an attempt that never took it over.
-            holders.append(f"checkpoint:{inp.anchor_step}")
+            holders.append(inp.checkpoint_hold)
         if holders:
             await self._release_trainer(inp, progress, holders)
         if progress.staging_dir is not None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from controller.runtime import Controller
+from controller.runtime import Controller, RunStopped
 from controller.snapshot_wiring import SnapshotRuntime, participant_clients, start_snapshots, stop_snapshots
 from schemas.config import TurnkeepConfig
 from schemas.participant import FaultPlan
@@ -43,22 +43,30 @@ def scenario_config(base: TurnkeepConfig, rollout: dict | None = None, **snapsho
     return TurnkeepConfig.model_validate(data)
 
 
+SCENARIO_DONE = "scenario finished"
+
+
 async def run_scenario(
-    stack, address: str, cfg: TurnkeepConfig, steps: int,
+    stack, address: str, cfg: TurnkeepConfig, steps: int | None,
     env_faults: FaultPlan | None = None, policy_faults: FaultPlan | None = None,
     during: Callable[[SnapshotRuntime, Controller], Awaitable[None]] | None = None,
 ) -> ScenarioResult:
     run_id = f"test-{uuid.uuid4().hex[:6]}"
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         start = await stack.trainer.version.remote()
-        controller = Controller(cfg, stack, session, start + steps, start_step=start)
+        max_steps = None if steps is None else start + steps
+        controller = Controller(cfg, stack, session, max_steps, start_step=start)
         (env,), policy = participant_clients(stack, session, 30)
         await env.set_faults(env_faults or FaultPlan())
         await policy.set_faults(policy_faults or FaultPlan())
         snapshots = await start_snapshots(cfg, controller, session, address, run_id, incarnation=1)
         try:
             side = asyncio.ensure_future(during(snapshots, controller)) if during else None
-            await controller.run(start + steps, snapshots.watch())
+            if steps is None:
+                # Train until `during` is done with the run.
+                await _run_until(controller, side, snapshots)
+            else:
+                await controller.run(max_steps, snapshots.watch())
             if side is not None:
                 await side
         finally:
@@ -78,6 +86,23 @@ async def run_scenario(
         trainer_holders=holders,
         env_health=env_health,
     )
+
+
+async def _run_until(controller: Controller, side: asyncio.Future, snapshots: SnapshotRuntime) -> None:
+    async def stop_when_done() -> str:
+        watch = asyncio.ensure_future(snapshots.watch())
+        done, _ = await asyncio.wait({side, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if side in done:
+            watch.cancel()
+            side.result()
+            return SCENARIO_DONE
+        return watch.result()
+
+    try:
+        await controller.run(None, stop_when_done())
+    except RunStopped as stopped:
+        if str(stopped) != SCENARIO_DONE:
+            raise
 
 
 async def record_histories(snapshots: SnapshotRuntime, run_id: str) -> None:

@@ -144,3 +144,82 @@ def test_a_killed_controller_worker_is_replaced_and_the_attempt_ends_from_histor
     assert first["outcome"] in ("published", "failed", "aborted"), first
     assert first["reason"]
     assert_released(result)
+
+
+async def _until_outcome(snapshots, predicate, timeout_s: float = 90.0):
+    from workflows.run_workflow import RunWorkflow
+
+    async def poll():
+        while True:
+            status = await snapshots.handle.query(RunWorkflow.status)
+            if status.last_result is not None and predicate(status.last_result):
+                return status
+            await asyncio.sleep(0.1)
+
+    return await asyncio.wait_for(poll(), timeout_s)
+
+
+def test_periodic_attempts_get_a_checkpoint_on_demand_and_publish(stack, stack_config, temporal_address):
+    async def until_periodic_published(snapshots, controller):
+        await _until_outcome(snapshots, lambda r: r.trigger == "periodic" and r.outcome == "published")
+
+    cfg = scenario_config(stack_config, attempt_interval_s=1.0)
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"save_period": 1000})})
+    result = asyncio.run(run_scenario(stack, temporal_address, cfg, steps=None, during=until_periodic_published))
+    periodic = [line for line in result.snapshot_lines if line["trigger"] == "periodic"]
+    assert periodic and periodic[0]["outcome"] == "published", result.snapshot_lines
+    assert_released(result)
+
+
+def test_operators_pause_resume_snapshot_now_and_query_status(stack, stack_config, temporal_address):
+    from schemas.snapshot import SnapshotNowSignal
+    from workflows.run_workflow import RunWorkflow
+
+    statuses = []
+
+    async def operate(snapshots, controller):
+        await snapshots.handle.signal(RunWorkflow.pause_snapshots)
+        while not (status := await snapshots.handle.query(RunWorkflow.status)).paused:
+            await asyncio.sleep(0.05)  # a signal lands with the workflow's next task
+        statuses.append(status)
+        await snapshots.handle.signal(RunWorkflow.snapshot_now, SnapshotNowSignal(reason="before maintenance"))
+        await _until_outcome(snapshots, lambda r: r.trigger == "operator")
+        await snapshots.handle.signal(RunWorkflow.resume_snapshots)
+        while (status := await snapshots.handle.query(RunWorkflow.status)).paused:
+            await asyncio.sleep(0.05)
+        statuses.append(status)
+
+    cfg = scenario_config(stack_config, attempt_interval_s=1.0)
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"save_period": 1000})})
+    result = asyncio.run(run_scenario(stack, temporal_address, cfg, steps=None, during=operate))
+    assert statuses[0].paused and not statuses[-1].paused
+    first = result.snapshot_lines[0]
+    assert first["trigger"] == "operator" and first["outcome"] == "published", first
+    assert_released(result)
+
+
+async def _forever(snapshots, controller):
+    await asyncio.sleep(600)
+
+
+def test_failed_attempts_in_a_row_stop_the_run_with_a_clear_message(stack, stack_config, temporal_address):
+    from controller.runtime import RunStopped
+
+    cfg = scenario_config(stack_config, attempt_interval_s=0.5, max_consecutive_failures=2)
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"save_period": 1000})})
+    with pytest.raises(RunStopped, match="2 snapshot attempts failed in a row") as stopped:
+        asyncio.run(run_scenario(stack, temporal_address, cfg, steps=None, during=_forever,
+                                 env_faults=FaultPlan(fail={"commit": 1000})))
+    assert "snapshot.max_consecutive_failures" in str(stopped.value)
+
+
+def test_a_resume_that_keeps_failing_is_published_release_pending_then_released(
+    stack, stack_config, temporal_address
+):
+    cfg = scenario_config(stack_config)
+    result = asyncio.run(run_scenario(stack, temporal_address, cfg, steps=2,
+                                      policy_faults=FaultPlan(fail={"resume": 4})))
+    first = result.snapshot_lines[0]
+    assert first["outcome"] == "published_release_pending", first
+    assert first["snapshot_dir"] and "release failed" in first["reason"]
+    assert_released(result)  # the run workflow kept retrying the release until it went through

@@ -1,0 +1,77 @@
+"""The run workflow alone on a real Temporal dev server, with stand-in activities."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from temporalio import activity
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from controller.temporal_server import UNTHROTTLED, temporal_binary
+from schemas import search_attributes as sa
+from schemas.snapshot import (
+    AnchorQuery, AnchorResult, AttemptRecord, CheckpointRequest, CheckpointRequestResult, RecordResult,
+    RunWorkflowInput, SnapshotTimeouts,
+)
+from workflows.run_workflow import RunWorkflow
+
+
+class StandIns:
+    def __init__(self):
+        self.requests: list[str] = []
+
+    @activity.defn(name="snapshot.anchor")
+    async def anchor(self, inp: AnchorQuery) -> AnchorResult:
+        return AnchorResult(current_step=5, newest_checkpoint_step=4)
+
+    @activity.defn(name="snapshot.request_checkpoint")
+    async def request_checkpoint(self, inp: CheckpointRequest) -> CheckpointRequestResult:
+        self.requests.append(str(inp.trigger))
+        return CheckpointRequestResult(requested=True)
+
+    @activity.defn(name="snapshot.record")
+    async def record(self, inp: AttemptRecord) -> RecordResult:
+        return RecordResult()
+
+
+def test_pause_stops_periodic_attempts_and_the_status_query_shows_it():
+    async def scenario():
+        env = await WorkflowEnvironment.start_local(
+            dev_server_existing_path=temporal_binary(), data_converter=pydantic_data_converter,
+            search_attributes=sa.ALL,
+            dev_server_extra_args=[arg for value in UNTHROTTLED for arg in ("--dynamic-config-value", value)],
+        )
+        async with env:
+            stand_ins = StandIns()
+            queue = f"q-{uuid.uuid4().hex[:6]}"
+            async with Worker(env.client, task_queue=queue, workflows=[RunWorkflow],
+                              activities=[stand_ins.anchor, stand_ins.request_checkpoint, stand_ins.record]):
+                handle = await env.client.start_workflow(
+                    RunWorkflow.run,
+                    RunWorkflowInput(run_id="r", incarnation=1, attempt_interval_s=0.3, max_consecutive_failures=3,
+                                     keep_latest_k=2, timeouts=SnapshotTimeouts(prepare_s=5, phase_s=5, lease_s=5)),
+                    id=f"r.run.{queue}", task_queue=queue,
+                )
+                while not stand_ins.requests:
+                    await asyncio.sleep(0.05)
+                await handle.signal(RunWorkflow.pause_snapshots)
+                while not (status := await handle.query(RunWorkflow.status)).paused:
+                    await asyncio.sleep(0.05)
+                seen = len(stand_ins.requests)
+                await asyncio.sleep(1.0)
+                paused_requests = len(stand_ins.requests) - seen
+                await handle.signal(RunWorkflow.resume_snapshots)
+                while len(stand_ins.requests) == seen + paused_requests:
+                    await asyncio.sleep(0.05)
+                await handle.signal(RunWorkflow.stop, "test over")
+                result = await handle.result()
+        return status, paused_requests, stand_ins.requests, result
+
+    status, paused_requests, requests, result = asyncio.run(scenario())
+    assert status.paused and status.run_id == "r"
+    assert paused_requests <= 1  # at most one that was already on its way
+    assert set(requests) == {"periodic"}
+    assert result.stopped_reason == "test over"
