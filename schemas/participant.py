@@ -11,18 +11,15 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from schemas.rollout import RolloutRequest, TurnBoundary
+from schemas.wire import Wire
 
 PROTOCOL_VERSION = 1
 
 CheckpointRoute = Literal["capabilities", "prepare", "status", "renew", "commit", "resume", "abort"]
 """The `/checkpoint/<route>` names (fault injection addresses routes by these)."""
-
-
-class Wire(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
 class ParticipantState(StrEnum):

@@ -5,11 +5,9 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-
-class Wire(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+from schemas.wire import Wire
 
 
 class Segment(Wire):

@@ -7,15 +7,12 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from schemas.participant import Artifact
+from schemas.wire import Wire
 
 MANIFEST_SCHEMA_VERSION = 1
-
-
-class Wire(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
 class Trigger(StrEnum):
