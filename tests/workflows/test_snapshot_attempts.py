@@ -84,30 +84,30 @@ def test_a_resume_that_fails_once_is_retried(stack, stack_config, temporal_addre
 
 
 def test_a_parked_rollout_longer_than_its_budget_is_not_timed_out(stack, stack_config, temporal_address):
-    # Many groups in flight and a step after the checkpoint, so agents are mid-rollout when it parks them.
+    from schemas.snapshot import SnapshotNowSignal
+    from workflows.run_workflow import RunWorkflow
+
+    async def snapshot_until_agents_were_parked(snapshots, controller):
+        # Whether agents are mid-rollout at a given instant is timing; ask until one attempt parked some.
+        for number in range(8):
+            await snapshots.handle.signal(RunWorkflow.snapshot_now, SnapshotNowSignal(reason=f"park #{number}"))
+            status = await _until_outcome(snapshots, lambda r: r.trigger == "operator" and r.reason != last[0])
+            last[0] = status.last_result.reason
+            if status.last_result.parked_agents > 0:
+                return
+
+    last = [""]
     cfg = scenario_config(stack_config, rollout={"rollout_timeout_s": 2.0, "max_inflight_groups": 24})
-    result = asyncio.run(run_scenario(stack, temporal_address, cfg, steps=3,
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"save_period": 1000})})
+    result = asyncio.run(run_scenario(stack, temporal_address, cfg, steps=None, during=snapshot_until_agents_were_parked,
                                       env_faults=FaultPlan(delay_s={"prepare": 4.0})))
-    assert outcomes(result)[0] == "published"
-    parked = result.snapshot_lines[0]
-    assert parked["admission_closed_s"] > cfg.rollout.rollout_timeout_s
-    assert parked["parked_agents"] > 0
+    parked = [line for line in result.snapshot_lines if line["parked_agents"] > 0]
+    assert parked, result.snapshot_lines
+    assert parked[0]["outcome"] == "published"
+    assert parked[0]["admission_closed_s"] > cfg.rollout.rollout_timeout_s
     assert result.controller.stats.siblings_dropped == {}
     assert result.controller.stats.retries == 0
     assert_released(result)
-
-
-async def _wait_for_phase(snapshots, phase: str):
-    from workflows.run_workflow import RunWorkflow
-
-    while True:
-        status = await snapshots.handle.query(RunWorkflow.status)
-        if status.running_attempt:
-            child = snapshots.client.get_workflow_handle(status.running_attempt)
-            if await child.query("phase") == phase:
-                return child
-        await asyncio.sleep(0.05)
-
 
 def test_cancel_in_the_middle_of_prepare_aborts_with_compensation(stack, stack_config, temporal_address):
     async def cancel_during_prepare(snapshots, controller):
