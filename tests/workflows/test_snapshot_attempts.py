@@ -109,6 +109,18 @@ def test_a_parked_rollout_longer_than_its_budget_is_not_timed_out(stack, stack_c
     assert result.controller.stats.retries == 0
     assert_released(result)
 
+async def _wait_for_phase(snapshots, phase: str):
+    from workflows.run_workflow import RunWorkflow
+
+    while True:
+        status = await snapshots.handle.query(RunWorkflow.status)
+        if status.running_attempt:
+            child = snapshots.client.get_workflow_handle(status.running_attempt)
+            if await child.query("phase") == phase:
+                return child
+        await asyncio.sleep(0.05)
+
+
 def test_cancel_in_the_middle_of_prepare_aborts_with_compensation(stack, stack_config, temporal_address):
     async def cancel_during_prepare(snapshots, controller):
         child = await _wait_for_phase(snapshots, "gym_prepare")
