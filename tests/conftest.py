@@ -23,7 +23,7 @@ def small_config(run_dir: Path, cache_dir: Path) -> TurnkeepConfig:
             "train": {"prompts_per_step": 4, "save_period": 2, "max_staleness": 1},
             # Fault injection on: participant tests make checkpoint calls fail on cue.
             "policy": {"max_num_seqs": 64, "fault_injection": True},
-            "env": {"fault_injection": True},
+            "env": {"fault_injection": True, "tool_latency_s": 0.1},  # slow tools keep agents mid-rollout
         }
     )
 
