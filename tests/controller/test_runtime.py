@@ -35,9 +35,10 @@ def test_real_steps_train_refit_checkpoint_and_report(stack, stack_config):
             assert key in line, key
         assert line["groups_trained"] == stack_config.train.prompts_per_step
         assert 0 <= line["staleness_max"] <= stack_config.train.max_staleness
-        assert line["rollout_tokens_per_s"] > 0
         assert line["trainer_tokens"] > 0
     assert [line["policy_version"] for line in lines] == [1, 2, 3]
+    # A step can land with no new rows since the previous one; over the run, generation happened.
+    assert sum(line["rollout_tokens_per_s"] for line in lines) > 0
 
     # The refit reached the policy server: it now serves version 3.
     health = asyncio.run(_actor(stack.policy.health.remote()))
