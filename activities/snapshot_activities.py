@@ -110,7 +110,8 @@ class SnapshotActivities:
             path = staging / "controller" / "state.json"
             path.parent.mkdir(exist_ok=True)
             atomic_write_bytes(path, orjson.dumps(state))
-            ctx.last_published_marker = await self._marker()
+            # Counts as "published" only once publish succeeds; a failed attempt must not cause a skip.
+            ctx.cut_markers[inp.checkpoint_id] = await self._marker()
         return CutResult(
             artifacts=[snapshot_store.artifact_for(staging, path)],
             data_plane_rows=len(state["data_plane"]["rows"]),
@@ -128,6 +129,7 @@ class SnapshotActivities:
             counts=inp.counts,
         )
         final, size, pruned = snapshot_store.publish(Path(inp.staging_dir), manifest, inp.keep_latest_k)
+        ctx.last_published_marker = ctx.cut_markers.pop(inp.checkpoint_id, ctx.last_published_marker)
         log.info("snapshot published: %s (%d bytes)", final, size)
         return PublishResult(snapshot_dir=str(final), bytes_written=size, pruned=pruned)
 

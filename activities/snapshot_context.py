@@ -30,6 +30,8 @@ class SnapshotContext:
     interval_s: float
     admission_closed_at: dict[str, float] = field(default_factory=dict)
     last_published_marker: tuple | None = None
+    cut_markers: dict[str, tuple] = field(default_factory=dict)
+    """Progress marker taken at each attempt's cut, promoted when that attempt publishes."""
     warned_long_closure: bool = False
 
     def check(self, incarnation: int) -> None:
