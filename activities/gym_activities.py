@@ -21,6 +21,7 @@ from temporalio import activity
 from activities.errors import participant_errors
 from activities.participant_client import ParticipantClient
 from activities.snapshot_context import SnapshotContext
+from primitives.chaos_points import reached
 from schemas.participant import ParticipantStatus
 from schemas.snapshot import GymCommitResult, GymInput, GymPrepareResult, GymReleaseResult
 
@@ -63,6 +64,7 @@ class GymActivities:
             for env in ctx.environments:
                 status = await self._until_ready(env, inp)
                 parked += status.parked
+            await reached("gym_prepare", ctx.run_dir)
             await self._until_ready(ctx.policy, inp)
         return GymPrepareResult(
             participant_s=round(time.monotonic() - started, 3), parked_agents=parked,
@@ -95,6 +97,7 @@ class GymActivities:
                 artifacts += result.artifacts
                 for key, value in result.counts.items():
                     counts[key] = counts.get(key, 0) + value
+                await reached("gym_commit", ctx.run_dir)
         return GymCommitResult(participant_s=round(time.monotonic() - started, 3), artifacts=artifacts, counts=counts)
 
     @activity.defn(name="gym.resume")
@@ -108,7 +111,14 @@ class GymActivities:
     async def _release(self, inp: GymInput, abort: bool) -> GymReleaseResult:
         """Policy first, then agents, then admission and deadlines; every call is idempotent."""
         ctx = self._ctx
+        if ctx.is_stale(inp.incarnation):
+            # The incarnation that closed those gates died with its processes: nothing to undo.
+            activity.logger.info("release of %s from incarnation %d: nothing left to undo", inp.checkpoint_id,
+                                 inp.incarnation)
+            return GymReleaseResult(participant_s=0.0, admission_closed_s=0.0)
         ctx.check(inp.incarnation)
+        if not abort:
+            await reached("resume", ctx.run_dir)
         started = time.monotonic()
         with participant_errors():
             for participant in [ctx.policy, *ctx.environments]:

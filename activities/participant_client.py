@@ -37,6 +37,8 @@ from schemas.participant import (
     ParticipantError,
     ParticipantStatus,
     PrepareRequest,
+    RestoreReply,
+    RestoreRequest,
 )
 
 M = TypeVar("M", bound=BaseModel)
@@ -82,6 +84,11 @@ class ParticipantClient:
     async def abort(self, checkpoint_id: str) -> ControlReply:
         body = CheckpointRef(checkpoint_id=checkpoint_id)
         return await self._call("POST", "abort", ControlReply, checkpoint_id, body)
+
+    async def restore(self, checkpoint_id: str, directory: str | Path) -> RestoreReply:
+        """Have the participant load its folder of a snapshot and hold it until continued."""
+        body = RestoreRequest(checkpoint_id=checkpoint_id, directory=str(directory))
+        return await self._call("POST", "restore", RestoreReply, checkpoint_id, body)
 
     async def set_faults(self, plan: FaultPlan) -> FaultPlan:
         """Replace the participant's fault plan (only served with fault injection on)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 from pathlib import Path
 
 import orjson
@@ -15,6 +16,7 @@ from activities.errors import invariant_broken, trainer_moved
 from activities.snapshot_context import SnapshotContext
 from controller import snapshot_store
 from controller.trainer_checkpoint import published_steps
+from primitives.chaos_points import reached, reached_sync
 from primitives.atomic_files import append_jsonl, atomic_write_bytes
 from schemas.snapshot import (
     AnchorQuery,
@@ -84,7 +86,9 @@ class SnapshotActivities:
 
     @activity.defn(name="snapshot.discard_staging")
     async def discard_staging(self, inp: DiscardStagingInput) -> None:
-        self._ctx.check(inp.incarnation)
+        # Also for an earlier incarnation: a staging directory is never read, removing it is always safe.
+        if not self._ctx.is_stale(inp.incarnation):
+            self._ctx.check(inp.incarnation)
         if inp.staging_dir:
             shutil.rmtree(inp.staging_dir, ignore_errors=True)
 
@@ -109,7 +113,9 @@ class SnapshotActivities:
             state["continuations"] = continuations
             path = staging / "controller" / "state.json"
             path.parent.mkdir(exist_ok=True)
+            state["cut_unix_s"] = ctx.cut_times[inp.checkpoint_id] = time.time()
             atomic_write_bytes(path, orjson.dumps(state))
+            await reached("cut", ctx.run_dir)
             # Counts as "published" only once publish succeeds; a failed attempt must not cause a skip.
             ctx.cut_markers[inp.checkpoint_id] = await self._marker()
         return CutResult(
@@ -128,8 +134,12 @@ class SnapshotActivities:
             policy_version=inp.policy_version, config_fingerprint=ctx.fingerprint, artifacts=inp.artifacts,
             counts=inp.counts,
         )
-        final, size, pruned = snapshot_store.publish(Path(inp.staging_dir), manifest, inp.keep_latest_k)
+        final, size, pruned = snapshot_store.publish(
+            Path(inp.staging_dir), manifest, inp.keep_latest_k, before_rename=lambda: reached_sync("publish", ctx.run_dir)
+        )
         ctx.last_published_marker = ctx.cut_markers.pop(inp.checkpoint_id, ctx.last_published_marker)
+        ctx.controller.audit_snapshot(inp.checkpoint_id, inp.anchor_step, str(final),
+                                      ctx.cut_times.pop(inp.checkpoint_id, time.time()))
         log.info("snapshot published: %s (%d bytes)", final, size)
         return PublishResult(snapshot_dir=str(final), bytes_written=size, pruned=pruned)
 
@@ -151,4 +161,6 @@ class SnapshotActivities:
             line["warning"] = warning
         append_jsonl(ctx.run_dir / "metrics.jsonl", line, durable=False)
         ctx.controller.metrics.snapshot(result)
+        ctx.recorded.append(result)
+        ctx.recorded_changed.set()
         return RecordResult(warning=warning)

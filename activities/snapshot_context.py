@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,10 +34,21 @@ class SnapshotContext:
     cut_markers: dict[str, tuple] = field(default_factory=dict)
     """Progress marker taken at each attempt's cut, promoted when that attempt publishes."""
     warned_long_closure: bool = False
+    recorded: list = field(default_factory=list)
+    """Every attempt result recorded in this incarnation, in order (the preemption handler waits on it)."""
+    recorded_changed: asyncio.Event = field(default_factory=asyncio.Event)
+    recovery: object | None = None
+    """The RecoveryResult of this incarnation's restore (None for a new run)."""
+    cut_times: dict[str, float] = field(default_factory=dict)
+    """Wall-clock time of each attempt's cut (the audit log's snapshot_published)."""
 
     def check(self, incarnation: int) -> None:
         if incarnation != self.incarnation:
             raise stale_incarnation(incarnation, self.incarnation)
+
+    def is_stale(self, incarnation: int) -> bool:
+        """An activity of an earlier controller incarnation (left open by a crash)."""
+        return incarnation < self.incarnation
 
     def participants(self) -> list[ParticipantClient]:
         return [*self.environments, self.policy]

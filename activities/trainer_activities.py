@@ -7,6 +7,7 @@ import time
 
 from temporalio import activity
 
+from activities.errors import stale_incarnation
 from primitives.holds import HoldSet
 from schemas.snapshot import TrainerHoldInput, TrainerHoldResult, TrainerReleaseInput, TrainerReleaseResult
 
@@ -26,13 +27,17 @@ class HoldWaitClock:
 
 
 class TrainerActivities:
-    def __init__(self, hold: HoldSet, version: "callable", wait_clock: HoldWaitClock) -> None:
+    def __init__(self, hold: HoldSet, version: "callable", wait_clock: HoldWaitClock, incarnation: int) -> None:
         self._hold = hold
         self._version = version
         self._wait_clock = wait_clock
+        self._incarnation = incarnation
 
     @activity.defn(name="trainer.hold")
     async def hold(self, inp: TrainerHoldInput) -> TrainerHoldResult:
+        if inp.incarnation is not None and inp.incarnation != self._incarnation:
+            # An attempt left open by a dead controller must not stall this one's trainer.
+            raise stale_incarnation(inp.incarnation, self._incarnation)
         if self._hold.add(inp.holder, inp.lease_s):
             self._wait_clock.added_at[inp.holder] = time.monotonic()
         for replaced in inp.release_also:

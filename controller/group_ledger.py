@@ -25,6 +25,8 @@ class SiblingEntry:
     state: SiblingState = SiblingState.PENDING
     attempts: int = 0
     last_reason: str = ""
+    restarts: int = 0
+    """Attempts cut short by a crash; they do not count against `rollout.max_attempts`."""
 
 
 @dataclass
@@ -63,7 +65,7 @@ class GroupLedger:
         """Record a failed attempt; True when the sibling may be tried again."""
         entry = self._groups[group_id].siblings[sibling]
         entry.last_reason = reason
-        if entry.attempts < max_attempts:
+        if entry.attempts - entry.restarts < max_attempts:
             entry.state = SiblingState.PENDING
             return True
         entry.state = SiblingState.DROPPED
@@ -83,6 +85,24 @@ class GroupLedger:
             return None
         return group.siblings[sibling]
 
+    def reopen_after_restore(self) -> tuple[list[tuple[str, int]], list[str]]:
+        """After a restore: every running sibling's attempt was cut short by the crash.
+
+        Returns (siblings to run again, groups already settled); a restored sibling's
+        next attempt is numbered after the saved one, so attempt N continues as N+1.
+        """
+        to_run, settled = [], []
+        for group in self._groups.values():
+            for index, entry in enumerate(group.siblings):
+                if entry.state is SiblingState.RUNNING:
+                    entry.restarts += 1
+                    entry.state = SiblingState.PENDING
+                if entry.state is SiblingState.PENDING:
+                    to_run.append((group.group_id, index))
+            if group.settled():
+                settled.append(group.group_id)
+        return to_run, settled
+
     def problem(self, group_id: str) -> Problem:
         return self._groups[group_id].problem
 
@@ -92,6 +112,9 @@ class GroupLedger:
 
     def inflight(self) -> int:
         return len(self._groups)
+
+    def group_ids(self) -> list[str]:
+        return sorted(self._groups)
 
     def complete_group_ids(self) -> list[str]:
         return [gid for gid, group in self._groups.items() if group.complete]
@@ -113,7 +136,8 @@ class GroupLedger:
         self._groups.clear()
         for raw in state["groups"]:
             siblings = [
-                SiblingEntry(SiblingState(s["state"]), s["attempts"], s["last_reason"]) for s in raw["siblings"]
+                SiblingEntry(SiblingState(s["state"]), s["attempts"], s["last_reason"], s.get("restarts", 0))
+                for s in raw["siblings"]
             ]
             problem = Problem.model_validate(raw["problem"])
             self._groups[raw["group_id"]] = GroupEntry(raw["group_id"], problem, siblings, raw["complete"])

@@ -59,7 +59,8 @@ def _make_model(cfg_json: str) -> str:
     return str(ensure_tiny_model(cfg.model, cfg.task, cfg.run.seed))
 
 
-async def launch(cfg: TurnkeepConfig) -> Processes:
+async def launch(cfg: TurnkeepConfig, incarnation: int | None = None) -> Processes:
+    """Start the three processes; with `incarnation`, the environment server writes turn commits to the audit log."""
     from envs.env_actor import EnvServerActor
     from gpu_workers.policy_actor import PolicyActor
     from gpu_workers.trainer_actor import TrainerActor
@@ -72,7 +73,7 @@ async def launch(cfg: TurnkeepConfig) -> Processes:
     env = EnvServerActor.options(name="env").remote()
     policy_url = await policy.start.remote(model_dir, cfg.policy.model_dump_json(), cfg.run.seed, token)
     await trainer.setup.remote(model_dir, cfg_json)
-    env_url = await env.start.remote(model_dir, policy_url, cfg_json, token)
+    env_url = await env.start.remote(model_dir, policy_url, cfg_json, token, incarnation)
     return Processes(trainer, policy, env, Path(model_dir), policy_url, env_url, token)
 
 

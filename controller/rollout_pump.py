@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import aiohttp
 
@@ -19,12 +20,28 @@ from controller.dataloader import PromptDataloader
 from controller.env_client import EnvClient, EnvServerError
 from controller.group_ledger import GroupLedger
 from controller.run_stats import RunStats
+from primitives.audit_log import AuditLog, segments_digest
 from primitives.deadlines import DeadlineExpired, DeadlineRegistry
 from primitives.holds import HoldSet
+from schemas.audit import DeadlineExpired as DeadlineExpiredEvent
+from schemas.audit import GroupAdmitted, SiblingFailed, SiblingSealed, SiblingStarted
 from schemas.config import RolloutConfig
 from schemas.rollout import RolloutOutcome, RolloutRequest, RolloutResult
 
 log = logging.getLogger("turnkeep.rollout")
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """A saved agent that a restored sibling continues (attempt N continues as N+1)."""
+
+    rollout_id: str
+    """The saved attempt."""
+    turn_index: int
+    """Turns completed at the saved boundary."""
+    segments: int
+    """Segments in the saved boundary (the prefix the finished row must keep)."""
+    boundary_sha: str
 
 
 class RolloutPump:
@@ -40,6 +57,7 @@ class RolloutPump:
         deadlines: DeadlineRegistry,
         stats: RunStats,
         on_group_settled: Callable[[str, bool], None],
+        audit: AuditLog | None = None,
     ) -> None:
         self._cfg = cfg
         self._inflight_limit = inflight_limit
@@ -51,9 +69,20 @@ class RolloutPump:
         self._deadlines = deadlines
         self._stats = stats
         self._on_group_settled = on_group_settled
+        self._audit = audit
         self._slot_freed = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
+        self._restored: list[tuple[str, int, Continuation | None]] = []
         self.crashed: BaseException | None = None
+
+    def restore(self, continuations: dict[tuple[str, int], Continuation]) -> list[str]:
+        """After the ledger was restored: queue every unfinished sibling (continued or from scratch).
+
+        Returns groups that were already settled (the train pump takes or discards them).
+        """
+        to_run, settled = self._ledger.reopen_after_restore()
+        self._restored = [(gid, sib, continuations.get((gid, sib))) for gid, sib in to_run]
+        return settled
 
     def group_finished(self) -> None:
         """A group was trained or discarded: its in-flight slot is free."""
@@ -61,12 +90,16 @@ class RolloutPump:
 
     async def run(self) -> None:
         self._main_task = asyncio.current_task()
+        restored, self._restored = self._restored, []
+        for group_id, sibling, continuation in restored:
+            self._spawn(self._run_sibling(group_id, sibling, continuation))
         try:
             while True:
                 await self._wait_for_slot()
                 await self._admission.wait_clear()
                 group_id, problem = self._dataloader.next_group()
                 self._ledger.admit(group_id, problem, self._cfg.group_size)
+                self._emit(GroupAdmitted, group_id=group_id, size=self._cfg.group_size)
                 for sibling in range(self._cfg.group_size):
                     self._spawn(self._run_sibling(group_id, sibling))
         finally:
@@ -103,7 +136,11 @@ class RolloutPump:
             self._slot_freed.clear()
             await self._slot_freed.wait()
 
-    async def _run_sibling(self, group_id: str, sibling: int) -> None:
+    def _emit(self, event_cls, **fields) -> None:
+        if self._audit is not None:
+            self._audit.emit(event_cls, **fields)
+
+    async def _run_sibling(self, group_id: str, sibling: int, continuation: Continuation | None = None) -> None:
         while True:
             await self._admission.wait_clear()
             attempt = self._ledger.start_attempt(group_id, sibling)
@@ -113,14 +150,25 @@ class RolloutPump:
                 sibling=sibling,
                 attempt=attempt,
                 problem=self._ledger.problem(group_id),
+                resume_from=continuation.rollout_id if continuation else None,
+            )
+            self._emit(
+                SiblingStarted, rollout_id=request.rollout_id, group_id=group_id, sibling=sibling, attempt=attempt,
+                resumed_from=request.resume_from, resumed_turn=continuation.turn_index if continuation else 0,
             )
             result = await self._attempt(request)
             if result.row is not None and not result.outcome.is_error():
-                await self._store(result)
+                await self._store(result, continuation)
                 self._ledger.seal(group_id, sibling)
                 break
             log.info("rollout %s %s: %s", request.rollout_id, result.outcome, result.reason)
-            if self._ledger.fail(group_id, sibling, f"{result.outcome}: {result.reason}", self._cfg.max_attempts):
+            continuation = None  # a failed continuation is rerun from scratch
+            retry = self._ledger.fail(group_id, sibling, f"{result.outcome}: {result.reason}", self._cfg.max_attempts)
+            self._emit(
+                SiblingFailed, rollout_id=request.rollout_id, group_id=group_id, sibling=sibling, attempt=attempt,
+                reason=f"{result.outcome}: {result.reason}", will_retry=retry,
+            )
+            if retry:
                 self._stats.retries += 1
                 continue
             self._stats.siblings_dropped[str(result.outcome)] += 1
@@ -134,7 +182,9 @@ class RolloutPump:
         budget = self._cfg.rollout_timeout_s
         try:
             return await self._deadlines.run_with_deadline(request.rollout_id, budget, self._env.run(request))
-        except DeadlineExpired:
+        except DeadlineExpired as expired:
+            self._emit(DeadlineExpiredEvent, rollout_id=request.rollout_id, budget_s=budget,
+                       running_s=round(expired.elapsed_s if expired.elapsed_s is not None else budget, 4))
             await self._cancel_quietly(request.rollout_id)
             return _failed(request, RolloutOutcome.TIMED_OUT, f"ran longer than rollout_timeout_s={budget}")
         except (aiohttp.ClientError, EnvServerError, asyncio.TimeoutError, ValueError) as err:
@@ -146,13 +196,20 @@ class RolloutPump:
         except (aiohttp.ClientError, EnvServerError) as err:
             log.warning("could not cancel %s on the environment server: %s", rollout_id, err)
 
-    async def _store(self, result: RolloutResult) -> None:
+    async def _store(self, result: RolloutResult, continuation: Continuation | None) -> None:
         row = result.row
         assert row is not None
         async with self._data_plane.barrier:
             if self._data_plane.put(row):
                 self._stats.generated_tokens += row.generated_tokens()
                 self._stats.rows_sealed += 1
+                self._emit(
+                    SiblingSealed, rollout_id=result.rollout_id, group_id=row.group_id, sibling=row.sibling,
+                    attempt=row.attempt, num_turns=row.num_turns, generated_tokens=row.generated_tokens(),
+                    policy_versions=row.policy_versions(),
+                    resumed_turn=continuation.turn_index if continuation else 0,
+                    prefix_sha=segments_digest(row.segments[: continuation.segments]) if continuation else None,
+                )
             # ACK only after the row is stored, and never while a cut holds the barrier.
             await self._ack(result.receipt)
 

@@ -1,64 +1,110 @@
-"""One `turnkeep run`: start everything it needs, train until `steps`, stop everything.
+"""One `turnkeep run`: start everything it needs, restore if the run directory holds a
+run, train until `steps`, stop everything.
 
-Start order: run directory, Ray and the three processes, Temporal (the embedded dev
-server unless `temporal.address` is set), the workers and the run workflow, then the
-pumps. Stop order is the reverse, and every piece is stopped even when a later one
-failed to start.
+Start order: run directory (new run, or the next incarnation of an existing one), the
+audit log, Temporal (the embedded dev server unless `temporal.address` is set), Ray and
+the three processes, the workers, the recovery workflow (on a restart), the run
+workflow, then the pumps. Stop order is the reverse, and every piece is stopped even
+when a later one failed to start.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
-import uuid
 from contextlib import AsyncExitStack
 
 import aiohttp
 
+from controller.fingerprint import fingerprint_fields
 from controller.placement import launch, shutdown, start_ray
-from controller.runtime import Controller, RunSummary, prepare_run_dir
-from controller.snapshot_wiring import start_snapshots, stop_snapshots
+from controller.preemption import PreemptionHandler
+from controller.recovery import Recovery
+from controller.run_dir import RunIdentity, open_run_dir
+from controller.runtime import Controller, RunSummary
+from controller.snapshot_wiring import participant_clients, start_snapshots, stop_snapshots
 from controller.temporal_server import start_dev_server, stop_dev_server
-from primitives.atomic_files import atomic_write_json
+from controller.trainer_checkpoint import CheckpointIdentity
+from primitives.audit_log import AUDIT_FILE, AuditLog
+from schemas.audit import RunEnded, RunStarted
 from schemas.config import TurnkeepConfig
 
 log = logging.getLogger("turnkeep.run")
-
-
-def new_run_id(cfg: TurnkeepConfig) -> str:
-    return f"{cfg.run.run_dir.name}-{uuid.uuid4().hex[:6]}"
 
 
 async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary:
     # Participants in other processes get paths from us; they must not depend on our cwd.
     cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"run_dir": cfg.run.run_dir.resolve()})})
     run_dir = cfg.run.run_dir
-    prepare_run_dir(run_dir)
-    run_id = new_run_id(cfg)
-    atomic_write_json(run_dir / "config.json", cfg.model_dump(mode="json"))
-    atomic_write_json(run_dir / "run.json", {"run_id": run_id, "incarnation": 1})
+    identity = open_run_dir(cfg)
+    if identity.resumed:
+        print(f"turnkeep: resuming run {identity.run_id} in {run_dir} (incarnation {identity.incarnation})",
+              flush=True)
+    audit = AuditLog(run_dir / AUDIT_FILE, identity.incarnation)
+    audit.emit(RunStarted, run_id=identity.run_id, pid=os.getpid(), resumed=identity.resumed)
+    audit.start()
     started = time.monotonic()
     async with AsyncExitStack() as stack:
+        stack.push_async_callback(audit.close)
         temporal_address = await _start_temporal(cfg, stack)
         start_ray(cfg, run_dir)
-        processes = await launch(cfg)
+        processes = await launch(cfg, identity.incarnation)
         stack.push_async_callback(shutdown, processes)
         log.info("policy server %s, environment server %s, model %s", processes.policy_url, processes.env_url,
                  processes.model_dir)
         session = await stack.enter_async_context(
             aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None))
         )
-        controller = Controller(cfg, processes, session, max_steps)
-        watch = None
+        controller = Controller(
+            cfg, processes, session, max_steps, audit=audit,
+            checkpoint_identity=CheckpointIdentity(identity.run_id, fingerprint_fields(cfg)),
+        )
+        recovery = _recovery(cfg, controller, identity, session) if identity.resumed else None
+        snapshots, watch = None, None
         if temporal_address is not None:
-            snapshots = await start_snapshots(cfg, controller, session, temporal_address, run_id, incarnation=1)
+            snapshots = await start_snapshots(cfg, controller, session, temporal_address, identity.run_id,
+                                              identity.incarnation, recovery)
             stack.push_async_callback(stop_snapshots, snapshots, "training finished", cfg.snapshot.phase_timeout_s)
             watch = snapshots.watch()
-        await controller.run(max_steps, watch)
+            if snapshots.ctx.recovery is not None:
+                print(f"turnkeep: restored from {snapshots.ctx.recovery.source.kind} "
+                      f"(step {snapshots.ctx.recovery.source.step}): {snapshots.ctx.recovery.source.reason}",
+                      flush=True)
+        elif recovery is not None:
+            source = recovery.choose()
+            await recovery.restore(source)
+            await recovery.resume()
+            print(f"turnkeep: restored from {source.kind} (step {source.step}): {source.reason}", flush=True)
+        preemption = PreemptionHandler(controller, snapshots, cfg.snapshot.preemption_grace_s)
+        preemption.install()
+        try:
+            await controller.run(max_steps, watch)
+        finally:
+            preemption.uninstall()
+        if snapshots is not None:
+            await stop_snapshots(snapshots, controller.stop_reason or "training finished", cfg.snapshot.phase_timeout_s)
+        await _audit_end(controller, processes, controller.stop_reason or "finished")
         return RunSummary(
             controller.training.step, time.monotonic() - started, run_dir, controller.last_metrics,
-            controller.metrics.peak_rss_mib,
+            controller.metrics.peak_rss_mib, preempted=preemption.saved if controller.stop_reason else None,
         )
+
+
+def _recovery(cfg: TurnkeepConfig, controller: Controller, identity: RunIdentity, session) -> Recovery:
+    environments, _ = participant_clients(controller.processes, session, cfg.snapshot.phase_timeout_s)
+    return Recovery(cfg, controller, identity, environments)
+
+
+async def _audit_end(controller: Controller, processes, reason: str) -> None:
+    trainer_holders = await processes.trainer.hold_holders.remote()
+    controller.audit.emit(
+        RunEnded, step=controller.training.step, reason=reason,
+        outstanding_groups=controller.ledger.group_ids(),
+        admission_holders=sorted(controller.admission.holders()),
+        deadline_holders=sorted(controller.deadline_holds.holders()), trainer_holders=trainer_holders,
+    )
+    controller.audit.flush()
 
 
 async def _start_temporal(cfg: TurnkeepConfig, stack: AsyncExitStack) -> str | None:

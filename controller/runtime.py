@@ -22,14 +22,15 @@ from controller.dataloader import PromptDataloader
 from controller.env_client import EnvClient
 from controller.group_ledger import GroupLedger
 from controller.metrics import MetricsSink
-from controller.placement import Processes, launch, shutdown, start_ray
+from controller.placement import Processes
 from controller.rollout_pump import RolloutPump
 from controller.run_stats import RunStats
 from controller.train_pump import StepReport, TrainPump
-from controller.trainer_checkpoint import write_trainer_checkpoint
-from primitives.atomic_files import atomic_write_json
+from controller.trainer_checkpoint import CheckpointIdentity, write_trainer_checkpoint
+from primitives.audit_log import AuditLog
 from primitives.deadlines import DeadlineRegistry
 from primitives.holds import HoldSet
+from schemas.audit import SnapshotPublished
 from schemas.config import TurnkeepConfig
 
 log = logging.getLogger("turnkeep.run")
@@ -42,29 +43,18 @@ class RunSummary:
     run_dir: Path
     last_metrics: dict | None
     peak_rss_mib: float
+    preempted: str | None = None
+    """What a preemption's final save left (None when the run was not preempted)."""
 
 
 class RunStopped(RuntimeError):
     """The run workflow stopped the run (failed snapshots in a row, a broken invariant)."""
 
 
-class RunDirError(ValueError):
-    """The run directory cannot be used for a new run."""
-
-
-def prepare_run_dir(run_dir: Path) -> None:
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise RunDirError(
-            f"run directory {run_dir} is not empty; nothing in it was touched. "
-            "Pick another run.run_dir (--run-dir) or remove the old run."
-        )
-    run_dir.mkdir(parents=True, exist_ok=True)
-
-
 class Controller:
     def __init__(
         self, cfg: TurnkeepConfig, processes: Processes, session: aiohttp.ClientSession, max_steps: int | None,
-        start_step: int = 0,
+        start_step: int = 0, audit: AuditLog | None = None, checkpoint_identity: CheckpointIdentity | None = None,
     ):
         self.cfg = cfg
         self.processes = processes
@@ -78,6 +68,10 @@ class Controller:
         self.claims = ClaimLedger()
         self.data_plane = DataPlane()
         self.metrics = MetricsSink(cfg.run.run_dir, self.stats, max_steps)
+        self.audit = audit
+        self._checkpoint_identity = checkpoint_identity
+        self._stop_requested = asyncio.Event()
+        self.stop_reason: str | None = None
         self.last_metrics: dict | None = None
         self.env_client = EnvClient(processes.env_url, session)
         # Set by the snapshot wiring: runs after each trainer checkpoint (ties an attempt to it).
@@ -93,6 +87,7 @@ class Controller:
             self.deadlines,
             self.stats,
             on_group_settled=lambda gid, ok: self.training.group_settled(gid, ok),
+            audit=audit,
         )
         self.training = TrainPump(
             cfg.train,
@@ -106,6 +101,7 @@ class Controller:
             on_groups_finished=self.rollouts.group_finished,
             write_checkpoint=self._checkpoint,
             on_step=self._on_step,
+            audit=audit,
         )
         self.training.step = start_step
 
@@ -121,11 +117,31 @@ class Controller:
             "group_ledger": self.ledger.state_dict(),
         }
 
+    def load_state_dict(self, state: dict) -> None:
+        """Restore the dataloader, data plane and ledgers; claims are dropped so their groups are offered again."""
+        self.dataloader.load_state_dict(state["dataloader"])
+        self.data_plane.load_state_dict(state["data_plane"])
+        self.ledger.load_state_dict(state["group_ledger"])
+        self.claims.load_state_dict({"claims": {}})
+        self.training.restore(int(state["step"]))
+
+    def audit_snapshot(self, checkpoint_id: str, step: int, snapshot_dir: str, cut_unix_s: float) -> None:
+        if self.audit is not None:
+            self.audit.emit(SnapshotPublished, checkpoint_id=checkpoint_id, step=step, snapshot_dir=snapshot_dir,
+                            cut_unix_s=cut_unix_s)
+
+    def request_stop(self, reason: str) -> None:
+        """Stop both pumps and return from `run` normally (a preemption that already saved)."""
+        self.stop_reason = reason
+        self._stop_requested.set()
+
     async def _checkpoint(self, step: int, trigger: str) -> None:
         async with self.data_plane.barrier:
             state = self.state_dict()
+            state["cut_unix_s"] = time.time()
         await write_trainer_checkpoint(
-            self.cfg.run.run_dir, step, self.processes.trainer, state, self.cfg.train.keep_checkpoints
+            self.cfg.run.run_dir, step, self.processes.trainer, state, self.cfg.train.keep_checkpoints,
+            identity=self._checkpoint_identity,
         )
         if self.after_checkpoint is not None:
             await self.after_checkpoint(step, trigger)
@@ -134,18 +150,21 @@ class Controller:
         """Run both pumps until `max_steps`; `watch` resolving (to a reason) stops the run early."""
         rollout_task = asyncio.create_task(self.rollouts.run(), name="rollout-pump")
         train_task = asyncio.create_task(self.training.run(max_steps), name="train-pump")
-        tasks = {rollout_task, train_task}
+        stop_task = asyncio.create_task(self._stop_requested.wait(), name="stop-request")
+        tasks = {rollout_task, train_task, stop_task}
         watch_task = asyncio.ensure_future(watch) if watch is not None else None
         if watch_task is not None:
             tasks.add(watch_task)
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for task in (rollout_task, watch_task):
+        for task in (rollout_task, watch_task, stop_task):
             if task is not None and task not in done:
                 task.cancel()
-        if watch_task is not None and watch_task in done and train_task not in done:
+        if (watch_task in done or stop_task in done) and train_task not in done:
             train_task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         for task in done:
+            if task is stop_task:
+                continue
             if not task.cancelled() and task.exception() is not None:
                 raise task.exception()
         if watch_task is not None and watch_task in done and not watch_task.cancelled():

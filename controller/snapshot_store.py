@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from primitives.atomic_files import (
@@ -17,6 +18,7 @@ from primitives.atomic_files import (
     fsync_dir,
     fsync_tree,
     publish_dir,
+    remove_dir,
     sha256_file,
     staging_dir,
 )
@@ -43,8 +45,14 @@ def artifact_for(snapshot_dir: Path, path: Path) -> Artifact:
     return Artifact(path=str(path.relative_to(snapshot_dir)), sha256=sha256_file(path), bytes=path.stat().st_size)
 
 
-def publish(staging: Path, manifest: SnapshotManifest, keep_latest_k: int) -> tuple[Path, int, list[str]]:
-    """fsync the files, write the manifest last, rename into place, prune; returns (dir, bytes, pruned)."""
+def publish(
+    staging: Path, manifest: SnapshotManifest, keep_latest_k: int, before_rename: Callable[[], None] | None = None
+) -> tuple[Path, int, list[str]]:
+    """fsync the files, write the manifest last, rename into place, prune; returns (dir, bytes, pruned).
+
+    `before_rename` runs when the staging directory is complete but not yet in place
+    (where the chaos command kills the run: a complete-looking staging dir is never read).
+    """
     final = staging.parent / str(manifest.number)
     if (final / MANIFEST).exists():
         existing = SnapshotManifest.model_validate_json((final / MANIFEST).read_bytes())
@@ -53,6 +61,8 @@ def publish(staging: Path, manifest: SnapshotManifest, keep_latest_k: int) -> tu
         raise FileExistsError(f"{final} already holds snapshot {existing.checkpoint_id}")
     fsync_tree(staging)
     atomic_write_bytes(staging / MANIFEST, manifest.model_dump_json(indent=2).encode())
+    if before_rename is not None:
+        before_rename()
     publish_dir(staging, final)
     fsync_dir(final.parent)
     return final, _size(final), prune(final.parent, keep_latest_k)
@@ -67,7 +77,7 @@ def published(root: Path) -> list[int]:
 def prune(root: Path, keep_latest_k: int) -> list[str]:
     removed = []
     for number in published(root)[:-keep_latest_k]:
-        shutil.rmtree(root / str(number), ignore_errors=True)
+        remove_dir(root / str(number))
         removed.append(str(number))
     return removed
 

@@ -5,28 +5,41 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.worker import Worker
 
 from activities.gym_activities import GymActivities
+from activities.recovery_activities import RecoveryActivities
 from activities.participant_client import ParticipantClient
 from activities.snapshot_activities import SnapshotActivities
 from activities.snapshot_context import SnapshotContext
+from controller import snapshot_store
 from controller.fingerprint import config_fingerprint
+from controller.recovery import Recovery
 from controller.runtime import Controller
 from controller.temporal_server import register_search_attributes
+from controller.trainer_checkpoint import published_steps
 from schemas import search_attributes as sa
 from schemas.config import TurnkeepConfig
-from schemas.snapshot import RunWorkflowInput, SnapshotTimeouts, TrainerCheckpointSignal, Trigger
+from schemas.recovery import RecoveryInput, RecoveryResult
+from schemas.snapshot import RunCarryOver, RunWorkflowInput, SnapshotTimeouts, TrainerCheckpointSignal, Trigger
 from workers.temporal_workers import connect, controller_queue, start_worker
+from workflows.recovery_workflow import RecoveryWorkflow
 from workflows.run_workflow import RunWorkflow
 from workflows.snapshot_attempt import SnapshotAttemptWorkflow
 
 log = logging.getLogger("turnkeep.snapshot")
+_NUMBERED = re.compile(r"^(?:\.staging-)?(\d+)(?:-[0-9a-f]+)?$")
+
+
+class RecoveryFailed(RuntimeError):
+    """The recovery workflow failed (for example every checkpoint is unusable); the message says why."""
 
 
 @dataclass
@@ -36,6 +49,7 @@ class SnapshotRuntime:
     worker_task: asyncio.Task
     handle: WorkflowHandle
     ctx: SnapshotContext
+    stopped: bool = False
 
     async def watch(self) -> str:
         """Resolves when the run workflow ends on its own (it stops the run)."""
@@ -54,41 +68,51 @@ def participant_clients(processes, session: aiohttp.ClientSession, timeout_s: fl
     return [env], policy
 
 
-def controller_worker(client: Client, ctx: SnapshotContext) -> tuple[Worker, asyncio.Task]:
+def controller_worker(
+    client: Client, ctx: SnapshotContext, recovery: RecoveryActivities | None = None
+) -> tuple[Worker, asyncio.Task]:
     """The workflows and the controller's activities on `<run_id>.controller`."""
     gym, snap = GymActivities(ctx), SnapshotActivities(ctx)
+    extra = [] if recovery is None else [recovery.cancel_stale, recovery.choose_source, recovery.restore,
+                                         recovery.resume]
     return start_worker(
         client, controller_queue(ctx.run_id),
         activities=[gym.prepare, gym.commit, gym.resume, gym.abort, snap.anchor, snap.request_checkpoint,
                     snap.preflight, snap.open_staging,
-                    snap.discard_staging, snap.cut, snap.publish, snap.record],
-        workflows=[RunWorkflow, SnapshotAttemptWorkflow],
+                    snap.discard_staging, snap.cut, snap.publish, snap.record, *extra],
+        workflows=[RunWorkflow, SnapshotAttemptWorkflow, RecoveryWorkflow],
     )
 
 
 async def start_snapshots(
     cfg: TurnkeepConfig, controller: Controller, session: aiohttp.ClientSession, address: str, run_id: str,
-    incarnation: int,
+    incarnation: int, recovery: Recovery | None = None,
 ) -> SnapshotRuntime:
+    """Start the workers; with `recovery`, restore the run through the recovery workflow; then start the run workflow."""
     processes = controller.processes
     client = await connect(address, cfg.temporal.namespace)
     if cfg.temporal.address is not None:
         await register_search_attributes(client, cfg.temporal.namespace)
-    await processes.trainer.start_temporal_worker.remote(address, cfg.temporal.namespace, run_id)
+    await processes.trainer.start_temporal_worker.remote(address, cfg.temporal.namespace, run_id, incarnation)
     environments, policy = participant_clients(processes, session, cfg.snapshot.phase_timeout_s)
     ctx = SnapshotContext(
         run_id=run_id, incarnation=incarnation, run_dir=cfg.run.run_dir, fingerprint=config_fingerprint(cfg),
         controller=controller, trainer=processes.trainer, environments=environments, policy=policy,
         interval_s=cfg.snapshot.attempt_interval_s,
     )
-    worker, worker_task = controller_worker(client, ctx)
+    recovery_acts = None
+    if recovery is not None:
+        recovery_acts = RecoveryActivities(client, recovery, incarnation, wait_s=cfg.snapshot.phase_timeout_s)
+    worker, worker_task = controller_worker(client, ctx, recovery_acts)
+    if recovery is not None:
+        ctx.recovery = await _recover(cfg, client, run_id, incarnation)
     handle = await client.start_workflow(
         RunWorkflow.run,
         RunWorkflowInput(
             run_id=run_id, incarnation=incarnation, attempt_interval_s=cfg.snapshot.attempt_interval_s,
             max_consecutive_failures=cfg.snapshot.max_consecutive_failures, keep_latest_k=cfg.snapshot.keep_latest_k,
             trainer_hold=cfg.snapshot.trainer_hold, checkpoint_on_demand=cfg.snapshot.checkpoint_on_demand,
-            timeouts=timeouts(cfg),
+            timeouts=timeouts(cfg), carried=RunCarryOver(numbers=next_snapshot_numbers(cfg.run.run_dir)),
         ),
         id=f"{run_id}.run", task_queue=controller_queue(run_id),
         static_summary=f"turnkeep run {run_id} ({cfg.run.run_dir})",
@@ -97,6 +121,35 @@ async def start_snapshots(
     runtime = SnapshotRuntime(client, worker, worker_task, handle, ctx)
     controller.after_checkpoint = lambda step, trigger: _tie_attempt_to_checkpoint(cfg, runtime, step, trigger)
     return runtime
+
+
+async def _recover(cfg: TurnkeepConfig, client: Client, run_id: str, incarnation: int) -> RecoveryResult:
+    """Run the recovery workflow to its end; a failure stops the run with its reason."""
+    recovery_id = f"{run_id}.recovery.{incarnation}"
+    try:
+        return await client.execute_workflow(
+            RecoveryWorkflow.run,
+            RecoveryInput(run_id=run_id, incarnation=incarnation, phase_timeout_s=cfg.snapshot.phase_timeout_s),
+            id=recovery_id, task_queue=controller_queue(run_id),
+            static_summary=f"recovery of {run_id}: incarnation {incarnation} continues the run",
+            search_attributes=TypedSearchAttributes([SearchAttributePair(sa.RUN_ID, run_id)]),
+        )
+    except WorkflowFailureError as err:
+        cause = err.cause
+        while getattr(cause, "cause", None) is not None:
+            cause = cause.cause
+        raise RecoveryFailed(f"recovery {recovery_id} failed: {getattr(cause, 'message', None) or cause}") from None
+
+
+def next_snapshot_numbers(run_dir: Path) -> dict[str, int]:
+    """Attempt numbers continue after every folder already on disk, so a restarted run never reuses one."""
+    numbers = {}
+    for step in published_steps(run_dir):
+        root = snapshot_store.snapshots_root(run_dir, step)
+        used = [int(m.group(1)) for p in (root.iterdir() if root.exists() else []) if (m := _NUMBERED.match(p.name))]
+        if used:
+            numbers[str(step)] = max(used) + 1
+    return numbers
 
 
 async def _tie_attempt_to_checkpoint(cfg: TurnkeepConfig, runtime: SnapshotRuntime, step: int, trigger: str) -> None:
@@ -110,8 +163,9 @@ async def _tie_attempt_to_checkpoint(cfg: TurnkeepConfig, runtime: SnapshotRunti
 
 async def stop_snapshots(runtime: SnapshotRuntime | None, reason: str, grace_s: float) -> None:
     """Let a running attempt finish (or cancel it after `grace_s`), then stop the workers."""
-    if runtime is None:
+    if runtime is None or runtime.stopped:
         return
+    runtime.stopped = True
     try:
         await runtime.handle.signal(RunWorkflow.stop, reason)
         await asyncio.wait_for(runtime.handle.result(), timeout=grace_s)

@@ -51,6 +51,8 @@ def _free_port(ip: str) -> int:
 
 def _check_port(ip: str, port: int, setting: str) -> None:
     with socket.socket() as sock:
+        # Like the server's own listener: connections of a run that just died (TIME_WAIT) do not block it.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((ip, port))
         except OSError:

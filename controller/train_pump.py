@@ -19,7 +19,9 @@ from controller.claim_ledger import ClaimLedger
 from controller.data_plane import DataPlane
 from controller.group_ledger import GroupLedger
 from controller.run_stats import RunStats
+from primitives.audit_log import AuditLog
 from primitives.holds import HoldSet
+from schemas.audit import GroupsDiscarded, StepTrained
 from schemas.config import TrainConfig
 
 log = logging.getLogger("turnkeep.train")
@@ -51,6 +53,7 @@ class TrainPump:
         on_groups_finished: Callable[[], None],
         write_checkpoint: Callable[[int, str], Awaitable[None]],
         on_step: Callable[[StepReport], None],
+        audit: AuditLog | None = None,
     ) -> None:
         self._cfg = cfg
         self._ledger = ledger
@@ -63,6 +66,7 @@ class TrainPump:
         self._on_groups_finished = on_groups_finished
         self._write_checkpoint = write_checkpoint
         self._on_step = on_step
+        self._audit = audit
         self._group_settled = asyncio.Event()
         self._untrainable: list[str] = []
         self._checkpoint_request: str | None = None
@@ -73,6 +77,14 @@ class TrainPump:
         if not trainable:
             self._untrainable.append(group_id)
         self._group_settled.set()
+
+    def restore(self, step: int) -> None:
+        """Continue after a restore at `step`: its checkpoint exists, so none is written for it again."""
+        self.step = step
+        self._checkpointed_step = step
+
+    def has_checkpoint_of_current_step(self) -> bool:
+        return self._checkpointed_step == self.step
 
     def request_checkpoint(self, trigger: str) -> None:
         """Write a trainer checkpoint at the current step as soon as no step is running.
@@ -111,6 +123,11 @@ class TrainPump:
             raise
         train_step_s = time.monotonic() - started
         async with self._data_plane.barrier:
+            if self._audit is not None:
+                # Durable before the step counts: a checkpoint never runs ahead of the audit log.
+                self._audit.emit(StepTrained, step=target, policy_version=trainer_stats["policy_version"],
+                                 group_ids=group_ids)
+                self._audit.flush()
             self._claims.commit(target)
             self._data_plane.delete(group_ids)
             self._ledger.finish(group_ids)
@@ -159,6 +176,8 @@ class TrainPump:
 
     async def _discard(self, group_ids: list[str], reason: str) -> None:
         async with self._data_plane.barrier:
+            if self._audit is not None:
+                self._audit.emit(GroupsDiscarded, group_ids=group_ids, reason=reason)
             self._data_plane.delete(group_ids)
             self._ledger.finish(group_ids)
         self._stats.groups_discarded[reason] += len(group_ids)

@@ -36,10 +36,21 @@ async def run_agent(
     records: TurnRecords,
     park: Callable[[], Awaitable[None]],
     limits: LoopLimits,
+    start: TurnBoundary | None = None,
+    on_turn: Callable[[int, Segment], None] | None = None,
 ) -> RolloutResult:
-    segments = [Segment(kind="prompt", token_ids=codec.conversation_start(env.prompt()))]
+    """Run the episode; with `start` (a restored boundary, env already restored) continue after it.
+
+    `on_turn(turn_index, policy_segment)` is told of every committed turn (the audit log).
+    """
+    if start is None:
+        segments = [Segment(kind="prompt", token_ids=codec.conversation_start(env.prompt()))]
+        first_turn = 0
+    else:
+        segments = list(start.segments)
+        first_turn = start.turn_index
     outcome, reason = RolloutOutcome.TRUNCATED, f"no final answer within max_turns={limits.max_turns}"
-    for turn in range(limits.max_turns):
+    for turn in range(first_turn, limits.max_turns):
         context = [tok for seg in segments for tok in seg.token_ids]
         budget = min(limits.max_tokens_per_turn, limits.max_model_len - len(context))
         if budget <= 0:
@@ -66,6 +77,8 @@ async def run_agent(
         if step.observation is not None:
             segments.append(Segment(kind="tool", token_ids=codec.encode(step.observation)))
         records.commit(TurnBoundary(rollout_id=request.rollout_id, turn_index=turn + 1, segments=segments))
+        if on_turn is not None:
+            on_turn(turn + 1, segments[-1] if segments[-1].kind == "policy" else segments[-2])
         if step.done:
             outcome, reason = RolloutOutcome.FINISHED, ""
             break

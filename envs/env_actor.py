@@ -9,6 +9,7 @@ import ray
 
 from envs.agent_loop import LoopLimits
 from envs.server import EnvServer
+from primitives.audit_log import AUDIT_FILE, AuditLog
 from primitives.control_token import token_path
 from primitives.participant_http import ControlAuth
 from schemas.config import TurnkeepConfig
@@ -16,8 +17,14 @@ from schemas.config import TurnkeepConfig
 
 @ray.remote(num_cpus=0)
 class EnvServerActor:
-    async def start(self, model_dir: str, policy_url: str, cfg_json: str, control_token: str | None = None) -> str:
-        """Start the server; `control_token` guards its checkpoint routes (None: they refuse every call)."""
+    async def start(
+        self, model_dir: str, policy_url: str, cfg_json: str, control_token: str | None = None,
+        incarnation: int | None = None,
+    ) -> str:
+        """Start the server; `control_token` guards its checkpoint routes (None: they refuse every call).
+
+        With `incarnation`, turn commits go to the run's audit log under that incarnation.
+        """
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         cfg = TurnkeepConfig.model_validate_json(cfg_json)
         limits = LoopLimits(
@@ -27,7 +34,8 @@ class EnvServerActor:
             temperature=cfg.rollout.temperature,
         )
         control = ControlAuth(control_token, where=str(token_path(cfg.run.run_dir)))
-        self._server = EnvServer(Path(model_dir), policy_url, cfg.env, limits, control)
+        audit = None if incarnation is None else AuditLog(cfg.run.run_dir / AUDIT_FILE, incarnation)
+        self._server = EnvServer(Path(model_dir), policy_url, cfg.env, limits, control, audit)
         return await self._server.start()
 
     async def stop(self) -> None:

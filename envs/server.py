@@ -25,12 +25,16 @@ from envs.codec import TurnCodec
 from envs.env_participant import ENV_CAPABILITIES, EnvParticipant
 from envs.policy_client import PolicyCallError, PolicyClient
 from envs.receipts import ReceiptBook
+from envs.restored_agents import RestoredAgents, RestoreError
 from envs.turn_records import TurnRecords
+from primitives.audit_log import AuditLog
 from primitives.holds import HoldSet
-from primitives.participant_core import ParticipantCore
+from primitives.participant_core import ParticipantCore, ParticipantFault
 from primitives.participant_http import ControlAuth, add_participant_routes
 from schemas.config import EnvServerConfig
-from schemas.rollout import AckRequest, RolloutOutcome, RolloutRequest, RolloutResult
+from schemas.audit import TurnCommitted
+from schemas.participant import RestoreReply, RestoreRequest
+from schemas.rollout import AckRequest, RolloutOutcome, RolloutRequest, RolloutResult, Segment
 
 log = logging.getLogger("turnkeep.env")
 
@@ -43,6 +47,7 @@ class EnvServer:
         cfg: EnvServerConfig,
         limits: LoopLimits,
         control: ControlAuth = ControlAuth(None),
+        audit: AuditLog | None = None,
     ) -> None:
         self._codec = TurnCodec(model_dir)
         self._policy_url = policy_url
@@ -58,6 +63,8 @@ class EnvServer:
             ENV_CAPABILITIES,
             EnvParticipant(self.agents, self.records, self.receipts, self.door, self.boundary_gate),
         )
+        self.restored = RestoredAgents(lambda problem: CalcEnvironment(problem, self._cfg.tool_latency_s))
+        self._audit = audit
         self._running: dict[str, asyncio.Task] = {}
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -77,7 +84,11 @@ class EnvServer:
                 web.get("/health", self._handle_health),
             ]
         )
-        add_participant_routes(app, self.participant, self._control, fault_injection=self._cfg.fault_injection)
+        add_participant_routes(
+            app, self.participant, self._control, fault_injection=self._cfg.fault_injection, restore=self._restore
+        )
+        if self._audit is not None:
+            self._audit.start()
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._cfg.host, self._cfg.port)
@@ -92,6 +103,17 @@ class EnvServer:
             await self._runner.cleanup()
         if self._session is not None:
             await self._session.close()
+        if self._audit is not None:
+            await self._audit.close()
+
+    async def _restore(self, request: RestoreRequest) -> RestoreReply:
+        """Hold the snapshot's saved agents until `/run` continues each one (`resume_from`)."""
+        try:
+            restored = await asyncio.to_thread(self.restored.load, Path(request.directory))
+        except RestoreError as err:
+            raise ParticipantFault("bad_request", str(err)) from None
+        log.info("restored %d saved agents from %s", len(restored), request.directory)
+        return RestoreReply(name=self.participant.name, checkpoint_id=request.checkpoint_id, restored=restored)
 
     async def _handle_run(self, http: web.Request) -> web.Response:
         try:
@@ -110,11 +132,25 @@ class EnvServer:
         return web.Response(body=result.model_dump_json(), content_type="application/json")
 
     async def _run(self, request: RolloutRequest) -> RolloutResult:
+        saved = None
+        if request.resume_from is not None:
+            saved = self.restored.take(request.resume_from)
+            if saved is None:
+                return RolloutResult(
+                    rollout_id=request.rollout_id, outcome=RolloutOutcome.FAILED,
+                    reason=f"no restored agent {request.resume_from} on this server; rerun the sibling from scratch",
+                )
         async with self.agents.live(request) as agent:
             env = agent.env = CalcEnvironment(request.problem, self._cfg.tool_latency_s)
+            start = None
+            if saved is not None:
+                env.restore_state(saved.env_state)
+                start = saved.boundary.model_copy(update={"rollout_id": request.rollout_id})
+                self.records.commit(start)
             try:
                 result = await run_agent(
-                    request, env, self._codec, self._policy, self.records, lambda: self.agents.park(agent), self._limits
+                    request, env, self._codec, self._policy, self.records, lambda: self.agents.park(agent),
+                    self._limits, start=start, on_turn=lambda turn, seg: self._audit_turn(request, turn, seg),
                 )
             except (PolicyCallError, aiohttp.ClientError, ValidationError) as err:
                 result = RolloutResult(
@@ -125,6 +161,14 @@ class EnvServer:
             # Still inside `live`: the agent leaves the registry and its result becomes
             # unACKed in one step, so a checkpoint never sees it in neither.
             return self.receipts.issue(result) if result.row is not None else result
+
+    def _audit_turn(self, request: RolloutRequest, turn: int, segment: Segment) -> None:
+        if self._audit is not None:
+            self._audit.emit(
+                TurnCommitted, rollout_id=request.rollout_id, group_id=request.group_id, sibling=request.sibling,
+                attempt=request.attempt, turn=turn, policy_version=segment.policy_version or 0,
+                tokens=len(segment.token_ids),
+            )
 
     async def _handle_ack(self, http: web.Request) -> web.Response:
         try:

@@ -14,12 +14,13 @@ import random
 import time
 from pathlib import Path
 
+import orjson
 import torch
 from transformers import AutoModelForCausalLM
 
 from activities.trainer_activities import HoldWaitClock
 from gpu_workers.grpo import build_batch, clipped_policy_loss, token_logprobs
-from gpu_workers.weights_blob import pack_state_dict
+from gpu_workers.weights_blob import OPTIONAL_NAMES, pack_state_dict
 from primitives.atomic_files import atomic_write_bytes, atomic_write_json, fsync_tree
 from primitives.holds import HoldSet
 from schemas.config import TrainConfig
@@ -85,6 +86,25 @@ class Trainer:
     def weights_blob(self) -> bytes:
         """The state dict as safetensors bytes, under the names the model directory uses."""
         return pack_state_dict(self.model.state_dict())
+
+    def load_checkpoint(self, directory: Path) -> int:
+        """Continue from `save_checkpoint`'s output: weights, optimizer moments, RNG and version."""
+        from safetensors.torch import load_file
+
+        state = load_file(str(directory / "model.safetensors"))
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        missing = [name for name in missing if name not in OPTIONAL_NAMES]
+        if missing or unexpected:
+            raise ValueError(
+                f"trainer checkpoint {directory} does not fit this model (missing {missing[:5]}, unexpected "
+                f"{unexpected[:5]}); restore with the model settings it was written with"
+            )
+        self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=False))
+        rng = torch.load(directory / "rng.pt", weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        self.policy_version = int(orjson.loads((directory / "trainer_state.json").read_bytes())["policy_version"])
+        return self.policy_version
 
     def save_checkpoint(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)

@@ -45,6 +45,11 @@ class TrainerActor:
     async def weights_blob(self) -> bytes:
         return self._trainer.weights_blob()
 
+    async def load_checkpoint(self, directory: str) -> int:
+        """Restore a trainer checkpoint's `trainer/` folder; returns the policy version."""
+        async with self._stepping:
+            return await asyncio.to_thread(self._trainer.load_checkpoint, Path(directory))
+
     async def save_checkpoint(self, directory: str) -> None:
         self._trainer.save_checkpoint(Path(directory))
 
@@ -65,12 +70,14 @@ class TrainerActor:
         except UnknownHolder:
             return False
 
-    async def start_temporal_worker(self, address: str, namespace: str, run_id: str) -> None:
+    async def start_temporal_worker(self, address: str, namespace: str, run_id: str, incarnation: int = 1) -> None:
         from activities.trainer_activities import TrainerActivities
         from workers.temporal_workers import connect, start_worker, trainer_queue
 
         client = await connect(address, namespace)
-        acts = TrainerActivities(self.hold, lambda: self._trainer.policy_version, self._trainer.hold_wait_clock)
+        acts = TrainerActivities(
+            self.hold, lambda: self._trainer.policy_version, self._trainer.hold_wait_clock, incarnation
+        )
         self._worker, self._worker_task = start_worker(
             client, trainer_queue(run_id), activities=[acts.hold, acts.release]
         )

@@ -190,3 +190,17 @@ def sha256_file(path: PathLike, chunk_bytes: int = 1 << 20) -> str:
         while chunk := f.read(chunk_bytes):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def remove_dir(path: PathLike) -> None:
+    """Remove a published directory so that a crash midway never leaves half of it under its name.
+
+    It is first renamed to a staging name (never read, cleaned up on restart), then deleted.
+    """
+    target = Path(path)
+    if not target.exists():
+        return
+    doomed = target.parent / f"{STAGING_PREFIX}removed-{target.name}-{secrets.token_hex(4)}"
+    os.rename(target, doomed)
+    fsync_dir(target.parent)
+    shutil.rmtree(doomed, ignore_errors=True)

@@ -9,6 +9,7 @@ Routes (all under `/checkpoint/`, all require `Authorization: Bearer <token>`):
     POST commit   CommitRequest             -> CommitResult
     POST resume   CheckpointRef             -> ControlReply
     POST abort    CheckpointRef             -> ControlReply
+    POST restore  RestoreRequest            -> RestoreReply (participants that save state)
     POST faults   FaultPlan                 -> FaultPlan (only with fault injection on)
 
 Errors are a `ParticipantError` body: 400 `bad_request` (the message names the field),
@@ -43,6 +44,7 @@ from schemas.participant import (
     LeaseRequest,
     ParticipantError,
     PrepareRequest,
+    RestoreRequest,
 )
 
 logger = logging.getLogger("turnkeep.participant_http")
@@ -80,11 +82,15 @@ class ControlAuth:
 
 
 def add_participant_routes(
-    app: web.Application, core: ParticipantCore, auth: ControlAuth, *, fault_injection: bool = False
+    app: web.Application, core: ParticipantCore, auth: ControlAuth, *, fault_injection: bool = False,
+    restore: Callable[[RestoreRequest], Awaitable[BaseModel]] | None = None,
 ) -> FaultInjector:
-    """Mount `/checkpoint/*` on `app`; returns the fault injector (idle unless enabled)."""
+    """Mount `/checkpoint/*` on `app`; returns the fault injector (idle unless enabled).
+
+    `restore` serves `POST /checkpoint/restore` (a participant that saves state loads it back).
+    """
     faults = FaultInjector()
-    routes = _Routes(core, faults)
+    routes = _Routes(core, faults, restore)
     handlers: dict[str, tuple[str, Handler]] = {
         "capabilities": ("GET", routes.capabilities),
         "prepare": ("POST", routes.prepare),
@@ -94,6 +100,8 @@ def add_participant_routes(
         "resume": ("POST", routes.resume),
         "abort": ("POST", routes.abort),
     }
+    if restore is not None:
+        handlers["restore"] = ("POST", routes.restore)
     if fault_injection:
         handlers["faults"] = ("POST", routes.set_faults)
     for route, (method, handler) in handlers.items():
@@ -102,9 +110,10 @@ def add_participant_routes(
 
 
 class _Routes:
-    def __init__(self, core: ParticipantCore, faults: FaultInjector) -> None:
+    def __init__(self, core: ParticipantCore, faults: FaultInjector, restore) -> None:
         self._core = core
         self._faults = faults
+        self._restore = restore
 
     async def capabilities(self, request: web.Request) -> BaseModel:
         return self._core.capabilities
@@ -134,6 +143,9 @@ class _Routes:
 
     async def abort(self, request: web.Request) -> BaseModel:
         return self._core.abort((await _parse(request, CheckpointRef)).checkpoint_id)
+
+    async def restore(self, request: web.Request) -> BaseModel:
+        return await self._restore(await _parse(request, RestoreRequest))
 
     async def set_faults(self, request: web.Request) -> BaseModel:
         plan = await _parse(request, FaultPlan)

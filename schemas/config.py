@@ -187,6 +187,9 @@ class SnapshotConfig(StrictModel):
     checkpoint_on_demand: bool = True
     """A periodic or operator attempt with no trainer checkpoint at the current step asks for one (written between
     steps) instead of being skipped; turn off for models whose checkpoints are expensive (then save_period rules)."""
+    preemption_grace_s: float = Field(default=60.0, gt=0)
+    """On SIGTERM (a scheduler's preemption) the run takes one final snapshot within this many seconds, then exits 0;
+    set it below the scheduler's kill grace period. With snapshots off it writes a trainer checkpoint instead."""
 
 
 class TurnkeepConfig(StrictModel):

@@ -18,7 +18,7 @@ from schemas.wire import Wire
 
 PROTOCOL_VERSION = 1
 
-CheckpointRoute = Literal["capabilities", "prepare", "status", "renew", "commit", "resume", "abort"]
+CheckpointRoute = Literal["capabilities", "prepare", "status", "renew", "commit", "resume", "abort", "restore"]
 """The `/checkpoint/<route>` names (fault injection addresses routes by these)."""
 
 
@@ -150,6 +150,24 @@ class SavedAgent(Wire):
                 f"boundary belongs to rollout {self.boundary.rollout_id!r}, request is {self.request.rollout_id!r}"
             )
         return self
+
+
+class RestoreRequest(Wire):
+    """Body of `POST /checkpoint/restore`: load this participant's part of a snapshot, paused."""
+
+    checkpoint_id: str
+    """The recovery that asks (`<run_id>.recovery.<incarnation>`)."""
+    directory: str
+    """This participant's folder inside the chosen snapshot (for example `<snapshot>/env`)."""
+
+
+class RestoreReply(Wire):
+    name: str
+    """Participant that answers."""
+    checkpoint_id: str
+    """Echo of the request's id."""
+    restored: list[str]
+    """Rollout ids of the saved agents now held, ready to continue when asked with `resume_from`."""
 
 
 class FaultPlan(Wire):

@@ -39,6 +39,9 @@ class RolloutRequest(Wire):
     """Attempt number of this sibling (a retry or a restore starts a new one)."""
     problem: Problem
     """The task instance."""
+    resume_from: str | None = None
+    """Saved attempt (its rollout id) to continue from its saved turn boundary after a restore;
+    the environment server must hold it (`/checkpoint/restore`). None starts from scratch."""
 
 
 class RolloutOutcome(StrEnum):

@@ -148,6 +148,8 @@ class TrainerHoldInput(Wire):
     """The hold expires unless renewed or released within this many seconds."""
     release_also: list[str] = []
     """Holders this hold replaces (the train pump's `checkpoint:<step>` hold)."""
+    incarnation: int | None = None
+    """Controller incarnation of the attempt; the trainer refuses a stale one."""
 
 
 class TrainerHoldResult(Wire):

@@ -11,6 +11,7 @@ from pathlib import Path
 import orjson
 
 from controller.config_file import ConfigError, load_config
+from workers.chaos import add_chaos_parser, run_chaos
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 
@@ -36,6 +37,7 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--steps", type=int, help="stop after this many train steps and exit 0")
     run.add_argument("--run-dir", type=Path, help="overrides run.run_dir")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    add_chaos_parser(sub)
     make = sub.add_parser("make-model", help="make (or find cached) the tiny model and print its directory")
     make.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     make.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -45,6 +47,8 @@ def _build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.command == "chaos":
+        return run_chaos(args)
     try:
         overrides = _parse_overrides(args.set)
         if getattr(args, "steps", None) is not None:
@@ -64,13 +68,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(cfg) -> int:
+    from controller.run_dir import RunDirError
     from controller.run_session import run_training
-    from controller.runtime import RunDirError, RunStopped
+    from controller.runtime import RunStopped
+    from controller.recovery import RecoveryError
+    from controller.recovery_source import UnusableRunDir
+    from controller.snapshot_wiring import RecoveryFailed
 
     try:
         summary = asyncio.run(run_training(cfg, cfg.run.steps))
     except RunDirError as err:
         print(f"turnkeep: {err}", file=sys.stderr)
+        return 2
+    except (RecoveryFailed, UnusableRunDir, RecoveryError) as err:
+        print(f"turnkeep: the run could not be resumed: {err}", file=sys.stderr)
         return 2
     except RunStopped as err:
         print(f"turnkeep: the run was stopped: {err}", file=sys.stderr)
@@ -78,6 +89,10 @@ def _run(cfg) -> int:
     except KeyboardInterrupt:
         print("turnkeep: interrupted", file=sys.stderr)
         return 130
+    if summary.preempted is not None:
+        print(f"\nturnkeep: preempted at step {summary.steps}; saved {summary.preempted}. "
+              f"Run the same command again (same --run-dir) to continue.", flush=True)
+        return 0
     last = summary.last_metrics or {}
     print(
         f"\nturnkeep: {summary.steps} steps in {summary.wall_s:.0f}s; last reward {last.get('reward_mean')}; "

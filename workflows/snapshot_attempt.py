@@ -110,7 +110,7 @@ class SnapshotAttemptWorkflow:
         if inp.trainer_hold:
             progress.trainer_held = True
             hold = await self._call(progress, "trainer_hold", "trainer.hold", TrainerHoldInput(
-                holder=progress.holder, lease_s=budget.lease_s,
+                holder=progress.holder, lease_s=budget.lease_s, incarnation=inp.incarnation,
                 release_also=[inp.checkpoint_hold] if inp.checkpoint_hold else []), TrainerHoldResult, budget.phase_s, TRANSIENT,
                 task_queue=trainer_queue(inp.run_id))
             if hold.step != inp.anchor_step:

@@ -1,0 +1,177 @@
+"""`<run_dir>/audit.jsonl`: one line per lifecycle event of every group and sibling.
+
+Written durably by the controller (and by the environment server for turn commits),
+read by `turnkeep chaos` to check DESIGN.md's invariants after the fact. Every line
+has `t` (unix seconds), `inc` (controller incarnation) and `event`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import Field, TypeAdapter
+
+from schemas.recovery import SkippedCandidate, SourceKind
+from schemas.wire import Wire
+
+
+class _Event(Wire):
+    t: float
+    """Wall-clock time (unix seconds)."""
+    inc: int
+    """Controller incarnation that wrote the line (1 for the first start)."""
+
+
+class RunStarted(_Event):
+    event: Literal["run_started"] = "run_started"
+    run_id: str
+    pid: int
+    resumed: bool
+    """False for a new run, True for a restart on an existing run directory."""
+
+
+class RowRef(Wire):
+    group_id: str
+    sibling: int
+    rollout_id: str
+
+
+class ContinuationRef(Wire):
+    rollout_id: str
+    """The saved attempt (attempt N)."""
+    next_rollout_id: str
+    """The attempt that continues it (attempt N+1)."""
+    group_id: str
+    sibling: int
+    turn_index: int
+    """Turns completed at the saved boundary."""
+    boundary_sha: str
+    """`segments_digest` of the saved boundary's segments."""
+
+
+class Restored(_Event):
+    event: Literal["restored"] = "restored"
+    source: SourceKind
+    step: int
+    policy_version: int
+    snapshot_dir: str | None
+    checkpoint_dir: str | None
+    reason: str
+    skipped: list[SkippedCandidate]
+    cut_unix_s: float | None
+    """When the restored state was captured (None for a fresh start)."""
+    rows: list[RowRef]
+    """Finished rows in the restored data plane."""
+    continuations: list[ContinuationRef]
+    unfinished_groups: list[str]
+    """Groups in the restored recovery ledger (not yet trained or discarded)."""
+    next_group_index: int
+    """Dataloader position restored."""
+
+
+class GroupAdmitted(_Event):
+    event: Literal["group_admitted"] = "group_admitted"
+    group_id: str
+    size: int
+
+
+class SiblingStarted(_Event):
+    event: Literal["sibling_started"] = "sibling_started"
+    rollout_id: str
+    group_id: str
+    sibling: int
+    attempt: int
+    resumed_from: str | None = None
+    """The saved attempt this one continues (None when it starts from scratch)."""
+    resumed_turn: int = 0
+
+
+class TurnCommitted(_Event):
+    event: Literal["turn_committed"] = "turn_committed"
+    rollout_id: str
+    group_id: str
+    sibling: int
+    attempt: int
+    turn: int
+    """1-based index of the turn just completed."""
+    policy_version: int
+    tokens: int
+    """Tokens the policy generated in this turn."""
+
+
+class SiblingSealed(_Event):
+    event: Literal["sibling_sealed"] = "sibling_sealed"
+    rollout_id: str
+    group_id: str
+    sibling: int
+    attempt: int
+    num_turns: int
+    generated_tokens: int
+    policy_versions: list[int]
+    """Policy version of every policy turn in the row."""
+    resumed_turn: int = 0
+    """Turns the row took over from a saved boundary (0 when it never was restored)."""
+    prefix_sha: str | None = None
+    """`segments_digest` of the row's segments that came from the saved boundary."""
+
+
+class SiblingFailed(_Event):
+    event: Literal["sibling_failed"] = "sibling_failed"
+    rollout_id: str
+    group_id: str
+    sibling: int
+    attempt: int
+    reason: str
+    will_retry: bool
+
+
+class StepTrained(_Event):
+    event: Literal["step_trained"] = "step_trained"
+    step: int
+    """The step this optimizer update produced ("trained at step N")."""
+    policy_version: int
+    group_ids: list[str]
+
+
+class GroupsDiscarded(_Event):
+    event: Literal["groups_discarded"] = "groups_discarded"
+    group_ids: list[str]
+    reason: str
+
+
+class DeadlineExpired(_Event):
+    event: Literal["deadline_expired"] = "deadline_expired"
+    rollout_id: str
+    budget_s: float
+    running_s: float
+    """Time the deadline's clock ran (parked time excluded)."""
+
+
+class SnapshotPublished(_Event):
+    event: Literal["snapshot_published"] = "snapshot_published"
+    checkpoint_id: str
+    step: int
+    snapshot_dir: str
+    cut_unix_s: float
+
+
+class RunEnded(_Event):
+    event: Literal["run_ended"] = "run_ended"
+    step: int
+    reason: str
+    """`finished`, `preempted` or `stopped: ...`."""
+    outstanding_groups: list[str]
+    """Groups still unfinished (they live on in the newest checkpoint and snapshot)."""
+    admission_holders: list[str]
+    deadline_holders: list[str]
+    trainer_holders: list[str]
+
+
+AuditEvent = Annotated[
+    Union[
+        RunStarted, Restored, GroupAdmitted, SiblingStarted, TurnCommitted, SiblingSealed, SiblingFailed,
+        StepTrained, GroupsDiscarded, DeadlineExpired, SnapshotPublished, RunEnded,
+    ],
+    Field(discriminator="event"),
+]
+AUDIT_EVENT = TypeAdapter(AuditEvent)

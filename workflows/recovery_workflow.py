@@ -1,0 +1,72 @@
+"""The recovery workflow: one per restart of a run (`<run_id>.recovery.<incarnation>`).
+
+cancel what the previous incarnation left open -> choose the source (newest verified
+snapshot, an older one, or the trainer checkpoint's own data plane) -> restore while
+paused -> resume. Its summary and details say which source was used and why, so the
+Temporal UI answers "where did this run continue from?".
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+
+with workflow.unsafe.imports_passed_through():
+    from schemas.recovery import (
+        CancelStaleResult,
+        ChooseSourceResult,
+        RecoveryInput,
+        RecoveryResult,
+        RecoveryStepInput,
+        RestoreInput,
+        RestoreResult,
+        ResumeAfterRestoreResult,
+    )
+
+FEW = RetryPolicy(initial_interval=timedelta(milliseconds=500), maximum_attempts=3,
+                  non_retryable_error_types=["UnusableRunDir", "RecoveryError", "StaleIncarnation"])
+
+
+@workflow.defn(name="TurnkeepRecovery")
+class RecoveryWorkflow:
+    def __init__(self) -> None:
+        self._phase = "starting"
+
+    @workflow.query
+    def phase(self) -> str:
+        return self._phase
+
+    @workflow.run
+    async def run(self, inp: RecoveryInput) -> RecoveryResult:
+        step = RecoveryStepInput(run_id=inp.run_id, incarnation=inp.incarnation)
+        seconds: dict[str, float] = {}
+        cancelled = await self._call("cancel_stale", "recovery.cancel_stale", step, CancelStaleResult, inp, seconds,
+                                     heartbeat_s=30)
+        chosen = await self._call("choose_source", "recovery.choose_source", step, ChooseSourceResult, inp, seconds)
+        source = chosen.source
+        workflow.set_current_details(f"restoring from {source.kind} (step {source.step}): {source.reason}")
+        restored = await self._call("restore", "recovery.restore",
+                                    RestoreInput(run_id=inp.run_id, incarnation=inp.incarnation, source=source),
+                                    RestoreResult, inp, seconds)
+        await self._call("resume", "recovery.resume", step, ResumeAfterRestoreResult, inp, seconds)
+        workflow.set_current_details(
+            f"restored from {source.kind} (step {source.step}, policy version {restored.policy_version}): "
+            f"{restored.data_plane_rows} rows, {restored.continuations} agents continue from their saved turn, "
+            f"{restored.restarted_siblings} siblings start over. {source.reason}"
+        )
+        return RecoveryResult(source=source, restore=restored, cancelled=cancelled.cancelled + cancelled.terminated,
+                              seconds=seconds)
+
+    async def _call(self, phase, activity, arg, result_type, inp: RecoveryInput, seconds, *, heartbeat_s=None):
+        self._phase = phase
+        began = workflow.time()
+        try:
+            return await workflow.execute_activity(
+                activity, arg, result_type=result_type, start_to_close_timeout=timedelta(seconds=inp.phase_timeout_s),
+                heartbeat_timeout=timedelta(seconds=heartbeat_s) if heartbeat_s else None, retry_policy=FEW,
+                summary=activity,
+            )
+        finally:
+            seconds[phase] = round(workflow.time() - began, 3)
