@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from activities.participant_errors import ParticipantInvariantBroken, ParticipantRefused, ParticipantUnavailable
 
@@ -20,9 +20,10 @@ def invariant_broken(message: str) -> ApplicationError:
 
 
 def stale_incarnation(got: int, current: int) -> ApplicationError:
+    # Benign: refusing a dead incarnation's leftovers is the expected path after every restart.
     return ApplicationError(
         f"activity from controller incarnation {got} refused: this controller is incarnation {current}",
-        type=STALE, non_retryable=True,
+        type=STALE, non_retryable=True, category=ApplicationErrorCategory.BENIGN,
     )
 
 

@@ -25,7 +25,7 @@ from schemas.recovery import (
 
 log = logging.getLogger("turnkeep.recovery")
 UNUSABLE = "UnusableRunDir"
-RECOVERY_WORKFLOW = "TurnkeepRecovery"
+RUN_WORKFLOW = "TurnkeepRun"
 
 
 class RecoveryActivities:
@@ -44,12 +44,13 @@ class RecoveryActivities:
         """Cancel the run workflow and attempts the previous incarnation left open; wait until they close."""
         self._check(inp.incarnation)
         query = f"{sa.RUN_ID.name} = '{inp.run_id}' AND ExecutionStatus = 'Running'"
-        stale = [
-            wf.id async for wf in self._client.list_workflows(query)
-            if wf.workflow_type != RECOVERY_WORKFLOW
-        ]
-        handles = [self._client.get_workflow_handle(workflow_id) for workflow_id in stale]
-        for handle in handles:
+        own = activity.info().workflow_id
+        stale = [(wf.id, wf.workflow_type) async for wf in self._client.list_workflows(query) if wf.id != own]
+        handles = [self._client.get_workflow_handle(workflow_id) for workflow_id, _ in stale]
+        for handle, (_, workflow_type) in zip(handles, stale):
+            if workflow_type == RUN_WORKFLOW:
+                # A run workflow whose child attempt absorbs the cancel would go on; `stop` ends it either way.
+                await handle.signal("stop", f"superseded by controller incarnation {inp.incarnation}")
             await handle.cancel()
         terminated = []
         for handle in handles:

@@ -14,6 +14,8 @@ import os
 import signal
 import sys
 
+import psutil
+
 from controller.runtime import Controller
 from controller.snapshot_wiring import SnapshotRuntime
 from schemas.snapshot import Outcome, SnapshotNowSignal, Trigger
@@ -46,6 +48,7 @@ class PreemptionHandler:
         if self._task is not None:
             print(f"turnkeep: second {name}: exiting at once; the newest published snapshot stays authoritative",
                   file=sys.stderr, flush=True)
+            _kill_children()
             os._exit(EXIT_AT_ONCE)
         print(f"turnkeep: {name}: taking a final snapshot (at most snapshot.preemption_grace_s = "
               f"{self._grace_s:g}s); send it again to exit at once", file=sys.stderr, flush=True)
@@ -89,3 +92,14 @@ class PreemptionHandler:
         while not training.has_checkpoint_of_current_step():
             await asyncio.sleep(0.1)
         return f"trainer checkpoint checkpoints/step_{training.step} (its data plane; in-flight rollouts start over)"
+
+
+def _kill_children() -> None:
+    """Ray, vLLM and the Temporal dev server must not outlive a run that exits at once."""
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(children, timeout=10)

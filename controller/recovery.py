@@ -56,6 +56,8 @@ class Recovery:
 
     async def restore(self, source: RecoverySource) -> RestoreResult:
         c = self._controller
+        for skipped in source.skipped:
+            log.warning("not restoring from %s: %s: %s", skipped.path, skipped.problem, skipped.detail)
         self._pause()
         await c.processes.policy.close_admission.remote(self.holder)
         _remove_partial_staging(self._cfg.run.run_dir)

@@ -391,3 +391,27 @@ def _unusable_message(
         f"no trainer checkpoint in {checkpoint_root(run_dir)} can be used:\n{problems}\n"
         "the run directory's checkpoints are damaged; restore them from a backup or start a new run with another --run-dir"
     )
+
+
+def refuse_config_change(run_dir: Path, fingerprint_fields: dict) -> None:
+    """Before anything starts: refuse a restart whose settings no trainer checkpoint was written with.
+
+    Reads only the checkpoint manifests (no digests), so it is cheap; `choose_source`
+    still verifies everything later.
+    """
+    current = fingerprint_of(fingerprint_fields)
+    diffs: dict[str, list[tuple[str, Any, Any]]] = {}
+    skipped = []
+    for step in _checkpoint_steps(run_dir):
+        checkpoint_dir = checkpoint_root(run_dir) / f"step_{step}"
+        try:
+            manifest = TrainerCheckpointManifest.model_validate_json((checkpoint_dir / CHECKPOINT_MANIFEST).read_bytes())
+        except _UNREADABLE:
+            continue
+        if manifest.config_fingerprint == current:
+            return
+        diffs[str(checkpoint_dir)] = _differing_settings(manifest.fingerprint_fields, fingerprint_fields)
+        skipped.append(SkippedCandidate(path=str(checkpoint_dir), problem="fingerprint_differs",
+                                        detail="written with other settings"))
+    if diffs:
+        raise UnusableRunDir(_unusable_message(run_dir, skipped, diffs))

@@ -199,6 +199,10 @@ class RolloutPump:
     async def _store(self, result: RolloutResult, continuation: Continuation | None) -> None:
         row = result.row
         assert row is not None
+        entry = self._ledger.sibling(row.group_id, row.sibling)
+        if entry is None or entry.attempts != row.attempt + 1:
+            # After a restore attempt N continues as N+1: a row of any other attempt must never land.
+            raise RuntimeError(f"row of {result.rollout_id} is not the current attempt of its sibling ({entry})")
         async with self._data_plane.barrier:
             if self._data_plane.put(row):
                 self._stats.generated_tokens += row.generated_tokens()

@@ -1,8 +1,9 @@
 """A run directory's identity: a new run, or the next incarnation of one that was stopped.
 
 `run.json` holds the run id and the controller incarnation. A directory that holds
-one is resumed (incarnation + 1, written before anything else starts); an empty or
-missing directory starts a new run; anything else is refused untouched.
+one is resumed (incarnation + 1, written before anything else starts) unless its
+checkpoints were written with other settings; an empty or missing directory starts a
+new run; anything else is refused untouched.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from pathlib import Path
 
 import orjson
 
+from controller.fingerprint import fingerprint_fields
+from controller.recovery_source import refuse_config_change
 from primitives.atomic_files import atomic_write_json
 from schemas.config import TurnkeepConfig
 
@@ -42,6 +45,8 @@ def open_run_dir(cfg: TurnkeepConfig) -> RunIdentity:
                 f"{run_file} is damaged ({err}); nothing was touched. It must hold "
                 '{"run_id": ..., "incarnation": ...}; restore it or start a new run with another --run-dir.'
             ) from None
+        # A settings change that no checkpoint fits is refused before anything is written.
+        refuse_config_change(run_dir, fingerprint_fields(cfg))
         identity = RunIdentity(run_id, incarnation + 1, resumed=True)
     elif run_dir.exists() and any(run_dir.iterdir()):
         raise RunDirError(

@@ -174,5 +174,9 @@ async def stop_snapshots(runtime: SnapshotRuntime | None, reason: str, grace_s: 
         await runtime.handle.cancel()
     except Exception as err:  # noqa: BLE001 - it may already have ended with a failure
         log.info("run workflow ended: %s", err)
+    # A checkpoint taken while the run workflow was stopping has no attempt to take over its hold.
+    for holder in await runtime.ctx.trainer.hold_holders.remote():
+        if holder.startswith("checkpoint:"):
+            await runtime.ctx.trainer.hold_release.remote(holder)
     await runtime.ctx.trainer.stop_temporal_worker.remote()
     await runtime.worker.shutdown()

@@ -135,7 +135,9 @@ class TrainPump:
         self._on_groups_finished()
         refit_s = await self._refit(trainer_stats["policy_version"])
         if self.step % self._cfg.save_period == 0:
-            await self._checkpoint(self.step, "trainer_checkpoint")
+            # A pending request (a preemption, an operator) is served by this checkpoint: keep its trigger.
+            trigger, self._checkpoint_request = self._checkpoint_request or "trainer_checkpoint", None
+            await self._checkpoint(self.step, trigger)
         report = StepReport(
             step=self.step,
             policy_version=trainer_stats["policy_version"],

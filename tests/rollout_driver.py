@@ -36,7 +36,7 @@ class RolloutDriver:
 
     def start(self, n: int) -> list[asyncio.Task[RolloutResult]]:
         group = f"ptest-{uuid.uuid4().hex[:8]}"
-        new = [asyncio.create_task(self._run_and_ack(self._request(group, i))) for i in range(n)]
+        new = [asyncio.create_task(self.run_and_ack(self._request(group, i))) for i in range(n)]
         self.tasks += new
         return new
 
@@ -49,7 +49,7 @@ class RolloutDriver:
             problem=sample_problem(self._task, self._rng),
         )
 
-    async def _run_and_ack(self, request: RolloutRequest) -> RolloutResult:
+    async def run_and_ack(self, request: RolloutRequest) -> RolloutResult:
         async with self.session.post(f"{self.env_url}/run", data=request.model_dump_json()) as resp:
             assert resp.status == 200, await resp.text()
             result = RolloutResult.model_validate_json(await resp.read())

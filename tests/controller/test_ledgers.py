@@ -69,3 +69,28 @@ def test_group_ledger_round_trip_and_finish():
     assert restored.problem("g1") == PROBLEM
     restored.finish(["g1"])
     assert restored.inflight() == 0
+
+
+def test_a_restore_reopens_running_siblings_without_spending_their_attempt_budget():
+    ledger = GroupLedger()
+    ledger.admit("g1", PROBLEM, 3)
+    ledger.start_attempt("g1", 0)
+    ledger.seal("g1", 0)
+    assert ledger.start_attempt("g1", 1) == 0  # running when the snapshot was cut
+    ledger.admit("g2", PROBLEM, 2)
+    for sibling in (0, 1):
+        ledger.start_attempt("g2", sibling)
+        ledger.seal("g2", sibling)
+    restored = GroupLedger()
+    restored.load_state_dict(ledger.state_dict())
+
+    to_run, settled = restored.reopen_after_restore()
+    assert to_run == [("g1", 1), ("g1", 2)]
+    assert settled == ["g2"]
+    # Saved attempt 0 continues as attempt 1; the crash does not count against max_attempts=2.
+    assert restored.start_attempt("g1", 1) == 1
+    assert restored.fail("g1", 1, "boom", max_attempts=2) is True
+    assert restored.start_attempt("g1", 1) == 2
+    assert restored.fail("g1", 1, "boom", max_attempts=2) is False
+    assert restored.sibling("g1", 1).state is SiblingState.DROPPED
+    assert restored.group_ids() == ["g1", "g2"]

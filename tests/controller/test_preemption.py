@@ -1,0 +1,62 @@
+"""SIGTERM, as a scheduler sends it: one final snapshot, exit 0, and the restart continues from it."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from primitives.audit_log import read_audit
+from tests.run_command import metrics, short_run_dir, small_run_settings, train_steps, turnkeep, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def test_sigterm_saves_a_final_snapshot_and_the_restart_continues_from_it(stack_config) -> None:
+    run_dir = short_run_dir("tk-preempt-")
+    log = run_dir.parent / "turnkeep.log"
+    settings = [*small_run_settings(stack_config), "--set", "snapshot.preemption_grace_s=90"]
+    proc = turnkeep("run", "--run-dir", str(run_dir), "--steps", "1000", *settings, log=log)
+    try:
+        wait_until(lambda: train_steps(run_dir) >= 6, 300, "six train steps", proc)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=150) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = log.read_text()
+    assert "preempted at step" in output and "saved snapshot" in output, output[-2000:]
+    final = [m for m in metrics(run_dir, "snapshot") if m["trigger"] == "preemption"]
+    assert [m["outcome"] for m in final] == ["published"], final
+    stopped_at = final[0]["anchor_step"]
+    [ended] = [e for e in read_audit(run_dir) if e.event == "run_ended"]
+    assert ended.reason.startswith("preempted")
+    assert ended.admission_holders == ended.deadline_holders == ended.trainer_holders == []
+
+    restart = turnkeep("run", "--run-dir", str(run_dir), "--steps", str(stopped_at + 2), *settings, log=log)
+    assert restart.wait(timeout=300) == 0, log.read_text()[-3000:]
+    [restored] = [e for e in read_audit(run_dir) if e.event == "restored"]
+    assert restored.source == "snapshot" and restored.step == stopped_at
+    assert restored.snapshot_dir == final[0]["snapshot_dir"]
+    assert restored.inc == 2
+
+
+def test_a_second_signal_exits_at_once_and_leaves_no_process_behind(stack_config) -> None:
+    import psutil
+
+    run_dir = short_run_dir("tk-preempt2-")
+    log = run_dir.parent / "turnkeep.log"
+    proc = turnkeep("run", "--run-dir", str(run_dir), "--steps", "1000", *small_run_settings(stack_config), log=log)
+    try:
+        wait_until(lambda: train_steps(run_dir) >= 2, 300, "two train steps", proc)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: "taking a final snapshot" in log.read_text(), 10, "the first signal's message")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 143
+        assert "exiting at once" in log.read_text()
+        psutil.wait_procs(children, timeout=15)
+        assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        if proc.poll() is None:
+            proc.kill()

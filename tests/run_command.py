@@ -1,0 +1,65 @@
+"""Run `turnkeep` as a separate process tree, the way a user or a scheduler does."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+from schemas.config import TurnkeepConfig
+
+
+def small_run_settings(cfg: TurnkeepConfig) -> list[str]:
+    """`--set` flags for the test stack's small model and shapes, on free Temporal ports."""
+    settings = {
+        "model.cache_dir": str(cfg.model.cache_dir),
+        "model.tiny.warm_start_steps": cfg.model.tiny.warm_start_steps,
+        "rollout.group_size": cfg.rollout.group_size,
+        "train.prompts_per_step": cfg.train.prompts_per_step,
+        "train.save_period": 4,
+        "snapshot.attempt_interval_s": 5,
+        "env.tool_latency_s": 0.1,
+        "temporal.port": 0,
+        "temporal.ui_port": 0,
+    }
+    return [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
+
+
+def short_run_dir(prefix: str) -> Path:
+    # Ray's socket paths must stay short.
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp")) / "run"
+
+
+def turnkeep(*args: str, log: Path) -> subprocess.Popen:
+    out = open(log, "ab")
+    return subprocess.Popen(
+        [sys.executable, "-m", "workers.cli", *args], stdout=out, stderr=subprocess.STDOUT,
+        start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def train_steps(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    return sum(b'"kind": "train_step"' in line or b'"kind":"train_step"' in line for line in path.read_bytes().splitlines())
+
+
+def metrics(run_dir: Path, kind: str) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_bytes().splitlines()
+    return [row for row in map(orjson.loads, lines) if row.get("kind") == kind]
+
+
+def wait_until(predicate, timeout_s: float, what: str, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"turnkeep exited with {proc.returncode} while waiting for {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.5)
