@@ -136,18 +136,24 @@ class Recovery:
         rows = [RowRef(group_id=gid, sibling=row.sibling, rollout_id=f"{gid}.{row.sibling}.{row.attempt}")
                 for gid in c.data_plane.group_ids() for row in c.data_plane.rows(gid)]
         refs = [
-            ContinuationRef(rollout_id=cont.rollout_id, next_rollout_id=f"{gid}.{sib}.{int(cont.rollout_id.rsplit('.', 1)[1]) + 1}",
-                            group_id=gid, sibling=sib, turn_index=cont.turn_index, boundary_sha=cont.boundary_sha)
+            ContinuationRef(
+                rollout_id=cont.rollout_id, next_rollout_id=f"{gid}.{sib}.{_attempt_of(cont.rollout_id) + 1}",
+                group_id=gid, sibling=sib, turn_index=cont.turn_index, boundary_sha=cont.boundary_sha,
+            )
             for (gid, sib), cont in sorted(continuations.items())
         ]
+        unfinished = [g["group_id"] for g in state["group_ledger"]["groups"]] if state else []
         audit.emit(
             Restored, source=source.kind, step=source.step, policy_version=source.policy_version,
             snapshot_dir=source.snapshot_dir, checkpoint_dir=source.checkpoint_dir, reason=source.reason,
             skipped=source.skipped, cut_unix_s=state.get("cut_unix_s") if state else None, rows=rows,
-            continuations=refs, unfinished_groups=[g["group_id"] for g in state["group_ledger"]["groups"]] if state else [],
-            next_group_index=c.dataloader.next_index,
+            continuations=refs, unfinished_groups=unfinished, next_group_index=c.dataloader.next_index,
         )
         audit.flush()
+
+
+def _attempt_of(rollout_id: str) -> int:
+    return int(rollout_id.rsplit(".", 1)[1])
 
 
 def _remove_partial_staging(run_dir: Path) -> None:

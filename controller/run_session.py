@@ -14,6 +14,7 @@ import logging
 import os
 import time
 from contextlib import AsyncExitStack
+from pathlib import Path
 
 import aiohttp
 
@@ -26,9 +27,11 @@ from controller.runtime import Controller, RunSummary
 from controller.snapshot_wiring import participant_clients, start_snapshots, stop_snapshots
 from controller.temporal_server import start_dev_server, stop_dev_server
 from controller.trainer_checkpoint import CheckpointIdentity
+from primitives.atomic_files import append_jsonl
 from primitives.audit_log import AUDIT_FILE, AuditLog
 from schemas.audit import RunEnded, RunStarted
 from schemas.config import TurnkeepConfig
+from schemas.recovery import RecoveryResult
 
 log = logging.getLogger("turnkeep.run")
 
@@ -68,14 +71,9 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
             stack.push_async_callback(stop_snapshots, snapshots, "training finished", cfg.snapshot.phase_timeout_s)
             watch = snapshots.watch()
             if snapshots.ctx.recovery is not None:
-                print(f"turnkeep: restored from {snapshots.ctx.recovery.source.kind} "
-                      f"(step {snapshots.ctx.recovery.source.step}): {snapshots.ctx.recovery.source.reason}",
-                      flush=True)
+                _report_recovery(run_dir, identity, snapshots.ctx.recovery)
         elif recovery is not None:
-            source = recovery.choose()
-            await recovery.restore(source)
-            await recovery.resume()
-            print(f"turnkeep: restored from {source.kind} (step {source.step}): {source.reason}", flush=True)
+            _report_recovery(run_dir, identity, await _recover_without_temporal(recovery))
         preemption = PreemptionHandler(controller, snapshots, cfg.snapshot.preemption_grace_s)
         preemption.install()
         try:
@@ -94,6 +92,25 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
 def _recovery(cfg: TurnkeepConfig, controller: Controller, identity: RunIdentity, session) -> Recovery:
     environments, _ = participant_clients(controller.processes, session, cfg.snapshot.phase_timeout_s)
     return Recovery(cfg, controller, identity, environments)
+
+
+async def _recover_without_temporal(recovery: Recovery) -> RecoveryResult:
+    began = time.monotonic()
+    source = recovery.choose()
+    restored = await recovery.restore(source)
+    await recovery.resume()
+    return RecoveryResult(source=source, restore=restored, cancelled=[],
+                          seconds={"total": round(time.monotonic() - began, 3)})
+
+
+def _report_recovery(run_dir: Path, identity: RunIdentity, result: RecoveryResult) -> None:
+    source, restored = result.source, result.restore
+    print(f"turnkeep: restored from {source.kind} (step {source.step}): {source.reason}", flush=True)
+    line = {"kind": "recovery", "incarnation": identity.incarnation, **result.model_dump(mode="json")}
+    append_jsonl(run_dir / "metrics.jsonl", line, durable=True)
+    if restored is not None:
+        log.info("restore: %d rows, %d agents continue from their saved turn, %d siblings start over",
+                 restored.data_plane_rows, restored.continuations, restored.restarted_siblings)
 
 
 async def _audit_end(controller: Controller, processes, reason: str) -> None:

@@ -8,7 +8,6 @@ build in `snapshots/.staging-<n>-*`, a name that never looks published.
 from __future__ import annotations
 
 import re
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path

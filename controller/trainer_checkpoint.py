@@ -19,7 +19,14 @@ from typing import Any
 
 import orjson
 
-from primitives.atomic_files import remove_dir, atomic_write_bytes, atomic_write_json, publish_dir, sha256_file, staging_dir
+from primitives.atomic_files import (
+    atomic_write_bytes,
+    atomic_write_json,
+    publish_dir,
+    remove_dir,
+    sha256_file,
+    staging_dir,
+)
 from schemas.participant import Artifact
 from schemas.recovery import TrainerCheckpointManifest
 

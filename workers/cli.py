@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.command == "chaos":
         return run_chaos(args)
+    if args.command == "bench":
+        return run_bench(args, list(argv if argv is not None else sys.argv[1:]))
     try:
         overrides = _parse_overrides(args.set)
         if getattr(args, "steps", None) is not None:

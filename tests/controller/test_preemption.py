@@ -39,6 +39,9 @@ def test_sigterm_saves_a_final_snapshot_and_the_restart_continues_from_it(stack_
     assert restored.source == "snapshot" and restored.step == stopped_at
     assert restored.snapshot_dir == final[0]["snapshot_dir"]
     assert restored.inc == 2
+    [recovery] = metrics(run_dir, "recovery")
+    assert recovery["source"]["kind"] == "snapshot" and recovery["restore"]["step"] == stopped_at
+    assert set(recovery["seconds"]) == {"cancel_stale", "choose_source", "restore", "resume"}
 
 
 def test_a_second_signal_exits_at_once_and_leaves_no_process_behind(stack_config) -> None:

@@ -89,3 +89,50 @@ def test_the_checker_fails_loudly_when_a_group_is_trained_twice(chaos_run, tmp_p
     first = verdict.results[0]
     assert not first.ok and any(trained[-2].group_ids[0] in v for v in first.violations)
     assert "INVARIANT BROKEN" in verdict.format()
+
+
+@pytest.mark.parametrize("damage, problem", [
+    ("truncate", "truncated"),
+    ("flip_byte", "digest_mismatch"),
+    ("foreign_run", "foreign_run"),
+    ("newer_schema", "newer_schema"),
+    ("other_settings", "fingerprint_differs"),
+])
+def test_a_damaged_newest_snapshot_of_a_real_run_is_named_and_skipped(chaos_run, tmp_path, damage, problem) -> None:
+    from controller.fingerprint import fingerprint_fields
+    from controller.recovery_source import choose_source
+    from schemas.config import TurnkeepConfig
+    from schemas.recovery import SourceKind
+
+    run_dir, _, _ = chaos_run
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir / "checkpoints", copy / "checkpoints", ignore=shutil.ignore_patterns("rejected"))
+    cfg = TurnkeepConfig.model_validate_json((run_dir / "config.json").read_bytes())
+    run_id = orjson.loads((run_dir / "run.json").read_bytes())["run_id"]
+    fields = fingerprint_fields(cfg)
+    # Newer checkpoints without a snapshot (the run ended before their attempt) are set aside.
+    for step_dir in sorted((copy / "checkpoints").glob("step_*"), key=lambda p: int(p.name[5:]), reverse=True):
+        if any((p / "manifest.json").exists() for p in (step_dir / "snapshots").glob("[0-9]*")):
+            break
+        shutil.rmtree(step_dir)
+    before = choose_source(copy, run_id, fields)
+    assert before.kind is SourceKind.SNAPSHOT and not before.skipped
+    newest = copy / "checkpoints" / f"step_{before.step}" / "snapshots" / before.snapshot_dir.rsplit("/", 1)[1]
+    agents = newest / "env" / "agents.jsonl"
+    manifest = orjson.loads((newest / "manifest.json").read_bytes())
+    if damage == "truncate":
+        agents.write_bytes(agents.read_bytes()[:-10])
+    elif damage == "flip_byte":
+        data = bytearray(agents.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        agents.write_bytes(bytes(data))
+    else:
+        manifest.update({"foreign_run": {"run_id": "someone-else"}, "newer_schema": {"schema_version": 99},
+                         "other_settings": {"config_fingerprint": "0" * 16}}[damage])
+        (newest / "manifest.json").write_bytes(orjson.dumps(manifest))
+
+    after = choose_source(copy, run_id, fields)
+    assert [s.problem for s in after.skipped] == [problem]
+    assert after.skipped[0].path == str(newest)
+    assert after.kind in (SourceKind.OLDER_SNAPSHOT, SourceKind.TRAINER_CHECKPOINT)
+    assert after.step == before.step and problem in after.reason

@@ -1,0 +1,115 @@
+"""Where one workflow execution's wall time went, from the timestamps of its history events
+alone: inside activities, waiting for a worker to pick an activity up, and in workflow
+tasks. Pure arithmetic on `HistoryEvent`s, so it can be checked on hand-built events."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
+
+CLOSES = {
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED: "completed",
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED: "failed",
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED: "canceled",
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED: "terminated",
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT: "timed_out",
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW: "continued_as_new",
+}
+ACTIVITY_CLOSES = {
+    EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: "activity_task_completed_event_attributes",
+    EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED: "activity_task_failed_event_attributes",
+    EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT: "activity_task_timed_out_event_attributes",
+    EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED: "activity_task_canceled_event_attributes",
+}
+WORKFLOW_TASK_CLOSES = {
+    EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED: "workflow_task_completed_event_attributes",
+    EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED: "workflow_task_failed_event_attributes",
+    EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT: "workflow_task_timed_out_event_attributes",
+}
+
+
+@dataclass
+class HistoryTimes:
+    close: str
+    """How the execution closed: `completed`, `failed`, `canceled`, ..."""
+    wall_s: float
+    """Close event time minus WorkflowExecutionStarted time."""
+    inside_s: float = 0.0
+    """Sum over activities of close minus (last attempt's) start: the time spent in activity code."""
+    queue_s: float = 0.0
+    """Sum over first-attempt activities of start minus schedule: dispatch latency to a worker."""
+    retry_s: float = 0.0
+    """Sum over retried activities of last start minus schedule: earlier attempts and backoff.
+    Temporal writes only the last attempt's Started event, so this cannot be split further."""
+    workflow_task_s: float = 0.0
+    """Sum over workflow tasks of close minus schedule: workflow code and its task round trips."""
+    workflow_task_wait_s: float = 0.0
+    """The part of `workflow_task_s` before a worker took the task (schedule -> start)."""
+    workflow_tasks: int = 0
+    activities: int = 0
+    retried_activities: int = 0
+    activity_s: dict[str, float] = field(default_factory=dict)
+    """Inside time per activity type, summed."""
+
+
+def seconds(event: HistoryEvent) -> float:
+    return event.event_time.seconds + event.event_time.nanos / 1e9
+
+
+def history_times(events: Iterable[HistoryEvent]) -> HistoryTimes:
+    started_at = closed_at = None
+    close = ""
+    scheduled: dict[int, HistoryEvent] = {}
+    activity_started: dict[int, HistoryEvent] = {}
+    spans = []  # (scheduled event, started event or None, close event)
+    task_scheduled: dict[int, float] = {}
+    task_started: dict[int, float] = {}
+    task_s = task_wait_s = 0.0
+    tasks = 0
+    for event in events:
+        kind = event.event_type
+        if kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+            started_at = seconds(event)
+        elif kind in CLOSES:
+            closed_at, close = seconds(event), CLOSES[kind]
+        elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            scheduled[event.event_id] = event
+        elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            activity_started[event.activity_task_started_event_attributes.scheduled_event_id] = event
+        elif kind in ACTIVITY_CLOSES:
+            scheduled_id = getattr(event, ACTIVITY_CLOSES[kind]).scheduled_event_id
+            spans.append((scheduled[scheduled_id], activity_started.get(scheduled_id), event))
+        elif kind == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
+            task_scheduled[event.event_id] = seconds(event)
+        elif kind == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+            task_started[event.workflow_task_started_event_attributes.scheduled_event_id] = seconds(event)
+        elif kind in WORKFLOW_TASK_CLOSES:
+            scheduled_id = getattr(event, WORKFLOW_TASK_CLOSES[kind]).scheduled_event_id
+            if scheduled_id in task_scheduled:  # a transient task's Scheduled event may be absent
+                began = task_scheduled[scheduled_id]
+                tasks += 1
+                task_s += seconds(event) - began
+                task_wait_s += task_started.get(scheduled_id, began) - began
+    if started_at is None or closed_at is None:
+        raise ValueError("the history has no start or no close event: is the execution still running?")
+
+    times = HistoryTimes(close=close, wall_s=closed_at - started_at, workflow_task_s=task_s,
+                         workflow_task_wait_s=task_wait_s, workflow_tasks=tasks, activities=len(scheduled))
+    for sched, start, end in spans:
+        if start is None:
+            # Closed before any worker took it (cancelled, schedule-to-start timeout): all waiting.
+            times.queue_s += seconds(end) - seconds(sched)
+            continue
+        inside = seconds(end) - seconds(start)
+        name = sched.activity_task_scheduled_event_attributes.activity_type.name
+        times.inside_s += inside
+        times.activity_s[name] = times.activity_s.get(name, 0.0) + inside
+        if start.activity_task_started_event_attributes.attempt > 1:
+            times.retried_activities += 1
+            times.retry_s += seconds(start) - seconds(sched)
+        else:
+            times.queue_s += seconds(start) - seconds(sched)
+    return times

@@ -1,0 +1,58 @@
+"""The controller parts a cut reads, filled as a busy run would leave them: R finished rows
+waiting in the data plane, and one unfinished group per parked agent in the ledger.
+
+Everything is built through the real classes' own calls (`admit`, `start_attempt`,
+`seal`, `settle`, `put`), so the ledger's entries are exactly what the pumps would
+have left there.
+"""
+
+from __future__ import annotations
+
+import random
+
+from bench.synthetic_rollouts import chain_problem, finished_row
+from controller.claim_ledger import ClaimLedger
+from controller.data_plane import DataPlane
+from controller.dataloader import PromptDataloader
+from controller.group_ledger import GroupLedger
+from schemas.config import TaskConfig
+from schemas.rollout import RolloutRequest
+
+GROUP_SIZE = 8
+STEP = 1
+"""The trainer step the snapshot is filed under (`checkpoints/step_1`)."""
+
+
+class FilledController:
+    def __init__(self) -> None:
+        self.dataloader = PromptDataloader(TaskConfig(), seed=0)
+        self.data_plane = DataPlane()
+        self.claims = ClaimLedger()
+        self.ledger = GroupLedger()
+
+    def fill(self, rows: int, turns: int, parked: list[RolloutRequest], rng: random.Random) -> None:
+        """`rows` sealed rows in groups of GROUP_SIZE (the last one may be partial), plus the parked agents' groups."""
+        for start in range(0, rows, GROUP_SIZE):
+            group_id = f"d{start // GROUP_SIZE:07d}"
+            self.ledger.admit(group_id, chain_problem(rng, turns), GROUP_SIZE)
+            for sibling in range(min(GROUP_SIZE, rows - start)):
+                self.ledger.start_attempt(group_id, sibling)
+                self.data_plane.put(finished_row(rng, group_id, sibling, turns))
+                self.ledger.seal(group_id, sibling)
+            self.ledger.settle(group_id)
+        # A parked agent's sibling is running its first attempt, so its continuation is valid.
+        for request in parked:
+            self.ledger.admit(request.group_id, request.problem, GROUP_SIZE)
+            while self.ledger.sibling(request.group_id, request.sibling).attempts <= request.attempt:
+                self.ledger.start_attempt(request.group_id, request.sibling)
+        self.dataloader.next_index = len(self.ledger.group_ids())
+
+    def state_dict(self) -> dict:
+        """The same keys as `controller.runtime.Controller.state_dict`."""
+        return {
+            "step": STEP,
+            "dataloader": self.dataloader.state_dict(),
+            "data_plane": self.data_plane.state_dict(),
+            "claim_ledger": self.claims.state_dict(),
+            "group_ledger": self.ledger.state_dict(),
+        }

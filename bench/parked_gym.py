@@ -1,0 +1,78 @@
+"""An environment server's checkpoint state without its HTTP server or policy: A agents
+parked at a turn boundary, behind the real registry, turn records, receipts and holds.
+
+Each agent is an asyncio task that goes through the server's own steps (`live`, a
+`CalcEnvironment` stepped through its tool turns, a turn boundary committed per turn,
+`park`), so the participant sees exactly what a real server would show it. A holder
+of our own keeps the boundary gate shut, so the agents stay parked across attempts;
+the snapshot's own holder comes and goes on top of it, as it would on a live server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from bench.synthetic_rollouts import chain_problem, conversation, tool_turns
+from envs.agent_registry import AgentPhase, AgentRegistry
+from envs.calc_env import CalcEnvironment
+from envs.env_participant import ENV_CAPABILITIES, EnvParticipant
+from envs.receipts import ReceiptBook
+from envs.turn_records import TurnRecords
+from primitives.holds import HoldSet
+from primitives.participant_core import ParticipantCore
+from schemas.rollout import RolloutRequest, Segment, TurnBoundary
+
+PARKED_HOLDER = "bench:keep-parked"
+
+
+class ParkedGym:
+    """The environment participant (`core`) over agents that are all parked."""
+
+    def __init__(self) -> None:
+        self.door = HoldSet("env-door")
+        self.gate = HoldSet("boundary-gate")
+        self.registry = AgentRegistry(self.door, self.gate)
+        self.records = TurnRecords()
+        self.receipts = ReceiptBook()  # stays empty: every finished result was ACKed
+        self.core = ParticipantCore(
+            ENV_CAPABILITIES, EnvParticipant(self.registry, self.records, self.receipts, self.door, self.gate)
+        )
+        self.requests: list[RolloutRequest] = []
+        self._agents: list[asyncio.Task[None]] = []
+
+    async def park(self, count: int, turns: int, rng: random.Random) -> None:
+        """Start `count` agents, each in its own group (sibling 0, attempt 0), and wait until all are parked."""
+        self.gate.add(PARKED_HOLDER)
+        for index in range(count):
+            group_id = f"p{index:07d}"
+            request = RolloutRequest(
+                rollout_id=f"{group_id}.0.0", group_id=group_id, sibling=0, attempt=0,
+                problem=chain_problem(rng, turns),
+            )
+            self.requests.append(request)
+            self._agents.append(asyncio.create_task(self._agent(request, conversation(rng, turns))))
+        while self.registry.count(AgentPhase.PARKED) < count:
+            failed = next((task for task in self._agents if task.done()), None)
+            if failed is not None:
+                failed.result()  # raises what stopped the agent before it parked
+                raise RuntimeError(f"agent task ended before parking: {failed}")
+            await asyncio.sleep(0)
+
+    async def release(self) -> None:
+        """Let the agents go and wait for them to leave the registry."""
+        self.gate.release(PARKED_HOLDER)
+        await asyncio.gather(*self._agents)
+        self._agents.clear()
+
+    async def _agent(self, request: RolloutRequest, segments: list[Segment]) -> None:
+        async with self.registry.live(request) as agent:
+            env = agent.env = CalcEnvironment(request.problem)
+            for turn, text in enumerate(tool_turns(request.problem), start=1):
+                await env.step(text)
+                # Boundary after turn t: the prompt plus t (policy, tool) pairs.
+                self.records.commit(
+                    TurnBoundary(rollout_id=request.rollout_id, turn_index=turn, segments=segments[: 1 + 2 * turn])
+                )
+            await self.registry.park(agent)
+        self.records.forget(request.rollout_id)

@@ -1,0 +1,113 @@
+import asyncio
+import uuid
+from datetime import timedelta
+
+import orjson
+import pytest
+from temporalio import activity, workflow
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+
+from bench.attempt_history import HistoryTimes
+from bench.orchestration import AttemptCost, attempt_costs, costs_of_run_dir, percentile, result_of
+from controller.temporal_server import start_dev_server, stop_dev_server
+from schemas import search_attributes as sa
+from schemas.config import TemporalConfig
+from workers.temporal_workers import connect
+
+NAP_S = 0.05
+
+
+@activity.defn(name="orchestration_probe.nap")
+async def nap() -> None:
+    await asyncio.sleep(NAP_S)
+
+
+@workflow.defn(name="OrchestrationProbe")
+class TwoNaps:
+    @workflow.run
+    async def run(self) -> str:
+        for _ in range(2):
+            await workflow.execute_activity(nap, start_to_close_timeout=timedelta(seconds=30))
+        return "done"
+
+
+async def closed_costs(client, run_id: str) -> list[AttemptCost]:
+    # Visibility is eventually consistent: the closed execution shows up a little later.
+    for _ in range(100):
+        costs = await attempt_costs(client, run_id, workflow_type="OrchestrationProbe")
+        if costs:
+            return costs
+        await asyncio.sleep(0.1)
+    raise AssertionError("the closed probe workflow never showed in the visibility list")
+
+
+async def probe(address: str, run_id: str) -> list[AttemptCost]:
+    client = await connect(address, "default")
+    queue = f"{run_id}.probe"
+    # The sandbox would re-import this test module (pytest and all); the probe needs none of its checks.
+    async with Worker(client, task_queue=queue, workflows=[TwoNaps], activities=[nap],
+                      workflow_runner=UnsandboxedWorkflowRunner()):
+        await client.execute_workflow(
+            TwoNaps.run, id=f"{run_id}.probe.1", task_queue=queue,
+            search_attributes=TypedSearchAttributes([
+                SearchAttributePair(sa.RUN_ID, run_id), SearchAttributePair(sa.TRIGGER, "operator"),
+            ]),
+        )
+    return await closed_costs(client, run_id)
+
+
+def test_a_real_history_splits_into_activity_time_and_orchestration(temporal_address):
+    [cost] = asyncio.run(probe(temporal_address, f"orch-{uuid.uuid4().hex[:8]}"))
+    assert cost.times.activities == 2
+    assert 2 * NAP_S * 0.9 <= cost.times.inside_s < cost.times.wall_s
+    assert cost.orchestration_s == pytest.approx(cost.times.wall_s - cost.times.inside_s)
+    assert cost.orchestration_s >= 0
+    assert cost.trigger == "operator"
+    assert cost.outcome == "completed"  # it never set TurnkeepOutcome: the close event says
+
+
+def test_a_run_directory_is_read_from_a_copy_of_its_database(tmp_path):
+    """The CLI path: a dev server on a copy of the run's temporal.db, which stays untouched."""
+    async def record_a_run() -> None:
+        endpoint = await start_dev_server(TemporalConfig(port=0, ui_port=0), tmp_path)
+        try:
+            await probe(endpoint.address, "orch-dir")
+        finally:
+            stop_dev_server(endpoint)
+
+    asyncio.run(record_a_run())
+    (tmp_path / "run.json").write_bytes(orjson.dumps({"run_id": "orch-dir"}))
+    (tmp_path / "config.json").write_bytes(orjson.dumps({"temporal": {"namespace": "default"}}))
+    before = (tmp_path / "temporal.db").stat().st_mtime_ns
+    costs = asyncio.run(costs_of_run_dir(tmp_path, limit=None, workflow_type="OrchestrationProbe"))
+    assert [c.times.activities for c in costs] == [2]
+    assert (tmp_path / "temporal.db").stat().st_mtime_ns == before
+
+
+def fake_cost(n: int, wall_s: float, inside_s: float, queue_s: float, activities: int) -> AttemptCost:
+    times = HistoryTimes(close="completed", wall_s=wall_s, inside_s=inside_s, queue_s=queue_s,
+                         workflow_task_s=wall_s - inside_s - queue_s, workflow_tasks=activities + 1,
+                         activities=activities)
+    return AttemptCost(workflow_id=f"r.snapshot.{n}.1", trigger="periodic", outcome="published",
+                       started=None, times=times)
+
+
+def test_the_table_has_percentiles_over_attempts_and_the_notes_say_where_time_goes():
+    costs = [fake_cost(1, 1.0, 0.9, 0.06, 5), fake_cost(2, 2.0, 1.8, 0.1, 5), fake_cost(3, 0.1, 0.0, 0.0, 0)]
+    result = result_of(costs)
+    assert result.name == "orchestration"
+    assert "| orchestration per activity | 2 |" in result.table  # the attempt without activities is left out
+    summary = result.data["summary"]
+    assert summary["orchestration (wall - inside)"]["max_s"] == pytest.approx(0.2)
+    assert summary["orchestration per activity"]["median_s"] == pytest.approx(0.03)
+    assert len(result.data["attempts"]) == 3 and result.data["outcomes"] == {"published": 3}
+    assert "10 activities" in result.notes[0]
+    assert result.notes[1].startswith("where it goes: workflow tasks")  # the biggest part comes first
+
+
+def test_percentile_interpolates_between_ranks():
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([0.0, 10.0], 90) == pytest.approx(9.0)
+    assert percentile([4.0], 90) == 4.0
+    assert percentile([1.0, 5.0, 2.0], 100) == 5.0
