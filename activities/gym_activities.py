@@ -64,10 +64,12 @@ class GymActivities:
             for env in ctx.environments:
                 status = await self._until_ready(env, inp)
                 parked += status.parked
+            agents_parked_s = time.monotonic() - started
             await reached("gym_prepare", ctx.run_dir)
             await self._until_ready(ctx.policy, inp)
         return GymPrepareResult(
             participant_s=round(time.monotonic() - started, 3), parked_agents=parked,
+            agents_parked_s=round(agents_parked_s, 4),
             waited_for_acks=ctx.controller.stats.rows_sealed - rows_before,
         )
 

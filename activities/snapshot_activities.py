@@ -8,16 +8,16 @@ import shutil
 import time
 from pathlib import Path
 
-import orjson
 from temporalio import activity
 
-from activities.continuations import check_continuations, read_saved_agents
+from activities.continuations import read_saved_agents
+from activities.cut_state import write_cut_state
 from activities.errors import invariant_broken, trainer_moved
 from activities.snapshot_context import SnapshotContext
 from controller import snapshot_store
 from controller.trainer_checkpoint import published_steps
 from primitives.chaos_points import reached, reached_sync
-from primitives.atomic_files import append_jsonl, atomic_write_bytes
+from primitives.atomic_files import append_jsonl
 from schemas.snapshot import (
     AnchorQuery,
     AnchorResult,
@@ -108,13 +108,10 @@ class SnapshotActivities:
                 raise invariant_broken(
                     f"the trainer step moved under the hold: cut sees {step}, the hold returned {inp.expected_step}"
                 )
-            state = controller.state_dict()
-            continuations = check_continuations(saved_agents, controller.ledger, controller.data_plane)
-            state["continuations"] = continuations
             path = staging / "controller" / "state.json"
-            path.parent.mkdir(exist_ok=True)
-            state["cut_unix_s"] = ctx.cut_times[inp.checkpoint_id] = time.time()
-            atomic_write_bytes(path, orjson.dumps(state))
+            state = write_cut_state(controller, saved_agents, path)
+            continuations = state["continuations"]
+            ctx.cut_times[inp.checkpoint_id] = state["cut_unix_s"]
             await reached("cut", ctx.run_dir)
             # Counts as "published" only once publish succeeds; a failed attempt must not cause a skip.
             ctx.cut_markers[inp.checkpoint_id] = await self._marker()

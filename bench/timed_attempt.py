@@ -15,14 +15,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
-
-from activities.continuations import check_continuations, read_saved_agents
+from activities.continuations import read_saved_agents
+from activities.cut_state import write_cut_state
 from bench.filled_controller import STEP, FilledController
+from bench.gc_clock import GcClock
 from bench.parked_gym import ParkedGym
 from bench.synthetic_rollouts import POLICY_VERSION
 from controller import snapshot_store
-from primitives.atomic_files import atomic_write_bytes
 from primitives.participant_core import ParticipantCore
 
 RUN_ID = "bench-scaling"
@@ -43,6 +42,8 @@ class AttemptTimes:
     """Time under the data-plane barrier: no row is stored and no receipt ACKed meanwhile."""
     publish_s: float
     """Digesting every file, fsync, manifest, rename and prune."""
+    gc_s: dict[str, float]
+    """Of each phase's seconds (and the barrier's), how many the cyclic garbage collector took."""
     bytes_written: int
     snapshot_dir: str
 
@@ -50,16 +51,18 @@ class AttemptTimes:
 async def timed_attempt(gym: ParkedGym, controller: FilledController, run_dir: Path, number: int) -> AttemptTimes:
     checkpoint_id = f"{RUN_ID}.snapshot.{STEP}.{number}"
     staging = snapshot_store.open_staging(run_dir, STEP, number)
+    gc_at: dict[str, float] = {}
     try:
-        started = time.perf_counter()
-        await _prepare(gym.core, checkpoint_id)
-        prepared = time.perf_counter()
-        committed = await gym.core.commit(checkpoint_id, staging / gym.core.name)
-        commit_done = time.perf_counter()
-        cut_counts, barrier_s = await _cut(staging, controller)
-        cut_done = time.perf_counter()
-        final, size = _publish(staging, checkpoint_id, number, {**committed.counts, **cut_counts})
-        published = time.perf_counter()
+        with GcClock() as gc_clock:
+            started = time.perf_counter()
+            await _prepare(gym.core, checkpoint_id)
+            prepared, gc_at["prepare"] = time.perf_counter(), gc_clock.seconds
+            committed = await gym.core.commit(checkpoint_id, staging / gym.core.name)
+            commit_done, gc_at["commit"] = time.perf_counter(), gc_clock.seconds
+            cut_counts, barrier_s, gc_at["barrier"] = await _cut(staging, controller, gc_clock)
+            cut_done, gc_at["cut"] = time.perf_counter(), gc_clock.seconds
+            final, size = _publish(staging, checkpoint_id, number, {**committed.counts, **cut_counts})
+            published, gc_at["publish"] = time.perf_counter(), gc_clock.seconds
     finally:
         # Resume after publish as the attempt does, or abort-like cleanup after a failure.
         gym.core.resume(checkpoint_id)
@@ -67,6 +70,9 @@ async def timed_attempt(gym: ParkedGym, controller: FilledController, run_dir: P
     return AttemptTimes(
         prepare_s=prepared - started, commit_s=commit_done - prepared, cut_s=cut_done - commit_done,
         barrier_s=barrier_s, publish_s=published - cut_done, bytes_written=size, snapshot_dir=str(final),
+        gc_s={"prepare": gc_at["prepare"], "commit": gc_at["commit"] - gc_at["prepare"],
+              "cut": gc_at["cut"] - gc_at["commit"], "barrier": gc_at["barrier"],
+              "publish": gc_at["publish"] - gc_at["cut"]},
     )
 
 
@@ -81,25 +87,21 @@ async def _prepare(core: ParticipantCore, checkpoint_id: str) -> None:
         status = core.status(checkpoint_id)
 
 
-async def _cut(staging: Path, controller: FilledController) -> tuple[dict[str, int], float]:
-    """`SnapshotActivities.cut` without Temporal; returns the manifest counts and the seconds under the barrier."""
+async def _cut(staging: Path, controller: FilledController, gc_clock: GcClock) -> tuple[dict[str, int], float, float]:
+    """`SnapshotActivities.cut` without Temporal; returns the manifest counts, and the seconds under the
+    barrier and how many of them the garbage collector took."""
     saved_agents = read_saved_agents(staging)
-    entered = time.perf_counter()
+    entered, gc_before = time.perf_counter(), gc_clock.seconds
     async with controller.data_plane.barrier:
-        state = controller.state_dict()
-        continuations = check_continuations(saved_agents, controller.ledger, controller.data_plane)
-        state["continuations"] = continuations
-        path = staging / "controller" / "state.json"
-        path.parent.mkdir(exist_ok=True)
-        state["cut_unix_s"] = time.time()
-        atomic_write_bytes(path, orjson.dumps(state))
-    barrier_s = time.perf_counter() - entered
+        state = write_cut_state(controller, saved_agents, staging / "controller" / "state.json")
+        continuations = state["continuations"]
+    barrier_s, barrier_gc_s = time.perf_counter() - entered, gc_clock.seconds - gc_before
     counts = {
         "data_plane_rows": len(state["data_plane"]["rows"]),
         "unfinished_groups": len(state["group_ledger"]["groups"]),
         "continuations": len(continuations),
     }
-    return counts, barrier_s
+    return counts, barrier_s, barrier_gc_s
 
 
 def _publish(staging: Path, checkpoint_id: str, number: int, counts: dict[str, int]) -> tuple[Path, int]:

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from controller.process_memory import tree_rss_mib
+from controller.process_roles import rss_mib_by_role
 from controller.run_stats import RunStats
 from controller.train_pump import StepReport
 from primitives.atomic_files import append_jsonl
@@ -22,6 +22,7 @@ class MetricsSink:
         self._started = time.monotonic()
         self._last = self._started
         self.peak_rss_mib = 0.0
+        self.peak_rss_mib_by_role: dict[str, float] = {}
 
     def step(self, report: StepReport) -> dict:
         now = time.monotonic()
@@ -40,7 +41,7 @@ class MetricsSink:
             "siblings_dropped_total": dict(self._stats.siblings_dropped),
             "groups_discarded_total": dict(self._stats.groups_discarded),
             "wall_s": round(now - self._started, 2),
-            "rss_tree_mib": round(tree_rss_mib()),
+            "rss_tree_mib": round(self._sample_memory()),
             **{f"trainer_{key}": value for key, value in report.trainer.items() if key != "policy_version"},
         }
         self._last = now
@@ -48,6 +49,18 @@ class MetricsSink:
         append_jsonl(self.path, line, durable=False)
         self._print_progress(line)
         return line
+
+    def _sample_memory(self) -> float:
+        by_role = rss_mib_by_role()
+        for role, mib in by_role.items():
+            self.peak_rss_mib_by_role[role] = max(self.peak_rss_mib_by_role.get(role, 0.0), mib)
+        return sum(by_role.values())
+
+    def finish(self) -> None:
+        """The run's peak memory per process role, as one `"kind": "memory"` line."""
+        peaks = {role: round(mib) for role, mib in sorted(self.peak_rss_mib_by_role.items())}
+        append_jsonl(self.path, {"kind": "memory", "peak_rss_mib_by_role": peaks,
+                                 "peak_rss_tree_mib": round(self.peak_rss_mib)}, durable=False)
 
     def snapshot(self, result) -> None:
         """One line per snapshot attempt, between the step lines."""

@@ -29,6 +29,7 @@ from controller.train_pump import StepReport, TrainPump
 from controller.trainer_checkpoint import CheckpointIdentity, write_trainer_checkpoint
 from primitives.audit_log import AuditLog
 from primitives.deadlines import DeadlineRegistry
+from primitives.gc_pause import collector_paused
 from primitives.holds import HoldSet
 from schemas.audit import SnapshotPublished
 from schemas.config import TurnkeepConfig
@@ -137,7 +138,8 @@ class Controller:
 
     async def _checkpoint(self, step: int, trigger: str) -> None:
         async with self.data_plane.barrier:
-            state = self.state_dict()
+            with collector_paused():
+                state = self.state_dict()
             state["cut_unix_s"] = time.time()
         await write_trainer_checkpoint(
             self.cfg.run.run_dir, step, self.processes.trainer, state, self.cfg.train.keep_checkpoints,

@@ -84,9 +84,11 @@ class EnvServer:
                 web.get("/health", self._handle_health),
             ]
         )
-        add_participant_routes(
+        faults = add_participant_routes(
             app, self.participant, self._control, fault_injection=self._cfg.fault_injection, restore=self._restore
         )
+        if self._cfg.startup_faults is not None:
+            faults.set(self._cfg.startup_faults)
         if self._audit is not None:
             self._audit.start()
         self._runner = web.AppRunner(app, access_log=None)

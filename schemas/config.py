@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from schemas.participant import FaultPlan
+
 
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
@@ -145,6 +147,15 @@ class EnvServerConfig(StrictModel):
     """Added latency of each tool call (to mimic slow tools)."""
     fault_injection: bool = False
     """Serve `/checkpoint/faults` so tests and benchmarks can make checkpoint calls fail or lag."""
+    startup_faults: FaultPlan | None = None
+    """A fault plan in force from the start (needs fault_injection), e.g. `{"delay_s": {"prepare": 3}}`: a slow
+    participant for `turnkeep bench wasted`."""
+
+    @model_validator(mode="after")
+    def _faults_need_injection(self) -> "EnvServerConfig":
+        if self.startup_faults is not None and not self.fault_injection:
+            raise ValueError("env.startup_faults needs env.fault_injection = true")
+        return self
 
 
 class RayConfig(StrictModel):

@@ -87,6 +87,8 @@ class SnapshotAttemptResult(Wire):
     """Seconds spent inside participant calls (prepare + commit + resume)."""
     trainer_wait_s: float = 0.0
     """Seconds the optimizer step waited on this attempt's hold."""
+    agents_parked_s: float = 0.0
+    """Seconds until every agent was parked at a boundary (the lower bound's turn part)."""
     bytes_written: int = 0
     """Bytes of the published snapshot."""
     snapshot_dir: str | None = None
@@ -183,6 +185,9 @@ class GymInput(Wire):
 class GymPrepareResult(Wire):
     participant_s: float
     parked_agents: int
+    agents_parked_s: float = 0.0
+    """Seconds from closing admission until every environment server had all its agents parked
+    (the time the slowest in-flight turn still needed to reach its boundary)."""
     waited_for_acks: int
     """Finished results that were stored and ACKed while preparing."""
 

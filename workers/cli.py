@@ -11,6 +11,7 @@ from pathlib import Path
 import orjson
 
 from controller.config_file import ConfigError, load_config
+from workers.bench_cli import add_bench_parser, run_bench
 from workers.chaos import add_chaos_parser, run_chaos
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
@@ -38,6 +39,7 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--run-dir", type=Path, help="overrides run.run_dir")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     add_chaos_parser(sub)
+    add_bench_parser(sub)
     make = sub.add_parser("make-model", help="make (or find cached) the tiny model and print its directory")
     make.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     make.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -49,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.command == "chaos":
         return run_chaos(args)
+    if args.command == "bench":
+        return run_bench(args, list(argv if argv is not None else sys.argv[1:]))
     if args.command == "bench":
         return run_bench(args, list(argv if argv is not None else sys.argv[1:]))
     try:

@@ -70,6 +70,7 @@ class AttemptProgress:
     participant_s: float = 0.0
     admission_closed_s: float = 0.0
     trainer_wait_s: float = 0.0
+    agents_parked_s: float = 0.0
 
 
 @workflow.defn(name="SnapshotAttempt")
@@ -129,6 +130,7 @@ class SnapshotAttemptWorkflow:
         prepared = await self._call(progress, "gym_prepare", "gym.prepare", gym, GymPrepareResult,
                                     budget.prepare_s, FEW, heartbeat_s=10)
         progress.participant_s += prepared.participant_s
+        progress.agents_parked_s = prepared.agents_parked_s
         committed = await self._call(progress, "gym_commit", "gym.commit", gym, GymCommitResult,
                                      budget.phase_s, TRANSIENT, heartbeat_s=10)
         progress.participant_s += committed.participant_s
@@ -213,6 +215,7 @@ class SnapshotAttemptWorkflow:
             checkpoint_id=inp.checkpoint_id, outcome=outcome, reason=reason, anchor_step=inp.anchor_step,
             trigger=inp.trigger, phase_s=dict(progress.phase_s), admission_closed_s=progress.admission_closed_s,
             participant_s=round(progress.participant_s, 3), trainer_wait_s=progress.trainer_wait_s,
+            agents_parked_s=progress.agents_parked_s,
         )
 
 

@@ -23,6 +23,8 @@ def test_tiny_grid_times_every_phase_and_publishes_a_snapshot_that_verifies(tmp_
     for cell in cells.values():
         assert all(cell[phase] > 0 for phase in PHASES), cell
         assert cell["barrier_s"] <= cell["cut_s"]
+        assert 0 <= cell["gc_s"]["barrier"] <= cell["barrier_s"]
+        assert set(cell["gc_s"]) == {"prepare", "commit", "cut", "barrier", "publish"}
         assert cell["peak_rss_mb"] > 0
     for agents in (2, 20):
         assert cells[agents, 500]["bytes_written"] > cells[agents, 50]["bytes_written"]

@@ -55,3 +55,13 @@ def test_missing_file_and_bad_toml_are_clear(tmp_path):
     bad.write_text("[train\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(bad)
+
+
+def test_a_startup_fault_plan_needs_fault_injection(tmp_path) -> None:
+    from schemas.config import TurnkeepConfig
+
+    plan = {"delay_s": {"prepare": 3.0}}
+    cfg = TurnkeepConfig.model_validate({"env": {"fault_injection": True, "startup_faults": plan}})
+    assert cfg.env.startup_faults.delay_s == {"prepare": 3.0}
+    with pytest.raises(ValueError, match="needs env.fault_injection"):
+        TurnkeepConfig.model_validate({"env": {"startup_faults": plan}})

@@ -1,0 +1,50 @@
+"""The benchmarks that read a finished run: lower bound, memory, recovery (on synthetic files)."""
+
+from __future__ import annotations
+
+import argparse
+
+import orjson
+
+from bench import lower_bound, memory, recovery
+
+
+def write_lines(path, lines) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "metrics.jsonl").write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in lines))
+
+
+def test_lower_bound_compares_each_attempt_with_its_slowest_turn_plus_write_time(tmp_path) -> None:
+    attempts = [{"kind": "snapshot", "checkpoint_id": f"r.snapshot.20.{n}", "outcome": "published",
+                 "admission_closed_s": 0.5, "agents_parked_s": 0.2, "bytes_written": 1 << 20} for n in (1, 2)]
+    write_lines(tmp_path / "on", [*attempts, {"kind": "snapshot", "outcome": "skipped"}])
+    result = lower_bound.run(argparse.Namespace(run_dir=tmp_path / "on", out=tmp_path))
+    [first, _] = result.data["attempts"]
+    speed = result.data["disk_write_mib_s"]
+    assert speed > 0
+    assert first["lower_bound_s"] == round(0.2 + 1 / speed, 4)
+    assert first["ratio"] == round(0.5 / (0.2 + 1 / speed), 2)
+    assert "closed / lower bound" in result.table
+
+
+def test_memory_lists_every_process_role_of_both_runs(tmp_path) -> None:
+    write_lines(tmp_path / "off", [{"kind": "memory", "peak_rss_mib_by_role": {"trainer": 900, "controller": 600}}])
+    write_lines(tmp_path / "on", [{"kind": "memory", "peak_rss_mib_by_role": {"trainer": 910, "Temporal dev server": 150}}])
+    result = memory.run(argparse.Namespace(run_dirs=[tmp_path / "off", tmp_path / "on"], out=tmp_path))
+    rows = result.table.splitlines()
+    assert rows[2].startswith("| trainer | 900 | 910")
+    assert any(row.startswith("| Temporal dev server | 0 | 150") for row in rows)
+    assert rows[-1] == "| sum of peaks | 1500 | 1060 |"
+
+
+def test_recovery_reads_a_chaos_report(tmp_path) -> None:
+    counts = {"restores_by_source": {"snapshot": 3, "trainer_checkpoint": 2}, "median_restart_to_first_generation_s": 30.5,
+              "restart_to_first_generation_s": {"2": 30.0, "3": 31.0}, "tokens_regenerated": 10,
+              "tokens_generated": 1000, "tokens_regenerated_share": 0.01, "continuations_restored": 4,
+              "continuations_sealed": 4}
+    (tmp_path / "chaos" / "chaos").mkdir(parents=True)
+    (tmp_path / "chaos" / "chaos" / "report.json").write_bytes(orjson.dumps(
+        {"kills_by_point": {"cut": 2, "training": 3}, "verdict": {"ok": True, "counts": counts}}))
+    result = recovery.run(argparse.Namespace(chaos_dir=tmp_path / "chaos", out=tmp_path, set=[], kills=0))
+    assert "| kills | 5 |" in result.table
+    assert "snapshot 3, trainer_checkpoint 2" in result.table and "10 of 1000 (1.0%)" in result.table
