@@ -47,13 +47,15 @@ class AttemptCost:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--run-dir", type=Path, required=True,
-                        help="a finished `turnkeep run` directory (its temporal.db is copied, never opened in place)")
+    parser.add_argument("--run-dir", type=Path, default=None,
+                        help="a finished `turnkeep run` directory (its temporal.db is copied, never opened in place; "
+                             "default: <out>/overhead/on)")
     parser.add_argument("--limit", type=int, default=None, help="only the newest N closed attempts")
 
 
 def run(args: argparse.Namespace) -> BenchResult:
-    costs = asyncio.run(costs_of_run_dir(Path(args.run_dir), args.limit))
+    run_dir = Path(args.run_dir) if args.run_dir else args.out / "overhead" / "on"
+    costs = asyncio.run(costs_of_run_dir(run_dir, args.limit))
     return result_of(costs)
 
 

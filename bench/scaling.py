@@ -166,10 +166,10 @@ def _other_notes(cells: list[Cell]) -> list[str]:
     scope = "" if biggest.peak_rss_scope == "cell" else " (process-lifetime peak: this system cannot reset it per cell)"
     return [
         f"The longest barrier (A={stalls.agents}, R={stalls.rows}) held the data plane for {stalls.barrier_s:.2f}s, "
-        f"{stalls.gc_s['barrier']:.2f}s of it in Python's cyclic garbage collector: the cut's model_dump allocates "
-        "about twenty containers per row and every full collection walks the whole data plane (a cut that froze or "
-        f"paused the collector would save that share). Over the whole cut the collector took "
-        f"{stalls.gc_s['cut']:.2f}s of {stalls.cut_s:.2f}s.",
+        f"{stalls.gc_s['barrier']:.2f}s of it in Python's cyclic garbage collector (the state capture runs with the "
+        "collector paused, `primitives/gc_pause.py`; what is left is collected while reading the saved agents back). "
+        f"Over the whole cut the collector took {stalls.gc_s['cut']:.2f}s of {stalls.cut_s:.2f}s. The barrier time is "
+        "the data plane's model_dump (about twenty containers per row) and its JSON encoding: linear in rows.",
         f"Peak RSS of the largest cell (A={biggest.agents}, R={biggest.rows}): {biggest.peak_rss_mb:.0f} MB{scope}, "
         f"from {biggest.rss_start_mb:.0f} MB at its start; building its state took {biggest.build_s:.1f}s (untimed).",
         "Not in these figures: closing admission, the trainer hold, the policy participant, HTTP and Temporal "
