@@ -66,7 +66,8 @@ def render_markdown(out: Path) -> str:
     for name in sorted(results, key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER)):
         r = results[name]
         m = r["machine"]
-        lines += [f"## {name}", "", BENCHMARKS.get(name, "").capitalize() + ".", "", r["table"], ""]
+        about = BENCHMARKS.get(name, "")
+        lines += [f"## {name}", "", about[:1].upper() + about[1:] + ".", "", r["table"], ""]
         lines += [f"- {note}" for note in r["notes"]]
         lines += ["", f"Command: `{r['command']}`  ", f"Machine: {m['cpu']}, {m['cores']} cores, "
                   f"{m['memory_gib']} GiB, Python {m['python']}, {m['os']}", ""]
