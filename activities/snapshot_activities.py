@@ -112,6 +112,8 @@ class SnapshotActivities:
             state = write_cut_state(controller, saved_agents, path)
             continuations = state["continuations"]
             ctx.cut_times[inp.checkpoint_id] = state["cut_unix_s"]
+            if controller.audit is not None:
+                controller.audit.flush()  # every row the cut saves is in the audit log first
             await reached("cut", ctx.run_dir)
             # Counts as "published" only once publish succeeds; a failed attempt must not cause a skip.
             ctx.cut_markers[inp.checkpoint_id] = await self._marker()

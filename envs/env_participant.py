@@ -21,6 +21,7 @@ request, its newest turn boundary, its environment's exported state).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -42,8 +43,11 @@ class EnvParticipant:
     """`ParticipantHooks` of the environment server."""
 
     def __init__(
-        self, agents: AgentRegistry, records: TurnRecords, receipts: ReceiptBook, door: HoldSet, gate: HoldSet
+        self, agents: AgentRegistry, records: TurnRecords, receipts: ReceiptBook, door: HoldSet, gate: HoldSet,
+        before_write: Callable[[], None] | None = None,
     ) -> None:
+        # Flushes the audit log: every turn a snapshot saves must already be in it.
+        self._before_write = before_write
         self._agents = agents
         self._records = records
         self._receipts = receipts
@@ -86,6 +90,8 @@ class EnvParticipant:
     async def write(self, directory: Path) -> tuple[list[Path], dict[str, int]]:
         # Collected without an await, so every agent is captured at the same instant.
         saved = [self._saved(agent) for agent in self._agents.parked()]
+        if self._before_write is not None:
+            self._before_write()
         data = b"".join(orjson.dumps(s.model_dump(mode="json"), option=orjson.OPT_APPEND_NEWLINE) for s in saved)
         path = directory / AGENTS_FILE
         await asyncio.to_thread(_write_durably, path, data)

@@ -61,7 +61,8 @@ class EnvServer:
         self.agents = AgentRegistry(self.door, self.boundary_gate)
         self.participant = ParticipantCore(
             ENV_CAPABILITIES,
-            EnvParticipant(self.agents, self.records, self.receipts, self.door, self.boundary_gate),
+            EnvParticipant(self.agents, self.records, self.receipts, self.door, self.boundary_gate,
+                           before_write=audit.flush if audit is not None else None),
         )
         self.restored = RestoredAgents(lambda problem: CalcEnvironment(problem, self._cfg.tool_latency_s))
         self._audit = audit

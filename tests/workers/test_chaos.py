@@ -118,7 +118,8 @@ def test_a_damaged_newest_snapshot_of_a_real_run_is_named_and_skipped(chaos_run,
     before = choose_source(copy, run_id, fields)
     assert before.kind is SourceKind.SNAPSHOT and not before.skipped
     newest = copy / "checkpoints" / f"step_{before.step}" / "snapshots" / before.snapshot_dir.rsplit("/", 1)[1]
-    agents = newest / "env" / "agents.jsonl"
+    # The controller state always has content (agents.jsonl is empty when no agent was parked).
+    agents = newest / "controller" / "state.json"
     manifest = orjson.loads((newest / "manifest.json").read_bytes())
     if damage == "truncate":
         agents.write_bytes(agents.read_bytes()[:-10])
