@@ -99,6 +99,9 @@ class TrainPump:
         while max_steps is None or self.step < max_steps:
             await self._serve_checkpoint_request()
             await self.train_one_step()
+        if self._checkpointed_step != self.step:
+            # A finished run can be extended later (`--steps` higher, same run directory) from where it ended.
+            await self._checkpoint(self.step, "trainer_checkpoint")
 
     async def _serve_checkpoint_request(self) -> None:
         trigger, self._checkpoint_request = self._checkpoint_request, None

@@ -44,8 +44,8 @@ def test_real_steps_train_refit_checkpoint_and_report(stack, stack_config):
     health = asyncio.run(_actor(stack.policy.health.remote()))
     assert health["policy_version"] == 3
 
-    # save_period = 2: step 2 was checkpointed atomically, with the controller's state.
-    assert published_steps(run_dir) == [2]
+    # save_period = 2: step 2 was checkpointed atomically, with the controller's state, and so was the last step.
+    assert published_steps(run_dir) == [2, 3]
     ckpt = run_dir / "checkpoints" / "step_2"
     assert {p.name for p in (ckpt / "trainer").iterdir()} >= {"model.safetensors", "optimizer.pt", "rng.pt"}
     state = orjson.loads((ckpt / "controller_state.json").read_bytes())
