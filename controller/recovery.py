@@ -9,7 +9,6 @@ controller's admission gate and the policy server's gate are held by
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from controller.recovery_source import choose_source
 from controller.rollout_pump import Continuation
 from controller.run_dir import RunIdentity
 from controller.runtime import Controller
-from primitives.atomic_files import is_staging_name
+from primitives.atomic_files import remove_stale_staging
 from primitives.audit_log import segments_digest
 from primitives.chaos_points import reached
 from schemas.audit import ContinuationRef, Restored, RowRef
@@ -81,16 +80,13 @@ class Recovery:
             if participant is None:
                 raise RecoveryError(f"{path} belongs to participant {Path(path).parent.name!r}, which this run lacks")
             await participant.restore(self.recovery_id, str(Path(path).parent))
-        settled = c.rollouts.restore(continuations)
+        queued, settled = c.rollouts.restore(continuations)
         for group_id in settled:
             c.training.group_settled(group_id, bool(c.ledger.settle(group_id)))
         blob = c.processes.trainer.weights_blob.remote()
         await c.processes.policy.load_weights.remote(blob, version)
         self._audit(source, state, continuations)
-        restarted = sum(
-            1 for g in state["group_ledger"]["groups"] for s in g["siblings"]
-            if s["state"] in (SiblingState.RUNNING, SiblingState.PENDING)
-        ) - len(continuations)
+        restarted = queued - len(continuations)
         log.info("restored step %d (policy version %d) from %s: %s", source.step, version, source.kind, source.reason)
         return RestoreResult(
             step=source.step, policy_version=version, data_plane_rows=c.data_plane.num_rows(),
@@ -159,13 +155,9 @@ def _attempt_of(rollout_id: str) -> int:
 def _remove_partial_staging(run_dir: Path) -> None:
     """Staging directories of the dead incarnation are never read; remove them so nothing piles up."""
     root = run_dir / "checkpoints"
-    if not root.exists():
-        return
-    for parent in [root, *(p / "snapshots" for p in root.iterdir() if p.is_dir())]:
-        if parent.is_dir():
-            for entry in parent.iterdir():
-                if is_staging_name(entry.name):
-                    shutil.rmtree(entry, ignore_errors=True)
+    if root.is_dir():
+        for parent in [root, *(p / "snapshots" for p in root.iterdir() if p.is_dir())]:
+            remove_stale_staging(parent)
 
 
 def _set_aside_rejected(run_dir: Path, source: RecoverySource, incarnation: int) -> None:

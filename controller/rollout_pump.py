@@ -75,14 +75,15 @@ class RolloutPump:
         self._restored: list[tuple[str, int, Continuation | None]] = []
         self.crashed: BaseException | None = None
 
-    def restore(self, continuations: dict[tuple[str, int], Continuation]) -> list[str]:
+    def restore(self, continuations: dict[tuple[str, int], Continuation]) -> tuple[int, list[str]]:
         """After the ledger was restored: queue every unfinished sibling (continued or from scratch).
 
-        Returns groups that were already settled (the train pump takes or discards them).
+        Returns how many siblings were queued, and the groups that were already settled (the
+        train pump takes or discards them).
         """
         to_run, settled = self._ledger.reopen_after_restore()
         self._restored = [(gid, sib, continuations.get((gid, sib))) for gid, sib in to_run]
-        return settled
+        return len(to_run), settled
 
     def group_finished(self) -> None:
         """A group was trained or discarded: its in-flight slot is free."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +34,6 @@ from workflows.run_workflow import RunWorkflow
 from workflows.snapshot_attempt import SnapshotAttemptWorkflow
 
 log = logging.getLogger("turnkeep.snapshot")
-_NUMBERED = re.compile(r"^(?:\.staging-)?(\d+)(?:-[0-9a-f]+)?$")
 
 
 class RecoveryFailed(RuntimeError):
@@ -146,7 +144,7 @@ def next_snapshot_numbers(run_dir: Path) -> dict[str, int]:
     numbers = {}
     for step in published_steps(run_dir):
         root = snapshot_store.snapshots_root(run_dir, step)
-        used = [int(m.group(1)) for p in (root.iterdir() if root.exists() else []) if (m := _NUMBERED.match(p.name))]
+        used = [int(p.name) for p in (root.iterdir() if root.exists() else []) if p.name.isdigit()]
         if used:
             numbers[str(step)] = max(used) + 1
     return numbers

@@ -65,20 +65,19 @@ async def run_agent(
             )
         )
         choice = completion.choices[0]
-        segments.append(
-            Segment(
-                kind="policy",
-                token_ids=choice.token_ids,
-                logprobs=choice.logprobs.token_logprobs,
-                policy_version=completion.policy_version,
-            )
+        turn_segment = Segment(
+            kind="policy",
+            token_ids=choice.token_ids,
+            logprobs=choice.logprobs.token_logprobs,
+            policy_version=completion.policy_version,
         )
+        segments.append(turn_segment)
         step = await env.step(codec.decode(choice.token_ids))
         if step.observation is not None:
             segments.append(Segment(kind="tool", token_ids=codec.encode(step.observation)))
         records.commit(TurnBoundary(rollout_id=request.rollout_id, turn_index=turn + 1, segments=segments))
         if on_turn is not None:
-            on_turn(turn + 1, segments[-1] if segments[-1].kind == "policy" else segments[-2])
+            on_turn(turn + 1, turn_segment)
         if step.done:
             outcome, reason = RolloutOutcome.FINISHED, ""
             break

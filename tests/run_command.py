@@ -12,6 +12,7 @@ from pathlib import Path
 import orjson
 
 from schemas.config import TurnkeepConfig
+from workers.chaos import count_train_steps
 
 
 def small_run_settings(cfg: TurnkeepConfig) -> list[str]:
@@ -44,10 +45,7 @@ def turnkeep(*args: str, log: Path) -> subprocess.Popen:
 
 
 def train_steps(run_dir: Path) -> int:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return 0
-    return sum(b'"kind": "train_step"' in line or b'"kind":"train_step"' in line for line in path.read_bytes().splitlines())
+    return count_train_steps(run_dir / "metrics.jsonl")
 
 
 def metrics(run_dir: Path, kind: str) -> list[dict]:

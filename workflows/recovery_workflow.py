@@ -13,6 +13,8 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 
+from workflows.timed_activity import timed_activity
+
 with workflow.unsafe.imports_passed_through():
     from schemas.recovery import (
         CancelStaleResult,
@@ -61,12 +63,5 @@ class RecoveryWorkflow:
 
     async def _call(self, phase, activity, arg, result_type, inp: RecoveryInput, seconds, *, heartbeat_s=None):
         self._phase = phase
-        began = workflow.time()
-        try:
-            return await workflow.execute_activity(
-                activity, arg, result_type=result_type, start_to_close_timeout=timedelta(seconds=inp.phase_timeout_s),
-                heartbeat_timeout=timedelta(seconds=heartbeat_s) if heartbeat_s else None, retry_policy=FEW,
-                summary=activity,
-            )
-        finally:
-            seconds[phase] = round(workflow.time() - began, 3)
+        return await timed_activity(seconds, phase, activity, arg, result_type, inp.phase_timeout_s, FEW,
+                                    heartbeat_s=heartbeat_s)

@@ -18,6 +18,8 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 
+from workflows.timed_activity import timed_activity
+
 with workflow.unsafe.imports_passed_through():
     from schemas import search_attributes as sa
     from schemas.snapshot import (
@@ -199,16 +201,8 @@ class SnapshotAttemptWorkflow:
     async def _call(self, progress, phase, activity, arg, result_type, timeout_s, retry, *, task_queue=None,
                     heartbeat_s=None):
         self._phase = phase
-        began = workflow.time()
-        try:
-            return await workflow.execute_activity(
-                activity, arg, result_type=result_type, task_queue=task_queue,
-                start_to_close_timeout=timedelta(seconds=timeout_s), retry_policy=retry,
-                heartbeat_timeout=timedelta(seconds=heartbeat_s) if heartbeat_s else None,
-                summary=activity,
-            )
-        finally:
-            progress.phase_s[phase] = round(progress.phase_s.get(phase, 0.0) + workflow.time() - began, 3)
+        return await timed_activity(progress.phase_s, phase, activity, arg, result_type, timeout_s, retry,
+                                    task_queue=task_queue, heartbeat_s=heartbeat_s)
 
     def _result(self, inp, progress: AttemptProgress, outcome: Outcome, reason: str) -> SnapshotAttemptResult:
         return SnapshotAttemptResult(

@@ -1,0 +1,25 @@
+"""One activity call from a workflow, with its seconds added to the caller's per-phase clock.
+
+Shared by the attempt and recovery workflows, so both report phases the same way.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+
+
+async def timed_activity(seconds: dict[str, float], phase: str, activity: str, arg, result_type, timeout_s: float,
+                         retry: RetryPolicy, *, task_queue: str | None = None, heartbeat_s: float | None = None):
+    began = workflow.time()
+    try:
+        return await workflow.execute_activity(
+            activity, arg, result_type=result_type, task_queue=task_queue,
+            start_to_close_timeout=timedelta(seconds=timeout_s), retry_policy=retry,
+            heartbeat_timeout=timedelta(seconds=heartbeat_s) if heartbeat_s else None,
+            summary=activity,
+        )
+    finally:
+        seconds[phase] = round(seconds.get(phase, 0.0) + workflow.time() - began, 3)
