@@ -72,16 +72,21 @@ class PreemptionHandler:
         seen = len(ctx.recorded)
         from workflows.run_workflow import RunWorkflow
 
-        await self._snapshots.handle.signal(
-            RunWorkflow.snapshot_now, SnapshotNowSignal(reason="preemption (SIGTERM)", preemption=True)
-        )
+        signal_now = SnapshotNowSignal(reason="preemption (SIGTERM)", preemption=True)
+        await self._snapshots.handle.signal(RunWorkflow.snapshot_now, signal_now)
         while True:
             for result in ctx.recorded[seen:]:
-                if result.trigger is Trigger.PREEMPTION:
-                    if result.outcome in (Outcome.PUBLISHED, Outcome.PUBLISHED_RELEASE_PENDING):
-                        return (f"snapshot {result.snapshot_dir} (step {result.anchor_step}, {result.parked_agents} "
-                                f"parked agents, {result.data_plane_rows} finished rows)")
-                    return f"the final snapshot ended {result.outcome}: {result.reason}"
+                if result.trigger is not Trigger.PREEMPTION:
+                    continue
+                if result.outcome in (Outcome.PUBLISHED, Outcome.PUBLISHED_RELEASE_PENDING):
+                    return (f"snapshot {result.snapshot_dir} (step {result.anchor_step}, {result.parked_agents} "
+                            f"parked agents, {result.data_plane_rows} finished rows)")
+                if result.outcome is Outcome.SKIPPED:
+                    # The trainer stepped past the anchor before the hold: ask again under the new step.
+                    log.info("final snapshot skipped (%s); asking again", result.reason)
+                    await self._snapshots.handle.signal(RunWorkflow.snapshot_now, signal_now)
+                    continue
+                return f"the final snapshot ended {result.outcome}: {result.reason}"
             seen = len(ctx.recorded)
             ctx.recorded_changed.clear()
             await ctx.recorded_changed.wait()

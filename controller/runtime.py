@@ -76,7 +76,7 @@ class Controller:
         self.last_metrics: dict | None = None
         self.env_client = EnvClient(processes.env_url, session)
         # Set by the snapshot wiring: runs after each trainer checkpoint (ties an attempt to it).
-        self.after_checkpoint: Callable[[int, str], Awaitable[None]] | None = None
+        self.after_checkpoint: Callable[[int, str, bool], Awaitable[None]] | None = None
         self.rollouts = RolloutPump(
             cfg.rollout,
             cfg.inflight_group_limit(),
@@ -101,6 +101,7 @@ class Controller:
             self.stats,
             on_groups_finished=self.rollouts.group_finished,
             write_checkpoint=self._checkpoint,
+            announce_checkpoint_again=self._announce_checkpoint_again,
             on_step=self._on_step,
             audit=audit,
         )
@@ -146,7 +147,11 @@ class Controller:
             identity=self._checkpoint_identity,
         )
         if self.after_checkpoint is not None:
-            await self.after_checkpoint(step, trigger)
+            await self.after_checkpoint(step, trigger, False)
+
+    async def _announce_checkpoint_again(self, step: int, trigger: str) -> None:
+        if self.after_checkpoint is not None:
+            await self.after_checkpoint(step, trigger, True)
 
     async def run(self, max_steps: int | None, watch: Awaitable[str] | None = None) -> None:
         """Run both pumps until `max_steps`; `watch` resolving (to a reason) stops the run early."""

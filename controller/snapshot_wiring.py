@@ -117,7 +117,8 @@ async def start_snapshots(
         search_attributes=TypedSearchAttributes([SearchAttributePair(sa.RUN_ID, run_id)]),
     )
     runtime = SnapshotRuntime(client, worker, worker_task, handle, ctx)
-    controller.after_checkpoint = lambda step, trigger: _tie_attempt_to_checkpoint(cfg, runtime, step, trigger)
+    controller.after_checkpoint = lambda step, trigger, repeat: _tie_attempt_to_checkpoint(
+        cfg, runtime, step, trigger, repeat)
     return runtime
 
 
@@ -150,12 +151,18 @@ def next_snapshot_numbers(run_dir: Path) -> dict[str, int]:
     return numbers
 
 
-async def _tie_attempt_to_checkpoint(cfg: TurnkeepConfig, runtime: SnapshotRuntime, step: int, trigger: str) -> None:
-    """Hold the next optimizer step until the attempt for this checkpoint takes over the hold."""
-    if cfg.snapshot.trainer_hold:
+async def _tie_attempt_to_checkpoint(
+    cfg: TurnkeepConfig, runtime: SnapshotRuntime, step: int, trigger: str, repeat: bool
+) -> None:
+    """Hold the next optimizer step until the attempt for this checkpoint takes over the hold.
+
+    A repeated announcement takes no hold: the run workflow may find the checkpoint's
+    attempt already done, and a hold nobody takes over would stall training for a lease.
+    """
+    if cfg.snapshot.trainer_hold and not repeat:
         await runtime.ctx.trainer.hold_add.remote(f"checkpoint:{step}", cfg.snapshot.lease_s)
     await runtime.handle.signal(
-        RunWorkflow.trainer_checkpoint_saved, TrainerCheckpointSignal(step=step, trigger=Trigger(trigger))
+        RunWorkflow.trainer_checkpoint_saved, TrainerCheckpointSignal(step=step, trigger=Trigger(trigger), repeat=repeat)
     )
 
 

@@ -52,6 +52,7 @@ class TrainPump:
         stats: RunStats,
         on_groups_finished: Callable[[], None],
         write_checkpoint: Callable[[int, str], Awaitable[None]],
+        announce_checkpoint_again: Callable[[int, str], Awaitable[None]],
         on_step: Callable[[StepReport], None],
         audit: AuditLog | None = None,
     ) -> None:
@@ -65,6 +66,7 @@ class TrainPump:
         self._stats = stats
         self._on_groups_finished = on_groups_finished
         self._write_checkpoint = write_checkpoint
+        self._announce_checkpoint_again = announce_checkpoint_again
         self._on_step = on_step
         self._audit = audit
         self._group_settled = asyncio.Event()
@@ -105,8 +107,14 @@ class TrainPump:
 
     async def _serve_checkpoint_request(self) -> None:
         trigger, self._checkpoint_request = self._checkpoint_request, None
-        if trigger is not None and self._checkpointed_step != self.step:
+        if trigger is None:
+            return
+        if self._checkpointed_step != self.step:
             await self._checkpoint(self.step, trigger)
+        else:
+            # The request raced a save_period checkpoint of this very step: the requester
+            # (a preemption, an operator) still waits for an attempt under it, so announce it again.
+            await self._announce_checkpoint_again(self.step, trigger)
 
     async def _checkpoint(self, step: int, trigger: str) -> None:
         await self._write_checkpoint(step, trigger)

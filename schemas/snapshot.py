@@ -303,6 +303,8 @@ class TrainerCheckpointSignal(Wire):
     """Step of the trainer checkpoint just published."""
     trigger: Trigger = Trigger.TRAINER_CHECKPOINT
     """What the checkpoint was written for (`save_period`, or an attempt that asked for one)."""
+    repeat: bool = False
+    """Announced before: a request that raced this checkpoint asks again. No trainer hold was taken for it."""
 
 
 class SnapshotNowSignal(Wire):

@@ -11,6 +11,7 @@ before its history grows large.
 from __future__ import annotations
 
 from collections import deque
+from typing import NamedTuple
 from datetime import timedelta
 
 from temporalio import workflow
@@ -44,6 +45,20 @@ with workflow.unsafe.imports_passed_through():
     from workflows.snapshot_attempt import SnapshotAttemptWorkflow
 
 ATTEMPTS_BEFORE_CONTINUE_AS_NEW = 200
+URGENCY = [Trigger.PERIODIC, Trigger.TRAINER_CHECKPOINT, Trigger.OPERATOR, Trigger.PREEMPTION]
+
+
+class PendingTrigger(NamedTuple):
+    trigger: Trigger
+    step: int | None
+    """The trainer checkpoint the attempt is tied to; None: anchor at the newest one (or ask for one)."""
+    note: str
+    held: bool = True
+    """Whether the train pump holds the trainer at `step` until the attempt takes over."""
+
+
+def _more_urgent(a: Trigger, b: Trigger | None) -> Trigger:
+    return a if b is None or URGENCY.index(a) >= URGENCY.index(b) else b
 QUICK = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=5)
 UNTIL_IT_WORKS = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30))
 
@@ -54,7 +69,9 @@ class RunWorkflow:
     def __init__(self, inp: RunWorkflowInput) -> None:
         # State comes from the input here, not in run(): a signal that arrives with the
         # start runs before run() and must not be overwritten by it.
-        self._triggers: deque[tuple[Trigger, int | None, str]] = deque()
+        self._triggers: deque[PendingTrigger] = deque()
+        self._requested: Trigger | None = None
+        """The trigger of an attempt that asked for a trainer checkpoint and waits for it."""
         self._stop_reason: str | None = None
         self._state = inp.carried or RunCarryOver()
         self._running: str | None = None
@@ -63,13 +80,26 @@ class RunWorkflow:
 
     @workflow.signal
     def trainer_checkpoint_saved(self, signal: TrainerCheckpointSignal) -> None:
-        self._triggers.append((signal.trigger, signal.step, f"tied to trainer checkpoint step_{signal.step}"))
+        # The first checkpoint after a request serves it, under the request's trigger.
+        trigger = _more_urgent(signal.trigger, self._requested)
+        served_request, self._requested = self._requested is not None, None
+        queued = [t for t in self._triggers if t.step == signal.step]
+        if queued:
+            # Announced twice (a request raced a save_period checkpoint of the same step): one attempt serves both.
+            if _more_urgent(trigger, queued[0].trigger) is not queued[0].trigger:
+                self._triggers.remove(queued[0])
+                self._triggers.appendleft(queued[0]._replace(trigger=trigger))
+            return
+        if signal.repeat and not served_request:
+            return  # its attempt already ran or runs now
+        self._triggers.append(PendingTrigger(trigger, signal.step, f"tied to trainer checkpoint step_{signal.step}",
+                                             held=not signal.repeat))
 
     @workflow.signal
     def snapshot_now(self, signal: SnapshotNowSignal | None = None) -> None:
         signal = signal or SnapshotNowSignal()
         trigger = Trigger.PREEMPTION if signal.preemption else Trigger.OPERATOR
-        self._triggers.appendleft((trigger, None, signal.reason))
+        self._triggers.appendleft(PendingTrigger(trigger, None, signal.reason))
 
     @workflow.signal
     def pause_snapshots(self) -> None:
@@ -99,7 +129,7 @@ class RunWorkflow:
             trigger = await self._next_trigger(inp)
             if trigger is None:
                 continue
-            result = await self._attempt(inp, *trigger)
+            result = await self._attempt(inp, trigger)
             if result is None:
                 continue
             started_attempts += 1
@@ -115,37 +145,42 @@ class RunWorkflow:
         await self._finish_pending_release(inp)  # never leave admission closed behind
         return RunWorkflowResult(stopped_reason=self._stop_reason, attempts_by_outcome=dict(self._state.counts))
 
-    async def _next_trigger(self, inp: RunWorkflowInput) -> tuple[Trigger, int | None, str] | None:
+    async def _next_trigger(self, inp: RunWorkflowInput) -> PendingTrigger | None:
         try:
             await workflow.wait_condition(
                 lambda: bool(self._triggers) or self._stop_reason is not None,
                 timeout=timedelta(seconds=inp.attempt_interval_s), timeout_summary="next periodic snapshot",
             )
         except TimeoutError:
-            return None if self._state.paused else (Trigger.PERIODIC, None, "periodic")
+            return None if self._state.paused else PendingTrigger(Trigger.PERIODIC, None, "periodic")
         if self._stop_reason is not None:
             return None
-        trigger = self._triggers.popleft()
-        if self._state.paused and trigger[0] in (Trigger.PERIODIC, Trigger.TRAINER_CHECKPOINT):
-            if trigger[1] is not None:
+        pending = self._triggers.popleft()
+        if pending.step is not None and self._requested is not None:
+            # A checkpoint announced just before the request arrived serves the request.
+            pending, self._requested = pending._replace(trigger=_more_urgent(pending.trigger, self._requested)), None
+        if self._state.paused and pending.trigger in (Trigger.PERIODIC, Trigger.TRAINER_CHECKPOINT):
+            if pending.step is not None and pending.held:
                 # Nobody will take over the train pump's checkpoint hold: release it now.
                 await workflow.execute_activity(
-                    "trainer.release", TrainerReleaseInput(holders=[f"checkpoint:{trigger[1]}"]),
+                    "trainer.release", TrainerReleaseInput(holders=[f"checkpoint:{pending.step}"]),
                     result_type=TrainerReleaseResult, task_queue=f"{inp.run_id}.trainer",
                     start_to_close_timeout=timedelta(seconds=30), retry_policy=QUICK,
                 )
             return None
-        return trigger
+        return pending
 
-    async def _attempt(self, inp: RunWorkflowInput, trigger: Trigger, step: int | None, note: str):
+    async def _attempt(self, inp: RunWorkflowInput, pending: PendingTrigger):
         """Run one attempt; None when it waits for a trainer checkpoint it asked for (that one starts it)."""
-        tied = step is not None
+        trigger, step, note = pending.trigger, pending.step, pending.note
+        held = step is not None and pending.held
         if step is None:
             anchor = await workflow.execute_activity(
                 "snapshot.anchor", AnchorQuery(incarnation=inp.incarnation), result_type=AnchorResult,
                 start_to_close_timeout=timedelta(seconds=30), retry_policy=QUICK,
             )
             if inp.checkpoint_on_demand and anchor.newest_checkpoint_step != anchor.current_step:
+                self._requested = _more_urgent(trigger, self._requested)
                 await workflow.execute_activity(
                     "snapshot.request_checkpoint", CheckpointRequest(incarnation=inp.incarnation, trigger=trigger),
                     result_type=CheckpointRequestResult, start_to_close_timeout=timedelta(seconds=30),
@@ -163,7 +198,7 @@ class RunWorkflow:
                 SnapshotAttemptInput(
                     run_id=inp.run_id, checkpoint_id=checkpoint_id, number=number, trigger=trigger, anchor_step=step,
                     incarnation=inp.incarnation, trainer_hold=inp.trainer_hold, keep_latest_k=inp.keep_latest_k,
-                    checkpoint_hold=f"checkpoint:{step}" if tied and inp.trainer_hold else None,
+                    checkpoint_hold=f"checkpoint:{step}" if held and inp.trainer_hold else None,
                     timeouts=inp.timeouts,
                 ),
                 id=checkpoint_id,

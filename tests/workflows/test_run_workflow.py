@@ -75,3 +75,31 @@ def test_pause_stops_periodic_attempts_and_the_status_query_shows_it():
     assert paused_requests <= 1  # at most one that was already on its way
     assert set(requests) == {"periodic"}
     assert result.stopped_reason == "test over"
+
+
+def _run_workflow_state() -> RunWorkflow:
+    # The signal handlers are plain methods over the workflow's queue: check them without a server.
+    return RunWorkflow(RunWorkflowInput(run_id="r", incarnation=1, attempt_interval_s=20, max_consecutive_failures=3,
+                                        keep_latest_k=2, timeouts=SnapshotTimeouts(prepare_s=5, phase_s=5, lease_s=5)))
+
+
+def test_a_checkpoint_announced_again_for_a_waiting_request_upgrades_the_queued_attempt():
+    from schemas.snapshot import TrainerCheckpointSignal, Trigger
+
+    run = _run_workflow_state()
+    run._requested = Trigger.PREEMPTION  # the preemption attempt asked for a checkpoint ...
+    run.trainer_checkpoint_saved(TrainerCheckpointSignal(step=40))  # ... and save_period's came first
+    run.trainer_checkpoint_saved(TrainerCheckpointSignal(step=40, trigger=Trigger.PREEMPTION, repeat=True))
+    assert [(t.trigger, t.step, t.held) for t in run._triggers] == [(Trigger.PREEMPTION, 40, True)]
+
+
+def test_a_repeat_announcement_nobody_waits_for_starts_no_attempt():
+    from schemas.snapshot import TrainerCheckpointSignal, Trigger
+
+    run = _run_workflow_state()
+    run.trainer_checkpoint_saved(TrainerCheckpointSignal(step=7, trigger=Trigger.PERIODIC, repeat=True))
+    assert not run._triggers
+    run._requested = Trigger.OPERATOR  # the checkpoint's own attempt already ran; the request needs another
+    run.trainer_checkpoint_saved(TrainerCheckpointSignal(step=7, trigger=Trigger.OPERATOR, repeat=True))
+    assert [(t.trigger, t.step, t.held) for t in run._triggers] == [(Trigger.OPERATOR, 7, False)]
+    assert run._requested is None
