@@ -16,11 +16,13 @@ import random
 from bench.synthetic_rollouts import chain_problem, conversation, tool_turns
 from envs.agent_registry import AgentPhase, AgentRegistry
 from envs.calc_env import CalcEnvironment
-from envs.env_participant import ENV_CAPABILITIES, EnvParticipant
+from envs.env_participant import EnvParticipant, env_capabilities
+from envs.kinds import environment_capabilities
 from envs.receipts import ReceiptBook
 from envs.turn_records import TurnRecords
 from primitives.holds import HoldSet
 from primitives.participant_core import ParticipantCore
+from schemas.config import EnvironmentSpec
 from schemas.rollout import RolloutRequest, Segment, TurnBoundary
 
 PARKED_HOLDER = "bench:keep-parked"
@@ -36,7 +38,8 @@ class ParkedGym:
         self.records = TurnRecords()
         self.receipts = ReceiptBook()  # stays empty: every finished result was ACKed
         self.core = ParticipantCore(
-            ENV_CAPABILITIES, EnvParticipant(self.registry, self.records, self.receipts, self.door, self.gate)
+            env_capabilities(environment_capabilities({"calc": EnvironmentSpec()}, 8)),
+            EnvParticipant(self.registry, self.records, self.receipts, self.door, self.gate)
         )
         self.requests: list[RolloutRequest] = []
         self._agents: list[asyncio.Task[None]] = []

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from primitives.audit_log import read_audit
 from schemas.audit import (
-    ContinuationRef, DeadlineExpired, GroupAdmitted, GroupsDiscarded, Restored, RunEnded, RunStarted, SiblingSealed,
+    ContinuationRef, DeadlineExpired, GroupAdmitted, GroupRerun, GroupsDiscarded, Restored, RunEnded, RunStarted, SiblingSealed,
     SiblingStarted, StepTrained, TurnCommitted,
 )
 from schemas.recovery import SourceKind
@@ -266,6 +266,8 @@ def _unaccounted_rows(
                 trained.update(event.group_ids)
         elif isinstance(event, GroupsDiscarded):
             discarded.update(event.group_ids)
+        elif isinstance(event, GroupRerun):
+            discarded.add(event.group_id)  # its level (or its judge) gave the group's sealed rows up on purpose
         elif isinstance(event, RunEnded):
             outstanding.update(event.outstanding_groups)
     carried = {(row.group_id, row.sibling) for row in following.rows} if following is not None else set()

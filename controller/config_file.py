@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
@@ -57,9 +57,15 @@ def _describe(err: ValidationError, source: str) -> str:
 
 def _allowed_keys(parent_loc: tuple[Any, ...]) -> list[str]:
     model: type[BaseModel] = TurnkeepConfig
-    for part in parent_loc:
-        field = model.model_fields.get(str(part))
+    parts = list(parent_loc)
+    while parts:
+        field = model.model_fields.get(str(parts.pop(0)))
         annotation = field.annotation if field else None
+        if get_origin(annotation) is dict:
+            # A table of named entries (`[environments.<name>]`): the next part is the entry's name.
+            annotation = get_args(annotation)[1]
+            if parts:
+                parts.pop(0)
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             return []
         model = annotation

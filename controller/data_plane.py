@@ -32,6 +32,14 @@ class DataPlane:
     def sealed_count(self, group_id: str) -> int:
         return len(self._rows.get(group_id, {}))
 
+    def set_rewards(self, group_id: str, rewards: list[float]) -> None:
+        """Replace a group's rewards (a group-scored environment's judge scored all its rows together)."""
+        rows = self._rows[group_id]
+        if len(rewards) != len(rows):
+            raise ValueError(f"{len(rewards)} rewards for the {len(rows)} rows of group {group_id}")
+        for (sibling, row), reward in zip(sorted(rows.items()), rewards):
+            rows[sibling] = row.model_copy(update={"reward": reward})
+
     def delete(self, group_ids: list[str]) -> None:
         for group_id in group_ids:
             self._rows.pop(group_id, None)

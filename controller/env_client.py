@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import aiohttp
 
+from schemas.environments import JudgeReply, JudgeRequest
 from schemas.rollout import AckRequest, RolloutRequest, RolloutResult
 
 
@@ -27,6 +28,18 @@ class EnvClient:
                 f"/run answered for rollout {result.rollout_id!r}, asked for {request.rollout_id!r}"
             )
         return result
+
+    async def judge(self, request: JudgeRequest) -> list[float]:
+        """A group-scored environment's rewards for every sibling of a group, scored together."""
+        async with self._session.post(f"{self._base}/judge", data=request.model_dump_json()) as resp:
+            body = await resp.read()
+            if resp.status != 200:
+                raise EnvServerError(f"/judge {request.group_id}: HTTP {resp.status}: {body[:300]!r}")
+        rewards = JudgeReply.model_validate_json(body).rewards
+        if len(rewards) != len(request.policy_turns):
+            raise EnvServerError(f"/judge {request.group_id}: {len(rewards)} rewards for "
+                                 f"{len(request.policy_turns)} siblings")
+        return rewards
 
     async def ack(self, receipt: str) -> None:
         async with self._session.post(f"{self._base}/ack", data=AckRequest(receipt=receipt).model_dump_json()) as resp:

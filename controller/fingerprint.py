@@ -1,7 +1,7 @@
 """The config fingerprint stored in every snapshot manifest.
 
 It covers only the settings a restored snapshot depends on (the model, the task, the
-group shape and the seed); changing the step count, ports or snapshot cadence does not
+group shape, the seed and the environments' kinds); changing the step count, ports or snapshot cadence does not
 make old snapshots unusable.
 """
 
@@ -21,6 +21,9 @@ def fingerprint_fields(cfg: TurnkeepConfig) -> dict:
         "rollout.group_size": cfg.rollout.group_size,
         "rollout.max_turns": cfg.rollout.max_turns,
         "run.seed": cfg.run.seed,
+        # Which environment runs a saved group, and how it restores, depends on these.
+        "environments": {name: {"kind": spec.kind, "group_size": spec.group_size}
+                         for name, spec in sorted(cfg.environments.items())},
     }
 
 

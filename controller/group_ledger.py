@@ -35,6 +35,10 @@ class GroupEntry:
     problem: Problem
     siblings: list[SiblingEntry] = field(default_factory=list)
     complete: bool = False
+    round: int = 0
+    """Whole-group reruns so far; a sibling task of an earlier round is stale and must change nothing."""
+    scored: bool = False
+    """A group-scored environment's rewards were applied to every row."""
 
     def settled(self) -> bool:
         return all(s.state in (SiblingState.SEALED, SiblingState.DROPPED) for s in self.siblings)
@@ -71,13 +75,63 @@ class GroupLedger:
         entry.state = SiblingState.DROPPED
         return False
 
-    def settle(self, group_id: str) -> bool | None:
-        """None while siblings still run; True when trainable; False when too few sealed."""
+    def settle(self, group_id: str, need_all: bool = False) -> bool | None:
+        """None while siblings still run; True when trainable; False when too few sealed.
+
+        `need_all`: every sibling must be sealed (a group-scored environment scores exactly its group);
+        such a group is complete, and so offered to the trainer, only once `mark_scored` applied its rewards.
+        """
         group = self._groups[group_id]
         if not group.settled():
             return None
+        if need_all:
+            trainable = group.sealed() == len(group.siblings)
+            group.complete = trainable and group.scored
+            return trainable
         group.complete = group.sealed() >= self._min_sealed
         return group.complete
+
+    def round(self, group_id: str) -> int | None:
+        """The group's current round (None once it is trained or discarded)."""
+        group = self._groups.get(group_id)
+        return None if group is None else group.round
+
+    def running_rollouts(self, group_id: str) -> list[str]:
+        group = self._groups[group_id]
+        return [f"{group_id}.{i}.{s.attempts - 1}" for i, s in enumerate(group.siblings)
+                if s.state is SiblingState.RUNNING]
+
+    def restart_group(self, group_id: str) -> list[int]:
+        """Start the whole group over as a new round; returns the sealed siblings this discards.
+
+        Attempt numbers keep counting, so a row of an earlier round never matches a sibling again.
+        """
+        group = self._groups[group_id]
+        discarded = [i for i, s in enumerate(group.siblings) if s.state is SiblingState.SEALED]
+        group.round += 1
+        group.complete = group.scored = False
+        for entry in group.siblings:
+            entry.state = SiblingState.PENDING
+        return discarded
+
+    def drop_group(self, group_id: str, reason: str) -> None:
+        """Give the whole group up; a new round, so its sibling tasks still running change nothing."""
+        group = self._groups[group_id]
+        group.round += 1
+        for entry in group.siblings:
+            entry.state = SiblingState.DROPPED
+            entry.last_reason = reason
+
+    def mark_scored(self, group_id: str) -> None:
+        group = self._groups[group_id]
+        group.scored = group.complete = True
+
+    def scored(self, group_id: str) -> bool:
+        return self._groups[group_id].scored
+
+    def started_any(self, group_id: str) -> bool:
+        """Some sibling of the group ran or sealed (so a whole-group rerun throws work away)."""
+        return any(s.attempts > 0 for s in self._groups[group_id].siblings)
 
     def sibling(self, group_id: str, sibling: int) -> SiblingEntry | None:
         group = self._groups.get(group_id)
@@ -126,6 +180,8 @@ class GroupLedger:
                     "group_id": g.group_id,
                     "problem": g.problem.model_dump(),
                     "complete": g.complete,
+                    "round": g.round,
+                    "scored": g.scored,
                     "siblings": [asdict(s) for s in g.siblings],
                 }
                 for g in self._groups.values()
@@ -140,4 +196,6 @@ class GroupLedger:
                 for s in raw["siblings"]
             ]
             problem = Problem.model_validate(raw["problem"])
-            self._groups[raw["group_id"]] = GroupEntry(raw["group_id"], problem, siblings, raw["complete"])
+            self._groups[raw["group_id"]] = GroupEntry(
+                raw["group_id"], problem, siblings, raw["complete"], raw.get("round", 0), raw.get("scored", False)
+            )

@@ -40,6 +40,7 @@ class MetricsSink:
             "retries_total": self._stats.retries,
             "siblings_dropped_total": dict(self._stats.siblings_dropped),
             "groups_discarded_total": dict(self._stats.groups_discarded),
+            "recovery_by_env_total": {env: dict(c) for env, c in sorted(self._stats.recovery_by_env.items())},
             "wall_s": round(now - self._started, 2),
             "rss_tree_mib": round(self._sample_memory()),
             **{f"trainer_{key}": value for key, value in report.trainer.items() if key != "policy_version"},

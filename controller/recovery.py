@@ -74,7 +74,10 @@ class Recovery:
         state = orjson.loads(Path(source.controller_state or "").read_bytes())
         c.load_state_dict(state)
         saved = read_saved_agents(Path(source.snapshot_dir)) if source.snapshot_dir else []
-        continuations = self._continuations(saved)
+        # Only environments at the `turn` level continue saved agents; the others rerun those siblings.
+        continuations = {key: cont for key, cont in self._continuations(saved).items()
+                         if c.rollouts.groups.plan(key[0]).continues_saved_turns}
+        self._audit(source, state, continuations)
         for path in source.agents_files:
             participant = self._environments.get(Path(path).parent.name)
             if participant is None:
@@ -82,10 +85,9 @@ class Recovery:
             await participant.restore(self.recovery_id, str(Path(path).parent))
         queued, settled = c.rollouts.restore(continuations)
         for group_id in settled:
-            c.training.group_settled(group_id, bool(c.ledger.settle(group_id)))
+            c.training.group_settled(group_id, bool(c.rollouts.settle(group_id)))
         blob = c.processes.trainer.weights_blob.remote()
         await c.processes.policy.load_weights.remote(blob, version)
-        self._audit(source, state, continuations)
         restarted = queued - len(continuations)
         log.info("restored step %d (policy version %d) from %s: %s", source.step, version, source.kind, source.reason)
         return RestoreResult(

@@ -3,7 +3,9 @@
 A sibling's row is written to the data plane under the barrier and only then is its
 receipt ACKed, so a finished result is always either stored here or still held by the
 environment server. Failed or timed-out attempts are retried up to
-`rollout.max_attempts`, then the sibling is dropped with its reason.
+`rollout.max_attempts`, then the sibling is dropped with its reason; where the
+environment's recovery level asks for it (`group_recovery`), a failure reruns the whole
+group instead, and a group-scored group is judged before the trainer sees it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from controller.data_plane import DataPlane
 from controller.dataloader import PromptDataloader
 from controller.env_client import EnvClient, EnvServerError
 from controller.group_ledger import GroupLedger
+from controller.group_recovery import GroupRecovery
+from controller.recovery_levels import EnvRecoveryPlan
 from controller.run_stats import RunStats
 from primitives.audit_log import AuditLog, segments_digest
 from primitives.deadlines import DeadlineExpired, DeadlineRegistry
@@ -57,6 +61,7 @@ class RolloutPump:
         deadlines: DeadlineRegistry,
         stats: RunStats,
         on_group_settled: Callable[[str, bool], None],
+        plans: dict[str, EnvRecoveryPlan],
         audit: AuditLog | None = None,
     ) -> None:
         self._cfg = cfg
@@ -72,18 +77,40 @@ class RolloutPump:
         self._audit = audit
         self._slot_freed = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
-        self._restored: list[tuple[str, int, Continuation | None]] = []
+        self._restored: list[tuple[str, int, Continuation | None, int]] = []
+        self._to_score: list[str] = []
         self.crashed: BaseException | None = None
+        self.groups = GroupRecovery(plans, ledger, data_plane, env, stats, cfg.max_attempts, self._cancel_quietly,
+                                    audit)
 
     def restore(self, continuations: dict[tuple[str, int], Continuation]) -> tuple[int, list[str]]:
-        """After the ledger was restored: queue every unfinished sibling (continued or from scratch).
+        """After the ledger was restored: queue every unfinished sibling, as each group's level says.
 
-        Returns how many siblings were queued, and the groups that were already settled (the
-        train pump takes or discards them).
+        `turn` continues the saved agents passed in, `sibling` reruns unfinished siblings from
+        scratch, `prompt_group` reruns every started group whole. Returns how many siblings
+        were queued, and the settled groups the train pump takes or discards now (a
+        group-scored one still waiting for its judge is scored first, when the pump runs).
         """
         to_run, settled = self._ledger.reopen_after_restore()
-        self._restored = [(gid, sib, continuations.get((gid, sib))) for gid, sib in to_run]
-        return len(to_run), settled
+        by_group: dict[str, list[int]] = {}
+        for group_id, sibling in to_run:
+            by_group.setdefault(group_id, []).append(sibling)
+        self._restored = []
+        for group_id, siblings in by_group.items():
+            plan = self.groups.plan(group_id)
+            if not plan.keeps_sealed_siblings and self._ledger.started_any(group_id):
+                self.groups.rerun_at_restore(group_id)
+                siblings = list(range(self._cfg.group_size))
+            round_ = self._ledger.round(group_id)
+            for sibling in siblings:
+                continuation = continuations.get((group_id, sibling)) if plan.continues_saved_turns else None
+                self._restored.append((group_id, sibling, continuation, round_))
+        self._to_score = [gid for gid in settled if self.groups.plan(gid).group_scored and self.settle(gid)
+                          and not self._ledger.scored(gid)]
+        return len(self._restored), [gid for gid in settled if gid not in self._to_score]
+
+    def settle(self, group_id: str) -> bool | None:
+        return self._ledger.settle(group_id, need_all=self.groups.plan(group_id).group_scored)
 
     def group_finished(self) -> None:
         """A group was trained or discarded: its in-flight slot is free."""
@@ -92,8 +119,11 @@ class RolloutPump:
     async def run(self) -> None:
         self._main_task = asyncio.current_task()
         restored, self._restored = self._restored, []
-        for group_id, sibling, continuation in restored:
-            self._spawn(self._run_sibling(group_id, sibling, continuation))
+        for group_id, sibling, continuation, round_ in restored:
+            self._spawn(self._run_sibling(group_id, sibling, continuation, round_))
+        to_score, self._to_score = self._to_score, []
+        for group_id in to_score:
+            self._spawn(self._finish_group(group_id, self._ledger.round(group_id)))
         try:
             while True:
                 await self._wait_for_slot()
@@ -141,9 +171,13 @@ class RolloutPump:
         if self._audit is not None:
             self._audit.emit(event_cls, **fields)
 
-    async def _run_sibling(self, group_id: str, sibling: int, continuation: Continuation | None = None) -> None:
+    async def _run_sibling(
+        self, group_id: str, sibling: int, continuation: Continuation | None = None, round_: int = 0,
+    ) -> None:
         while True:
             await self._admission.wait_clear()
+            if self._ledger.round(group_id) != round_:
+                return  # the group was rerun whole (or finished) while this task waited
             attempt = self._ledger.start_attempt(group_id, sibling)
             request = RolloutRequest(
                 rollout_id=f"{group_id}.{sibling}.{attempt}",
@@ -153,31 +187,57 @@ class RolloutPump:
                 problem=self._ledger.problem(group_id),
                 resume_from=continuation.rollout_id if continuation else None,
             )
+            if continuation is not None:
+                self.groups.count(group_id, "resumed_from_turn")
+            elif attempt > 0:
+                self.groups.count(group_id, "rerun_from_scratch")
             self._emit(
                 SiblingStarted, rollout_id=request.rollout_id, group_id=group_id, sibling=sibling, attempt=attempt,
                 resumed_from=request.resume_from, resumed_turn=continuation.turn_index if continuation else 0,
             )
             result = await self._attempt(request)
+            if self._ledger.round(group_id) != round_:
+                if result.row is not None:
+                    await self._ack(result.receipt)  # a row of an abandoned round is dropped
+                return
             if result.row is not None and not result.outcome.is_error():
-                await self._store(result, continuation)
+                if not await self._store(result, continuation, round_):
+                    return
                 self._ledger.seal(group_id, sibling)
                 break
-            log.info("rollout %s %s: %s", request.rollout_id, result.outcome, result.reason)
+            reason = f"{result.outcome}: {result.reason}"
+            log.info("rollout %s %s", request.rollout_id, reason)
             continuation = None  # a failed continuation is rerun from scratch
-            retry = self._ledger.fail(group_id, sibling, f"{result.outcome}: {result.reason}", self._cfg.max_attempts)
+            whole = self.groups.plan(group_id).retries_whole_group
+            retry = not whole and self._ledger.fail(group_id, sibling, reason, self._cfg.max_attempts)
             self._emit(
                 SiblingFailed, rollout_id=request.rollout_id, group_id=group_id, sibling=sibling, attempt=attempt,
-                reason=f"{result.outcome}: {result.reason}", will_retry=retry,
+                reason=reason, will_retry=retry or whole,
             )
+            if whole:
+                if await self.groups.rerun_after_failure(group_id, f"sibling {sibling} {reason}"):
+                    new_round = self._ledger.round(group_id)
+                    for sib in range(self._cfg.group_size):
+                        self._spawn(self._run_sibling(group_id, sib, None, new_round))
+                    return
+                break
             if retry:
                 self._stats.retries += 1
                 continue
             self._stats.siblings_dropped[str(result.outcome)] += 1
             log.warning("sibling %s.%s dropped after %d attempts: %s", group_id, sibling, attempt + 1, result.reason)
             break
-        trainable = self._ledger.settle(group_id)
-        if trainable is not None:
-            self._on_group_settled(group_id, trainable)
+        await self._finish_group(group_id, round_ if self._ledger.round(group_id) == round_ else None)
+
+    async def _finish_group(self, group_id: str, round_: int | None) -> None:
+        """Settle the group if this was its last sibling; a group-scored one is judged first."""
+        trainable = self.settle(group_id)
+        if trainable is None:
+            return
+        if trainable and self.groups.plan(group_id).group_scored and not self._ledger.scored(group_id):
+            if round_ is None or not await self.groups.score(group_id, round_):
+                return
+        self._on_group_settled(group_id, trainable)
 
     async def _attempt(self, request: RolloutRequest) -> RolloutResult:
         budget = self._cfg.rollout_timeout_s
@@ -197,7 +257,8 @@ class RolloutPump:
         except (aiohttp.ClientError, EnvServerError) as err:
             log.warning("could not cancel %s on the environment server: %s", rollout_id, err)
 
-    async def _store(self, result: RolloutResult, continuation: Continuation | None) -> None:
+    async def _store(self, result: RolloutResult, continuation: Continuation | None, round_: int) -> bool:
+        """Store the row and ACK it; False (row dropped, still ACKed) when the group started a new round."""
         row = result.row
         assert row is not None
         entry = self._ledger.sibling(row.group_id, row.sibling)
@@ -205,6 +266,10 @@ class RolloutPump:
             # After a restore attempt N continues as N+1: a row of any other attempt must never land.
             raise RuntimeError(f"row of {result.rollout_id} is not the current attempt of its sibling ({entry})")
         async with self._data_plane.barrier:
+            if self._ledger.round(row.group_id) != round_:
+                # Checked under the barrier: a rerun deletes the group's rows under it too.
+                await self._ack(result.receipt)
+                return False
             if self._data_plane.put(row):
                 self._stats.generated_tokens += row.generated_tokens()
                 self._stats.rows_sealed += 1
@@ -217,6 +282,7 @@ class RolloutPump:
                 )
             # ACK only after the row is stored, and never while a cut holds the barrier.
             await self._ack(result.receipt)
+        return True
 
     async def _ack(self, receipt: str) -> None:
         for attempt in range(5):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -22,6 +23,7 @@ from controller.fingerprint import fingerprint_fields
 from controller.placement import launch, shutdown, start_ray
 from controller.preemption import PreemptionHandler
 from controller.recovery import Recovery
+from controller.recovery_levels import EnvRecoveryPlan, check_recovery_settings, plan_levels
 from controller.run_dir import RunIdentity, open_run_dir
 from controller.runtime import Controller, RunSummary
 from controller.snapshot_wiring import participant_clients, start_snapshots, stop_snapshots
@@ -40,6 +42,7 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
     # Participants in other processes get paths from us; they must not depend on our cwd.
     cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"run_dir": cfg.run.run_dir.resolve()})})
     run_dir = cfg.run.run_dir
+    check_recovery_settings(cfg)  # before anything is started or written
     identity = open_run_dir(cfg)
     if identity.resumed:
         print(f"turnkeep: resuming run {identity.run_id} in {run_dir} (incarnation {identity.incarnation})",
@@ -62,6 +65,7 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
         controller = Controller(
             cfg, processes, session, max_steps, audit=audit,
             checkpoint_identity=CheckpointIdentity(identity.run_id, fingerprint_fields(cfg)),
+            recovery_plans=await _recovery_plans(cfg, processes, session),
         )
         recovery = _recovery(cfg, controller, identity, session) if identity.resumed else None
         snapshots, watch = None, None
@@ -88,6 +92,19 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
             controller.training.step, time.monotonic() - started, run_dir, controller.last_metrics,
             controller.metrics.peak_rss_mib, preempted=preemption.saved if controller.stop_reason else None,
         )
+
+
+async def _recovery_plans(cfg: TurnkeepConfig, processes, session) -> dict[str, EnvRecoveryPlan]:
+    """Each environment's recovery level, lowered from what its server reports; one warning per lowered one."""
+    environments, _ = participant_clients(processes, session, cfg.snapshot.phase_timeout_s)
+    reported = [caps for env in environments for caps in (await env.capabilities()).environments]
+    plans, warnings = plan_levels(cfg, reported)
+    for warning in warnings:
+        log.warning("%s", warning)
+        print(f"turnkeep: warning: {warning}", file=sys.stderr, flush=True)
+    levels = ", ".join(f"{p.name}={p.level}{' (group-scored)' if p.group_scored else ''}" for p in plans.values())
+    log.info("recovery levels: %s", levels)
+    return plans
 
 
 def _recovery(cfg: TurnkeepConfig, controller: Controller, identity: RunIdentity, session) -> Recovery:

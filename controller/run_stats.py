@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 
@@ -13,6 +13,10 @@ class RunStats:
     retries: int = 0
     siblings_dropped: Counter[str] = field(default_factory=Counter)
     groups_discarded: Counter[str] = field(default_factory=Counter)
+    recovery_by_env: defaultdict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+    """Per environment: groups_retried_whole (a live failure in a group-scored environment),
+    groups_rerun_whole (the prompt_group level, live or at a restore), sealed_discarded (by either),
+    resumed_from_turn and rerun_from_scratch (sibling attempts that redo lost work)."""
 
     def take_generated_tokens(self) -> int:
         tokens, self.generated_tokens = self.generated_tokens, 0

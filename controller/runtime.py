@@ -23,6 +23,7 @@ from controller.env_client import EnvClient
 from controller.group_ledger import GroupLedger
 from controller.metrics import MetricsSink
 from controller.placement import Processes
+from controller.recovery_levels import EnvRecoveryPlan, local_recovery_plans
 from controller.rollout_pump import RolloutPump
 from controller.run_stats import RunStats
 from controller.train_pump import StepReport, TrainPump
@@ -56,7 +57,9 @@ class Controller:
     def __init__(
         self, cfg: TurnkeepConfig, processes: Processes, session: aiohttp.ClientSession, max_steps: int | None,
         start_step: int = 0, audit: AuditLog | None = None, checkpoint_identity: CheckpointIdentity | None = None,
+        recovery_plans: dict[str, EnvRecoveryPlan] | None = None,
     ):
+        """`recovery_plans`: each environment's level from its server's report (default: from the kinds' own)."""
         self.cfg = cfg
         self.processes = processes
         self.stats = RunStats()
@@ -64,7 +67,7 @@ class Controller:
         # Rollout clocks pause for their own holders (a snapshot, a colocated switch), not for a refit.
         self.deadline_holds = HoldSet("deadlines")
         self.deadlines = DeadlineRegistry(self.deadline_holds)
-        self.dataloader = PromptDataloader(cfg.task, cfg.run.seed)
+        self.dataloader = PromptDataloader(cfg.task, cfg.run.seed, cfg.environments)
         self.ledger = GroupLedger()
         self.claims = ClaimLedger()
         self.data_plane = DataPlane()
@@ -88,6 +91,7 @@ class Controller:
             self.deadlines,
             self.stats,
             on_group_settled=lambda gid, ok: self.training.group_settled(gid, ok),
+            plans=recovery_plans or local_recovery_plans(cfg),
             audit=audit,
         )
         self.training = TrainPump(

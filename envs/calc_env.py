@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
-from envs.calc_task import CalcCall, FinalAnswer, parse_action, run_tool, score
-from envs.environment import Environment, StepResult
+from envs.calc_task import CalcCall, parse_action, run_tool, score
+from envs.environment import EnvContext, Environment, StepResult
 from schemas.rollout import Problem
 
 
 class CalcEnvironment(Environment):
-    def __init__(self, problem: Problem, tool_latency_s: float = 0.0) -> None:
+    """Stateless: the calculator is a pure function of each call, so replaying the turns rebuilds it."""
+
+    kind = "calc"
+    recovery_mode = "stateless"
+
+    def __init__(self, problem: Problem, ctx: EnvContext = EnvContext()) -> None:
         self._problem = problem
-        self._tool_latency_s = tool_latency_s
+        self._tool_latency_s = ctx.tool_latency_s
         self._turns: list[str] = []
 
     def prompt(self) -> str:
@@ -28,19 +32,9 @@ class CalcEnvironment(Environment):
             return StepResult(observation=run_tool(action), done=False)
         return StepResult(observation=None, done=True)
 
-    def export_state(self) -> dict[str, Any]:
-        # The policy turns are all the state there is: tool results follow from them.
-        return {"turns": list(self._turns)}
-
-    def restore_state(self, state: dict[str, Any]) -> None:
-        turns = state.get("turns")
-        if not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
-            raise ValueError(f"calc env state needs 'turns': a list of strings, got {state!r}")
-        self._turns = list(turns)
-
     def reward(self) -> float:
         return score(self._problem, self._turns)
 
     @property
-    def answered(self) -> bool:
-        return bool(self._turns) and isinstance(parse_action(self._turns[-1]), FinalAnswer)
+    def turns(self) -> list[str]:
+        return list(self._turns)

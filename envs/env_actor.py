@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 
 import ray
@@ -35,7 +36,13 @@ class EnvServerActor:
         )
         control = ControlAuth(control_token, where=str(token_path(cfg.run.run_dir)))
         audit = None if incarnation is None else AuditLog(cfg.run.run_dir / AUDIT_FILE, incarnation)
-        self._server = EnvServer(Path(model_dir), policy_url, cfg.env, limits, control, audit)
+        # Workspaces of a previous incarnation's episodes died with it: start from an empty folder.
+        workspaces = cfg.run.run_dir / "env_workspaces"
+        shutil.rmtree(workspaces, ignore_errors=True)
+        self._server = EnvServer(
+            Path(model_dir), policy_url, cfg.env, limits, control, audit,
+            environments=cfg.environments, group_size=cfg.rollout.group_size, workspace_root=workspaces,
+        )
         return await self._server.start()
 
     async def stop(self) -> None:

@@ -32,11 +32,15 @@ from envs.turn_records import TurnRecords
 from primitives.atomic_files import atomic_write_bytes, fsync_dir
 from primitives.holds import HoldSet
 from primitives.participant_core import Quiescence, snapshot_holder
+from schemas.environments import EnvironmentCapabilities
 from schemas.participant import Capabilities, SavedAgent
 
 AGENTS_FILE = "agents.jsonl"
 
-ENV_CAPABILITIES = Capabilities(name="env", kind="environment", saves_state=True, recovery_mode="exported")
+
+
+def env_capabilities(environments: list[EnvironmentCapabilities]) -> Capabilities:
+    return Capabilities(name="env", kind="environment", saves_state=True, environments=environments)
 
 
 class EnvParticipant:

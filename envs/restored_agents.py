@@ -1,21 +1,21 @@
 """Saved agents a restore hands back to the environment server, held until continued.
 
 `load` reads this participant's `agents.jsonl` from the chosen snapshot and checks
-every agent can be rebuilt (its environment accepts the saved state); a `/run` with
-`resume_from` then takes its agent and continues it from the saved boundary. An agent
-that is never asked for is simply dropped with the table: the controller reruns its
-sibling from scratch.
+every agent can be rebuilt: an exported environment must accept its saved state, a
+stateless one is replayed when it continues, and a restart_only one cannot continue at
+all (it is counted, not held). A `/run` with `resume_from` then takes its agent and
+continues it from the saved boundary. An agent that is never asked for is dropped with
+the table: the controller reruns its sibling from scratch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
 from pathlib import Path
 
-from envs.environment import Environment
 from envs.env_participant import AGENTS_FILE
+from envs.kinds import EnvironmentFactory
 from schemas.participant import SavedAgent
-from schemas.rollout import Problem
 
 
 class RestoreError(ValueError):
@@ -23,26 +23,45 @@ class RestoreError(ValueError):
 
 
 class RestoredAgents:
-    def __init__(self, make_env: Callable[[Problem], Environment]) -> None:
-        self._make_env = make_env
+    def __init__(self, factory: EnvironmentFactory) -> None:
+        self._factory = factory
         self._saved: dict[str, SavedAgent] = {}
 
-    def load(self, directory: Path) -> list[str]:
+    async def load(self, directory: Path) -> tuple[list[str], list[str]]:
+        """Hold the folder's saved agents; returns (held rollout ids, restart_only ones that cannot continue)."""
         path = Path(directory) / AGENTS_FILE
         if not path.exists():
             raise RestoreError(f"{path} does not exist; restore from the snapshot folder that holds {AGENTS_FILE}")
+        lines = (await asyncio.to_thread(path.read_bytes)).splitlines()
         loaded: dict[str, SavedAgent] = {}
-        for number, line in enumerate(path.read_bytes().splitlines(), start=1):
+        cannot_continue: list[str] = []
+        for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
             try:
                 saved = SavedAgent.model_validate_json(line)
-                self._make_env(saved.request.problem).restore_state(saved.env_state)
+                if not await self._restorable(saved):
+                    cannot_continue.append(saved.request.rollout_id)
+                    continue
             except ValueError as err:
                 raise RestoreError(f"{path} line {number}: not a restorable saved agent: {err}") from None
             loaded[saved.request.rollout_id] = saved
         self._saved = loaded
-        return sorted(loaded)
+        return sorted(loaded), sorted(cannot_continue)
+
+    async def _restorable(self, saved: SavedAgent) -> bool:
+        kind = self._factory.kind_of(saved.request.problem.env)
+        if kind.recovery_mode == "restart_only":
+            return False
+        if kind.recovery_mode == "exported":
+            if saved.env_state is None:
+                raise ValueError(f"{kind.kind} environments export their state, but env_state is null")
+            env = self._factory.make(saved.request.problem)
+            try:
+                env.restore_state(saved.env_state)
+            finally:
+                await env.close()
+        return True
 
     def take(self, rollout_id: str) -> SavedAgent | None:
         return self._saved.pop(rollout_id, None)

@@ -20,9 +20,10 @@ from pydantic import ValidationError
 
 from envs.agent_loop import LoopLimits, run_agent
 from envs.agent_registry import AgentRegistry
-from envs.calc_env import CalcEnvironment
 from envs.codec import TurnCodec
-from envs.env_participant import ENV_CAPABILITIES, EnvParticipant
+from envs.env_participant import EnvParticipant, env_capabilities
+from envs.environment import EnvContext, Environment
+from envs.kinds import EnvironmentFactory, environment_capabilities
 from envs.policy_client import PolicyCallError, PolicyClient
 from envs.receipts import ReceiptBook
 from envs.restored_agents import RestoredAgents, RestoreError
@@ -31,10 +32,12 @@ from primitives.audit_log import AuditLog
 from primitives.holds import HoldSet
 from primitives.participant_core import ParticipantCore, ParticipantFault
 from primitives.participant_http import ControlAuth, add_participant_routes
-from schemas.config import EnvServerConfig
+from schemas.config import EnvironmentSpec, EnvServerConfig
+from schemas.environments import JudgeReply, JudgeRequest
 from schemas.audit import TurnCommitted
 from schemas.participant import RestoreReply, RestoreRequest
-from schemas.rollout import AckRequest, RolloutOutcome, RolloutRequest, RolloutResult, Segment
+from schemas.participant import SavedAgent
+from schemas.rollout import AckRequest, RolloutOutcome, RolloutRequest, RolloutResult, Segment, TurnBoundary
 
 log = logging.getLogger("turnkeep.env")
 
@@ -48,7 +51,11 @@ class EnvServer:
         limits: LoopLimits,
         control: ControlAuth = ControlAuth(None),
         audit: AuditLog | None = None,
+        environments: dict[str, EnvironmentSpec] | None = None,
+        group_size: int = 8,
+        workspace_root: Path | None = None,
     ) -> None:
+        environments = environments if environments is not None else {"calc": EnvironmentSpec()}
         self._codec = TurnCodec(model_dir)
         self._policy_url = policy_url
         self._cfg = cfg
@@ -59,12 +66,14 @@ class EnvServer:
         self.door = HoldSet("env-door")
         self.boundary_gate = HoldSet("env-boundary")
         self.agents = AgentRegistry(self.door, self.boundary_gate)
+        self.environments = environment_capabilities(environments, group_size)
+        self.factory = EnvironmentFactory(environments, EnvContext(cfg.tool_latency_s, workspace_root))
         self.participant = ParticipantCore(
-            ENV_CAPABILITIES,
+            env_capabilities(self.environments),
             EnvParticipant(self.agents, self.records, self.receipts, self.door, self.boundary_gate,
                            before_write=audit.flush if audit is not None else None),
         )
-        self.restored = RestoredAgents(lambda problem: CalcEnvironment(problem, self._cfg.tool_latency_s))
+        self.restored = RestoredAgents(self.factory)
         self._audit = audit
         self._running: dict[str, asyncio.Task] = {}
         self._runner: web.AppRunner | None = None
@@ -82,6 +91,7 @@ class EnvServer:
                 web.post("/ack", self._handle_ack),
                 web.post("/cancel", self._handle_cancel),
                 web.post("/cancel_all", self._handle_cancel_all),
+                web.post("/judge", self._handle_judge),
                 web.get("/health", self._handle_health),
             ]
         )
@@ -112,11 +122,13 @@ class EnvServer:
     async def _restore(self, request: RestoreRequest) -> RestoreReply:
         """Hold the snapshot's saved agents until `/run` continues each one (`resume_from`)."""
         try:
-            restored = await asyncio.to_thread(self.restored.load, Path(request.directory))
+            restored, cannot_continue = await self.restored.load(Path(request.directory))
         except RestoreError as err:
             raise ParticipantFault("bad_request", str(err)) from None
-        log.info("restored %d saved agents from %s", len(restored), request.directory)
-        return RestoreReply(name=self.participant.name, checkpoint_id=request.checkpoint_id, restored=restored)
+        log.info("restored %d saved agents from %s (%d of restart_only environments start over)",
+                 len(restored), request.directory, len(cannot_continue))
+        return RestoreReply(name=self.participant.name, checkpoint_id=request.checkpoint_id, restored=restored,
+                            cannot_continue=cannot_continue)
 
     async def _handle_run(self, http: web.Request) -> web.Response:
         try:
@@ -139,31 +151,58 @@ class EnvServer:
         if request.resume_from is not None:
             saved = self.restored.take(request.resume_from)
             if saved is None:
-                return RolloutResult(
-                    rollout_id=request.rollout_id, outcome=RolloutOutcome.FAILED,
-                    reason=f"no restored agent {request.resume_from} on this server; rerun the sibling from scratch",
-                )
+                return _failed(request, f"no restored agent {request.resume_from} on this server; "
+                                        "rerun the sibling from scratch")
+        try:
+            env = self.factory.make(request.problem)
+        except ValueError as err:
+            return _failed(request, str(err))
         async with self.agents.live(request) as agent:
-            env = agent.env = CalcEnvironment(request.problem, self._cfg.tool_latency_s)
-            start = None
-            if saved is not None:
-                env.restore_state(saved.env_state)
-                start = saved.boundary.model_copy(update={"rollout_id": request.rollout_id})
-                self.records.commit(start)
+            agent.env = env
             try:
+                start = None
+                if saved is not None:
+                    start = await self._continue(env, saved, request)
+                    self.records.commit(start)
                 result = await run_agent(
                     request, env, self._codec, self._policy, self.records, lambda: self.agents.park(agent),
                     self._limits, start=start, on_turn=lambda turn, seg: self._audit_turn(request, turn, seg),
                 )
-            except (PolicyCallError, aiohttp.ClientError, ValidationError) as err:
-                result = RolloutResult(
-                    rollout_id=request.rollout_id, outcome=RolloutOutcome.FAILED, reason=f"{type(err).__name__}: {err}"
-                )
+            except (PolicyCallError, aiohttp.ClientError, ValidationError, ContinuationError) as err:
+                result = _failed(request, f"{type(err).__name__}: {err}")
             finally:
                 self.records.forget(request.rollout_id)
+                await env.close()
             # Still inside `live`: the agent leaves the registry and its result becomes
             # unACKed in one step, so a checkpoint never sees it in neither.
             return self.receipts.issue(result) if result.row is not None else result
+
+    async def _continue(self, env: Environment, saved: SavedAgent, request: RolloutRequest) -> TurnBoundary:
+        """Bring a fresh environment to the saved boundary: restore its exported state, or replay its turns."""
+        boundary = saved.boundary
+        if env.recovery_mode == "exported":
+            env.restore_state(saved.env_state or {})
+        else:
+            turns = [self._codec.decode(seg.token_ids) for seg in boundary.segments if seg.kind == "policy"]
+            replayed = [obs for obs in await env.replay(turns) if obs is not None]
+            saved_tools = [seg.token_ids for seg in boundary.segments if seg.kind == "tool"]
+            if [self._codec.encode(obs) for obs in replayed] != saved_tools:
+                raise ContinuationError(
+                    f"replaying {request.resume_from}'s {len(turns)} turns gave tool replies {replayed!r}, not the "
+                    f"{[self._codec.decode(t) for t in saved_tools]!r} the snapshot saved: the {env.kind} "
+                    "environment is not stateless"
+                )
+        return boundary.model_copy(update={"rollout_id": request.rollout_id})
+
+    async def _handle_judge(self, http: web.Request) -> web.Response:
+        try:
+            request = JudgeRequest.model_validate_json(await http.read())
+            kind = self.factory.kind_of(request.problem.env)
+            texts = [[self._codec.decode(turn) for turn in sibling] for sibling in request.policy_turns]
+            rewards = kind.score_group(request.problem, texts)
+        except (ValidationError, ValueError, NotImplementedError) as err:
+            return _bad_request(f"cannot judge this group: {err}")
+        return web.Response(body=JudgeReply(rewards=rewards).model_dump_json(), content_type="application/json")
 
     def _audit_turn(self, request: RolloutRequest, turn: int, segment: Segment) -> None:
         if self._audit is not None:
@@ -208,6 +247,14 @@ class EnvServer:
                 "checkpoint_id": self.participant.current,
             }
         )
+
+
+class ContinuationError(RuntimeError):
+    """A saved agent cannot be brought back to its boundary; its sibling reruns from scratch."""
+
+
+def _failed(request: RolloutRequest, reason: str) -> RolloutResult:
+    return RolloutResult(rollout_id=request.rollout_id, outcome=RolloutOutcome.FAILED, reason=reason)
 
 
 def _bad_request(message: str) -> web.Response:

@@ -139,6 +139,18 @@ class GroupsDiscarded(_Event):
     reason: str
 
 
+class GroupRerun(_Event):
+    event: Literal["group_rerun"] = "group_rerun"
+    group_id: str
+    round: int
+    """The round the group starts now (1 for its first rerun)."""
+    cause: Literal["group_scored_failure", "prompt_group_failure", "prompt_group_restore"]
+    """A live failure in a group-scored environment, or one at the prompt_group level, or a restore at that level."""
+    reason: str
+    discarded_siblings: list[int]
+    """Sealed siblings whose rows this rerun threw away."""
+
+
 class DeadlineExpired(_Event):
     event: Literal["deadline_expired"] = "deadline_expired"
     rollout_id: str
@@ -170,7 +182,7 @@ class RunEnded(_Event):
 AuditEvent = Annotated[
     Union[
         RunStarted, Restored, GroupAdmitted, SiblingStarted, TurnCommitted, SiblingSealed, SiblingFailed,
-        StepTrained, GroupsDiscarded, DeadlineExpired, SnapshotPublished, RunEnded,
+        StepTrained, GroupsDiscarded, GroupRerun, DeadlineExpired, SnapshotPublished, RunEnded,
     ],
     Field(discriminator="event"),
 ]

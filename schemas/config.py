@@ -81,6 +81,36 @@ class TaskConfig(StrictModel):
     """Operators questions may use."""
 
 
+EnvironmentKind = Literal["calc", "workspace", "lab", "judge"]
+
+
+class EnvironmentSpec(StrictModel):
+    kind: EnvironmentKind = "calc"
+    """calc: the stateless calculator task; workspace: a calculator that keeps a tape file in a workspace folder
+    (its state is exported and restored); lab: a calculator in a live subprocess whose state cannot be saved
+    (restart_only); judge: the calculator scored by a pairwise judge over all siblings of a group (group-scored)."""
+    weight: float = Field(default=1.0, gt=0)
+    """Share of prompt groups that go to this environment (relative to the other environments' weights)."""
+    group_size: int | None = Field(default=None, ge=2)
+    """judge only: how many siblings it scores together (None: rollout.group_size; any other value is refused)."""
+
+    @model_validator(mode="after")
+    def _group_size_only_for_judges(self) -> "EnvironmentSpec":
+        if self.group_size is not None and self.kind != "judge":
+            raise ValueError(f"group_size applies to group-scored environments (kind = \"judge\"), not {self.kind!r}")
+        return self
+
+
+class RolloutRecoveryConfig(StrictModel):
+    target_level: Literal["turn", "sibling", "prompt_group"] = "turn"
+    """What a restore (and a live failure) keeps: turn = sealed siblings and every saved turn; sibling = sealed
+    siblings, unfinished ones rerun from scratch; prompt_group = nothing of an unfinished group, it reruns whole.
+    Each environment gets the finest level at or below this that it supports (a warning names each lowered one)."""
+    overrides: dict[str, Literal["turn", "sibling", "prompt_group"]] = {}
+    """Environment name -> a coarser level for that environment only. Naming an environment that is not in
+    [environments], or a level finer than target_level, is refused at start-up."""
+
+
 class RolloutConfig(StrictModel):
     group_size: int = Field(default=8, ge=2)
     """Siblings per prompt group (GRPO's N)."""
@@ -210,8 +240,12 @@ class TurnkeepConfig(StrictModel):
     """Which policy model to train."""
     task: TaskConfig = TaskConfig()
     """The environment's task."""
+    environments: dict[str, EnvironmentSpec] = {"calc": EnvironmentSpec()}
+    """The environments prompt groups are spread over, by name (`[environments.<name>]`); a run can mix kinds."""
     rollout: RolloutConfig = RolloutConfig()
     """How rollouts are generated and retried."""
+    rollout_recovery: RolloutRecoveryConfig = RolloutRecoveryConfig()
+    """How much of an unfinished group a restore or a live failure keeps."""
     train: TrainConfig = TrainConfig()
     """GRPO and the trainer."""
     policy: PolicyServerConfig = PolicyServerConfig()

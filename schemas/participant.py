@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from schemas.rollout import RolloutRequest, TurnBoundary
+from schemas.environments import EnvironmentCapabilities
 from schemas.wire import Wire
 
 PROTOCOL_VERSION = 1
@@ -38,8 +39,8 @@ class Capabilities(Wire):
     """Version of this protocol the participant speaks."""
     saves_state: bool
     """True when commit writes artifacts (agents, resources); False for a fence-only participant."""
-    recovery_mode: Literal["stateless", "exported", "restart_only"] | None = None
-    """How the participant's agents come back after a restore (None: it runs no agents)."""
+    environments: list[EnvironmentCapabilities] = []
+    """An environment server: what each environment it runs can do for recovery (empty: it runs no agents)."""
 
 
 class PrepareRequest(Wire):
@@ -140,8 +141,9 @@ class SavedAgent(Wire):
     """The rollout request the agent was started with."""
     boundary: TurnBoundary
     """Its newest committed turn boundary: the conversation so far, as token ids."""
-    env_state: dict[str, Any]
-    """The environment's own exported state at that boundary (`Environment.export_state()`)."""
+    env_state: dict[str, Any] | None
+    """The environment's own exported state at that boundary (`Environment.export_state()`); None for a
+    stateless environment (replayed from the saved turns) and a restart_only one (it cannot continue)."""
 
     @model_validator(mode="after")
     def _same_rollout(self) -> "SavedAgent":
@@ -168,6 +170,8 @@ class RestoreReply(Wire):
     """Echo of the request's id."""
     restored: list[str]
     """Rollout ids of the saved agents now held, ready to continue when asked with `resume_from`."""
+    cannot_continue: list[str] = []
+    """Saved agents of restart_only environments: their state was never saved, so they start over."""
 
 
 class FaultPlan(Wire):

@@ -26,6 +26,8 @@ class Problem(Wire):
     """Prompt text shown to the agent (for example `Q 37+48-12`)."""
     answer: int
     """The verifier's expected answer."""
+    env: str = "calc"
+    """Name of the configured environment (`[environments.<name>]`) that runs this problem."""
 
 
 class RolloutRequest(Wire):

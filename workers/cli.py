@@ -11,6 +11,7 @@ from pathlib import Path
 import orjson
 
 from controller.config_file import ConfigError, load_config
+from controller.recovery_levels import check_recovery_settings
 from workers.bench_cli import add_bench_parser, run_bench
 from workers.chaos import add_chaos_parser, run_chaos
 
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "run_dir", None) is not None:
             overrides["run.run_dir"] = str(args.run_dir)
         cfg = load_config(args.config, overrides)
+        check_recovery_settings(cfg)
     except ConfigError as err:
         print(f"turnkeep: {err}", file=sys.stderr)
         return 2
@@ -83,7 +85,7 @@ def _run(cfg) -> int:
 
     try:
         summary = asyncio.run(run_training(cfg, cfg.run.steps))
-    except RunDirError as err:
+    except (RunDirError, ConfigError) as err:
         print(f"turnkeep: {err}", file=sys.stderr)
         return 2
     except (RecoveryFailed, UnusableRunDir, RecoveryError) as err:

@@ -65,3 +65,18 @@ def test_a_startup_fault_plan_needs_fault_injection(tmp_path) -> None:
     assert cfg.env.startup_faults.delay_s == {"prepare": 3.0}
     with pytest.raises(ValueError, match="needs env.fault_injection"):
         TurnkeepConfig.model_validate({"env": {"startup_faults": plan}})
+
+
+def test_the_run_command_refuses_an_override_of_an_unknown_environment_before_starting_anything(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "run", "--run-dir", str(run_dir),
+         "--set", 'rollout_recovery.overrides={"jduge": "sibling"}'],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "rollout_recovery.overrides names environment 'jduge'" in done.stderr
+    assert not run_dir.exists()

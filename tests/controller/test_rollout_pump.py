@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from controller.data_plane import DataPlane
 from controller.dataloader import PromptDataloader
 from controller.group_ledger import GroupLedger
+from controller.recovery_levels import EnvRecoveryPlan
 from controller.rollout_pump import RolloutPump
 from controller.run_stats import RunStats
 from primitives.deadlines import DeadlineRegistry
@@ -22,8 +25,11 @@ class ScriptedEnv:
         self.script = script
         self.acked: list[str] = []
         self.cancelled: list[str] = []
+        self.judged: list[str] = []
+        self.requests: list[RolloutRequest] = []
 
     async def run(self, request: RolloutRequest) -> RolloutResult:
+        self.requests.append(request)
         delay, outcome = self.script(request.sibling, request.attempt)
         await asyncio.sleep(delay)
         if outcome is RolloutOutcome.FAILED:
@@ -41,6 +47,12 @@ class ScriptedEnv:
     async def ack(self, receipt: str) -> None:
         self.acked.append(receipt)
 
+    async def judge(self, request) -> list[float]:
+        self.judged.append(request.group_id)
+        # A stand-in judge: the sibling with the most policy tokens wins every comparison.
+        lengths = [sum(len(turn) for turn in sibling) for sibling in request.policy_turns]
+        return [float(n == max(lengths)) for n in lengths]
+
     async def cancel(self, rollout_id: str) -> None:
         self.cancelled.append(rollout_id)
 
@@ -48,16 +60,21 @@ class ScriptedEnv:
         return 0
 
 
-def run_one_group(script, *, timeout_s: float, max_attempts: int, hold_for_s: float = 0.0):
+CALC = EnvRecoveryPlan("calc", "calc", "stateless", "turn")
+
+
+def run_one_group(script, *, timeout_s: float, max_attempts: int, hold_for_s: float = 0.0,
+                  plan: EnvRecoveryPlan = CALC, group_size: int = 2):
     async def scenario():
         admission = HoldSet("admission")
         settled: list[tuple[str, bool]] = []
         env = ScriptedEnv(script)
-        cfg = RolloutConfig(group_size=2, rollout_timeout_s=timeout_s, max_attempts=max_attempts)
+        cfg = RolloutConfig(group_size=group_size, rollout_timeout_s=timeout_s, max_attempts=max_attempts)
         stats, plane, ledger = RunStats(), DataPlane(), GroupLedger()
         pump = RolloutPump(
             cfg, 1, PromptDataloader(TaskConfig(), seed=0), ledger, plane, env, admission,
             DeadlineRegistry(admission), stats, on_group_settled=lambda gid, ok: settled.append((gid, ok)),
+            plans={"calc": plan},
         )
         task = asyncio.create_task(pump.run())
         if hold_for_s:
@@ -103,3 +120,124 @@ def test_a_parked_rollout_longer_than_its_budget_is_not_timed_out():
     assert settled == [("g0000000", True)]
     assert stats.siblings_dropped == {}
     assert env.cancelled == []
+
+
+# ---- recovery levels: a live failure of one sibling, per environment kind and level ----
+
+JUDGE = EnvRecoveryPlan("calc", "judge", "stateless", "turn", group_scored=True)
+
+
+def _fail_sibling_2_once(sibling, attempt):
+    # Siblings 0 and 1 seal at once; sibling 2 fails a little later, on its first attempt only.
+    if sibling == 2 and attempt == 0:
+        return 0.05, RolloutOutcome.FAILED
+    return 0.0, RolloutOutcome.FINISHED
+
+
+@pytest.mark.parametrize("plan, counter", [
+    (JUDGE, "groups_retried_whole"),
+    (EnvRecoveryPlan("calc", "calc", "stateless", "prompt_group"), "groups_rerun_whole"),
+    (EnvRecoveryPlan("calc", "lab", "restart_only", "prompt_group"), "groups_rerun_whole"),
+])
+def test_a_live_failure_reruns_the_whole_group_when_group_scored_or_at_prompt_group(plan, counter):
+    settled, stats, plane, ledger, env = run_one_group(_fail_sibling_2_once, timeout_s=5, max_attempts=3,
+                                                        plan=plan, group_size=3)
+    assert settled == [("g0000000", True)]
+    assert [row.attempt for row in plane.rows("g0000000")] == [1, 1, 1]  # the sealed round-0 rows were discarded
+    assert dict(stats.recovery_by_env["calc"]) == {counter: 1, "sealed_discarded": 2, "rerun_from_scratch": 3}
+    assert env.judged == (["g0000000"] if plan.group_scored else [])
+    assert stats.retries == 0 and not stats.siblings_dropped
+
+
+@pytest.mark.parametrize("plan", [
+    EnvRecoveryPlan("calc", "calc", "stateless", "turn"),
+    EnvRecoveryPlan("calc", "workspace", "exported", "turn"),
+    EnvRecoveryPlan("calc", "calc", "stateless", "sibling"),
+    EnvRecoveryPlan("calc", "lab", "restart_only", "sibling"),
+])
+def test_a_live_failure_retries_only_that_sibling_at_turn_and_sibling_levels(plan):
+    settled, stats, plane, _, env = run_one_group(_fail_sibling_2_once, timeout_s=5, max_attempts=3, plan=plan,
+                                                  group_size=3)
+    assert settled == [("g0000000", True)]
+    assert [row.attempt for row in plane.rows("g0000000")] == [0, 0, 1]  # sealed siblings kept
+    assert dict(stats.recovery_by_env["calc"]) == {"rerun_from_scratch": 1}
+    assert stats.retries == 1 and env.judged == []
+
+
+def test_a_group_scored_group_that_keeps_failing_is_dropped_after_max_attempts_rounds():
+    always_fails = lambda sibling, attempt: (0.01, RolloutOutcome.FAILED if sibling == 1 else RolloutOutcome.FINISHED)
+    settled, stats, plane, _, env = run_one_group(always_fails, timeout_s=5, max_attempts=2, plan=JUDGE,
+                                                  group_size=2)
+    assert settled == [("g0000000", False)]
+    assert plane.rows("g0000000") == [] and env.judged == []
+    assert stats.recovery_by_env["calc"]["groups_retried_whole"] == 1
+
+
+# ---- recovery levels: a restore, per environment kind and level ----
+
+
+def restore_one_group(plan: EnvRecoveryPlan):
+    """A restored group of 3: sibling 0 sealed, sibling 1 saved at turn 2 (a continuation), sibling 2 running."""
+    from controller.rollout_pump import Continuation
+    from schemas.rollout import Problem
+
+    async def scenario():
+        admission = HoldSet("admission")
+        settled: list[tuple[str, bool]] = []
+        env = ScriptedEnv(lambda sibling, attempt: (0.0, RolloutOutcome.FINISHED))
+        cfg = RolloutConfig(group_size=3, rollout_timeout_s=5, max_attempts=3)
+        stats, plane, ledger = RunStats(), DataPlane(), GroupLedger()
+        ledger.admit("g1", Problem(question="Q 1+2", answer=3), 3)
+        for sibling in range(3):
+            ledger.start_attempt("g1", sibling)
+        ledger.seal("g1", 0)
+        plane.put(RolloutRow(group_id="g1", sibling=0, attempt=0, reward=1.0, num_turns=1,
+                             segments=[Segment(kind="policy", token_ids=[5], logprobs=[-1.0], policy_version=0)]))
+        pump = RolloutPump(
+            cfg, 1, PromptDataloader(TaskConfig(), seed=0), ledger, plane, env, admission,
+            DeadlineRegistry(admission), stats, on_group_settled=lambda gid, ok: settled.append((gid, ok)),
+            plans={"calc": plan},
+        )
+        saved = Continuation(rollout_id="g1.1.0", turn_index=2, segments=5, boundary_sha="sha")
+        queued, _ = pump.restore({("g1", 1): saved})  # the in-flight limit of 1 keeps new groups out
+        task = asyncio.create_task(pump.run())
+        while not settled:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        started = {r.sibling: r.resume_from for r in env.requests if r.group_id == "g1"}
+        return queued, settled, started, [row.attempt for row in plane.rows("g1")], stats, env
+
+    return asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("plan, resumed", [
+    (EnvRecoveryPlan("calc", "calc", "stateless", "turn"), True),
+    (EnvRecoveryPlan("calc", "workspace", "exported", "turn"), True),
+    (JUDGE, True),
+    (EnvRecoveryPlan("calc", "calc", "stateless", "sibling"), False),
+    (EnvRecoveryPlan("calc", "lab", "restart_only", "sibling"), False),
+    (EnvRecoveryPlan("calc", "judge", "stateless", "sibling", group_scored=True), False),
+])
+def test_a_restore_keeps_sealed_siblings_and_resumes_saved_turns_only_at_the_turn_level(plan, resumed):
+    queued, settled, started, attempts, stats, env = restore_one_group(plan)
+    assert queued == 2 and settled == [("g1", True)]
+    assert started == {1: "g1.1.0" if resumed else None, 2: None}  # sibling 0 stays sealed
+    assert attempts == [0, 1, 1]
+    counts = dict(stats.recovery_by_env["calc"])
+    assert counts == ({"resumed_from_turn": 1, "rerun_from_scratch": 1} if resumed else {"rerun_from_scratch": 2})
+    assert env.judged == (["g1"] if plan.group_scored else [])
+
+
+@pytest.mark.parametrize("plan", [
+    EnvRecoveryPlan("calc", "calc", "stateless", "prompt_group"),
+    EnvRecoveryPlan("calc", "judge", "stateless", "prompt_group", group_scored=True),
+    EnvRecoveryPlan("calc", "lab", "restart_only", "prompt_group"),
+])
+def test_a_restore_at_the_prompt_group_level_reruns_the_whole_group_and_drops_saved_turns(plan):
+    queued, settled, started, attempts, stats, _ = restore_one_group(plan)
+    assert queued == 3 and settled == [("g1", True)]
+    assert started == {0: None, 1: None, 2: None}
+    assert attempts == [1, 1, 1]
+    assert dict(stats.recovery_by_env["calc"]) == {"groups_rerun_whole": 1, "sealed_discarded": 1,
+                                                   "rerun_from_scratch": 3}

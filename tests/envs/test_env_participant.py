@@ -39,7 +39,8 @@ def test_agents_park_at_boundaries_are_saved_and_continue(stack, stack_config, t
             env = driver.client("env", stack.env_url)
             ck = checkpoint_id()
             try:
-                assert (await env.capabilities()).recovery_mode == "exported"
+                [calc] = (await env.capabilities()).environments
+                assert (calc.name, calc.recovery_mode, calc.group_scored) == ("calc", "stateless", False)
                 early = await start_agents(driver, 12)
                 status = await env.prepare(ck, lease_s=30)
                 assert status.checkpoint_id == ck

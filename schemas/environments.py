@@ -1,0 +1,58 @@
+"""What each environment can do for recovery, and the level the controller gives it.
+
+An environment server reports one `EnvironmentCapabilities` per configured environment
+(`GET /environments`); the controller lowers `rollout_recovery.target_level` for each
+from that report (`controller/recovery_levels.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from schemas.rollout import Problem
+from schemas.wire import Wire
+
+RecoveryMode = Literal["stateless", "exported", "restart_only"]
+"""stateless: replaying the saved policy turns rebuilds the environment; exported: it exports and
+restores its own state; restart_only: its state cannot be saved, so an episode can only start over."""
+RecoveryLevel = Literal["turn", "sibling", "prompt_group"]
+"""turn: keep sealed siblings, resume unfinished ones from their saved turn; sibling: keep sealed
+siblings, rerun unfinished ones from scratch; prompt_group: rerun the whole group."""
+LEVELS_FINE_TO_COARSE: tuple[RecoveryLevel, ...] = ("turn", "sibling", "prompt_group")
+FINEST_LEVEL: dict[str, RecoveryLevel] = {"stateless": "turn", "exported": "turn", "restart_only": "sibling"}
+"""The finest level each recovery mode supports."""
+
+
+def coarser(a: RecoveryLevel, b: RecoveryLevel) -> RecoveryLevel:
+    return max(a, b, key=LEVELS_FINE_TO_COARSE.index)
+
+
+class EnvironmentCapabilities(Wire):
+    name: str
+    """The environment's name in the run's `[environments]` table."""
+    kind: str
+    """Its implementation (`calc`, `workspace`, `lab`, `judge`)."""
+    recovery_mode: RecoveryMode
+    """How an episode comes back after a restore."""
+    group_scored: bool = False
+    """True when its reward scores all siblings of a group together."""
+    group_size: int | None = None
+    """Siblings it scores together (group-scored environments only)."""
+
+
+class EnvironmentsReply(Wire):
+    environments: list[EnvironmentCapabilities]
+
+
+class JudgeRequest(Wire):
+    group_id: str
+    """The group being scored (for logs)."""
+    problem: Problem
+    """The group's problem; `problem.env` names the group-scored environment."""
+    policy_turns: list[list[list[int]]]
+    """Per sibling, in sibling order: the token ids of each policy turn."""
+
+
+class JudgeReply(Wire):
+    rewards: list[float]
+    """One reward per sibling, in the request's order."""
