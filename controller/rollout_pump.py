@@ -130,7 +130,7 @@ class RolloutPump:
                 await self._admission.wait_clear()
                 group_id, problem = self._dataloader.next_group()
                 self._ledger.admit(group_id, problem, self._cfg.group_size)
-                self._emit(GroupAdmitted, group_id=group_id, size=self._cfg.group_size)
+                self._emit(GroupAdmitted, group_id=group_id, size=self._cfg.group_size, env=problem.env)
                 for sibling in range(self._cfg.group_size):
                     self._spawn(self._run_sibling(group_id, sibling))
         finally:

@@ -73,6 +73,8 @@ class GroupAdmitted(_Event):
     event: Literal["group_admitted"] = "group_admitted"
     group_id: str
     size: int
+    env: str = "calc"
+    """The environment that runs the group."""
 
 
 class SiblingStarted(_Event):

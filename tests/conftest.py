@@ -45,7 +45,11 @@ def stack(stack_config):
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     stack_config.run.run_dir.mkdir(parents=True, exist_ok=True)
     start_ray(stack_config, stack_config.run.run_dir)
-    processes = asyncio.run(launch(stack_config))
+    # The environment server serves every built-in kind; the controller side of most tests runs only calc.
+    from schemas.config import EnvironmentSpec
+
+    every_kind = {kind: EnvironmentSpec(kind=kind) for kind in ("calc", "workspace", "lab", "judge")}
+    processes = asyncio.run(launch(stack_config.model_copy(update={"environments": every_kind})))
     yield processes
     asyncio.run(shutdown(processes))
     assert not ray.is_initialized()

@@ -19,7 +19,7 @@ from activities.participant_client import ParticipantClient
 from envs.calc_task import sample_problem
 from schemas.config import TaskConfig
 from schemas.participant import ParticipantStatus
-from schemas.rollout import RolloutRequest, RolloutResult
+from schemas.rollout import Problem, RolloutRequest, RolloutResult
 
 
 class RolloutDriver:
@@ -34,19 +34,17 @@ class RolloutDriver:
     def client(self, name: str, url: str, timeout_s: float = 10.0) -> ParticipantClient:
         return ParticipantClient(name, url, self.token, self.session, timeout_s=timeout_s)
 
-    def start(self, n: int) -> list[asyncio.Task[RolloutResult]]:
+    def start(self, n: int, env: str = "calc") -> list[asyncio.Task[RolloutResult]]:
+        """n siblings of one new group of environment `env` (one problem, as the controller admits them)."""
         group = f"ptest-{uuid.uuid4().hex[:8]}"
-        new = [asyncio.create_task(self.run_and_ack(self._request(group, i))) for i in range(n)]
+        problem = sample_problem(self._task, self._rng).model_copy(update={"env": env})
+        new = [asyncio.create_task(self.run_and_ack(self._request(group, i, problem))) for i in range(n)]
         self.tasks += new
         return new
 
-    def _request(self, group: str, sibling: int) -> RolloutRequest:
+    def _request(self, group: str, sibling: int, problem: Problem) -> RolloutRequest:
         return RolloutRequest(
-            rollout_id=f"{group}.{sibling}.0",
-            group_id=group,
-            sibling=sibling,
-            attempt=0,
-            problem=sample_problem(self._task, self._rng),
+            rollout_id=f"{group}.{sibling}.0", group_id=group, sibling=sibling, attempt=0, problem=problem,
         )
 
     async def run_and_ack(self, request: RolloutRequest) -> RolloutResult:

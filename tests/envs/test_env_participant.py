@@ -39,8 +39,8 @@ def test_agents_park_at_boundaries_are_saved_and_continue(stack, stack_config, t
             env = driver.client("env", stack.env_url)
             ck = checkpoint_id()
             try:
-                [calc] = (await env.capabilities()).environments
-                assert (calc.name, calc.recovery_mode, calc.group_scored) == ("calc", "stateless", False)
+                calc = {caps.name: caps for caps in (await env.capabilities()).environments}["calc"]
+                assert (calc.recovery_mode, calc.group_scored) == ("stateless", False)
                 early = await start_agents(driver, 12)
                 status = await env.prepare(ck, lease_s=30)
                 assert status.checkpoint_id == ck
@@ -100,7 +100,8 @@ def check_artifacts(result, root, parked: int) -> list[SavedAgent]:
     for agent in saved:
         assert agent.boundary.turn_index >= 1
         assert agent.boundary.segments[-1].kind == "tool"  # parked after a finished tool call
-        assert len(agent.env_state["turns"]) == agent.boundary.turn_index
+        if agent.env_state is not None:  # an exported environment's own state, at the same boundary
+            assert len(agent.env_state["turns"]) == agent.boundary.turn_index
     return saved
 
 

@@ -5,6 +5,7 @@ audit log; and the checker fails loudly once an invariant is broken on purpose."
 from __future__ import annotations
 
 import shutil
+from collections import Counter
 
 import orjson
 import pytest
@@ -16,6 +17,8 @@ from tests.run_command import short_run_dir, small_run_settings, turnkeep
 pytestmark = pytest.mark.integration
 
 POINTS = ["gym_prepare", "gym_commit", "cut", "publish", "resume", "restore"]
+EVERY_KIND = '{"calc": {"kind": "calc"}, "workspace": {"kind": "workspace"}, "lab": {"kind": "lab"}, ' \
+             '"judge": {"kind": "judge"}}'
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +27,9 @@ def chaos_run(stack_config):
     log = run_dir.parent / "chaos.log"
     proc = turnkeep(
         "chaos", "--run-dir", str(run_dir), "--kills", str(len(POINTS)), "--points", ",".join(POINTS),
-        "--steps", "36", "--seed", "3", "--phase-timeout-s", "240", *small_run_settings(stack_config), log=log,
+        "--steps", "36", "--seed", "3", "--phase-timeout-s", "240", *small_run_settings(stack_config),
+        # Every environment kind at once: each must come back at its own recovery level.
+        "--set", f"environments={EVERY_KIND}", log=log,
     )
     code = proc.wait(timeout=1800)
     return run_dir, code, log.read_text()
@@ -45,6 +50,33 @@ def test_a_kill_in_every_phase_restores_and_keeps_every_invariant(chaos_run) -> 
     counts = report["verdict"]["counts"]
     assert counts["restores_by_source"].get("snapshot", 0) >= 1
     assert counts["continuations_sealed"] >= 1 and results[2]["checked"] >= 1
+
+
+def test_each_environment_kind_came_back_at_its_own_level(chaos_run) -> None:
+    run_dir, code, output = chaos_run
+    assert "environment 'lab' (lab, restart_only): recovery level lowered from 'turn' to 'sibling'" in output
+    events = list(read_audit(run_dir))
+    env_of = {e.group_id: e.env for e in events if e.event == "group_admitted"}
+    assert set(env_of.values()) == {"calc", "workspace", "lab", "judge"}
+    continued = Counter(env_of[c.group_id] for e in events if e.event == "restored" for c in e.continuations)
+    assert continued["lab"] == 0 and sum(continued.values()) >= 1, continued  # restart_only never continues
+    trained = {g for e in events if e.event == "step_trained" for g in e.group_ids}
+    assert {env_of[g] for g in trained} == {"calc", "workspace", "lab", "judge"}
+    # A group-scored group is trained only with every sibling sealed in its final round.
+    sealed: dict[str, set[int]] = {}
+    for e in events:
+        if e.event == "group_rerun":
+            sealed.pop(e.group_id, None)
+        elif e.event == "sibling_sealed":
+            sealed.setdefault(e.group_id, set()).add(e.sibling)
+    for group in (g for g in trained if env_of[g] == "judge"):
+        assert len(sealed.get(group, ())) == 4, group
+    resumed = Counter(env_of[e.group_id] for e in events if e.event == "sibling_started" and e.resumed_from)
+    assert resumed["lab"] == 0 and sum(resumed.values()) >= 1, resumed
+    lines = [orjson.loads(line) for line in (run_dir / "metrics.jsonl").read_bytes().splitlines()]
+    totals = [line["recovery_by_env_total"] for line in lines if line["kind"] == "train_step"]
+    assert all("resumed_from_turn" not in t.get("lab", {}) for t in totals)
+    assert any(sum(counts.get("resumed_from_turn", 0) for counts in t.values()) for t in totals), totals[-1]
 
 
 def test_every_resumed_row_kept_the_policy_version_of_each_saved_turn(chaos_run) -> None:
