@@ -55,20 +55,27 @@ class GroupRecovery:
         self._data_plane.delete([group_id])
         self._record(group_id, "prompt_group_restore", "restored at the prompt_group level", discarded)
 
-    async def rerun_after_failure(self, group_id: str, reason: str) -> bool:
-        """Rerun the whole group after one sibling failed; False when it used its rounds and was dropped."""
+    async def rerun_after_failure(self, group_id: str, reason: str, round_: int) -> bool | None:
+        """Rerun the whole group after one sibling of round `round_` failed.
+
+        False when the group used its rounds and was dropped; None when another failure of
+        the same round got there first (this one has nothing left to do).
+        """
         plan = self.plan(group_id)
-        running = self._ledger.running_rollouts(group_id)
-        rerun = self._ledger.round(group_id) + 1 < self._max_rounds
-        if rerun:
-            discarded = self._ledger.restart_group(group_id)
-            cause = "group_scored_failure" if plan.group_scored else "prompt_group_failure"
-            self._record(group_id, cause, reason, discarded)
-        else:
-            # The train pump discards it as untrainable once the caller settles it.
-            self._ledger.drop_group(group_id, reason)
-            log.warning("group %s dropped after %d whole-group rounds: %s", group_id, self._max_rounds, reason)
+        # Ledger and data plane change together under the barrier, so a cut never sees one without the other.
         async with self._data_plane.barrier:
+            if self._ledger.round(group_id) != round_:
+                return None
+            running = self._ledger.running_rollouts(group_id)
+            rerun = self._ledger.round(group_id) + 1 < self._max_rounds
+            if rerun:
+                discarded = self._ledger.restart_group(group_id)
+                cause = "group_scored_failure" if plan.group_scored else "prompt_group_failure"
+                self._record(group_id, cause, reason, discarded)
+            else:
+                # The train pump discards it as untrainable once the caller settles it.
+                self._ledger.drop_group(group_id, reason)
+                log.warning("group %s dropped after %d whole-group rounds: %s", group_id, self._max_rounds, reason)
             self._data_plane.delete([group_id])
         for rollout_id in running:
             await self._cancel(rollout_id)
@@ -90,8 +97,7 @@ class GroupRecovery:
                 last = err
                 await asyncio.sleep(0.5 * 2**attempt)
         else:
-            if self._ledger.round(group_id) == round_:
-                await self.rerun_after_failure(group_id, f"judge failed {JUDGE_TRIES} times: {last}")
+            await self.rerun_after_failure(group_id, f"judge failed {JUDGE_TRIES} times: {last}", round_)
             return False
         async with self._data_plane.barrier:
             if self._ledger.round(group_id) != round_:

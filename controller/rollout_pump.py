@@ -215,7 +215,10 @@ class RolloutPump:
                 reason=reason, will_retry=retry or whole,
             )
             if whole:
-                if await self.groups.rerun_after_failure(group_id, f"sibling {sibling} {reason}"):
+                rerun = await self.groups.rerun_after_failure(group_id, f"sibling {sibling} {reason}", round_)
+                if rerun is None:
+                    return  # another sibling's failure already started the next round
+                if rerun:
                     new_round = self._ledger.round(group_id)
                     for sib in range(self._cfg.group_size):
                         self._spawn(self._run_sibling(group_id, sib, None, new_round))

@@ -241,3 +241,13 @@ def test_a_restore_at_the_prompt_group_level_reruns_the_whole_group_and_drops_sa
     assert attempts == [1, 1, 1]
     assert dict(stats.recovery_by_env["calc"]) == {"groups_rerun_whole": 1, "sealed_discarded": 1,
                                                    "rerun_from_scratch": 3}
+
+
+def test_two_siblings_failing_in_the_same_round_rerun_the_group_once():
+    # Siblings 1 and 2 both fail on their first attempt, at the same moment.
+    script = lambda sibling, attempt: (0.02, RolloutOutcome.FAILED if sibling and attempt == 0
+                                       else RolloutOutcome.FINISHED)
+    settled, stats, plane, _, _ = run_one_group(script, timeout_s=5, max_attempts=3, plan=JUDGE, group_size=3)
+    assert settled == [("g0000000", True)]
+    assert stats.recovery_by_env["calc"]["groups_retried_whole"] == 1
+    assert [row.attempt for row in plane.rows("g0000000")] == [1, 1, 1]
