@@ -168,7 +168,8 @@ class EnvServer:
                     request, env, self._codec, self._policy, self.records, lambda: self.agents.park(agent),
                     self._limits, start=start, on_turn=lambda turn, seg: self._audit_turn(request, turn, seg),
                 )
-            except (PolicyCallError, aiohttp.ClientError, ValidationError, ContinuationError) as err:
+            except (PolicyCallError, aiohttp.ClientError, ValidationError, RuntimeError) as err:
+                # RuntimeError: a tool that broke (a lab's process died) or a continuation that cannot go on.
                 result = _failed(request, f"{type(err).__name__}: {err}")
             finally:
                 self.records.forget(request.rollout_id)

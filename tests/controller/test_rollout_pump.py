@@ -10,6 +10,7 @@ from controller.data_plane import DataPlane
 from controller.dataloader import PromptDataloader
 from controller.group_ledger import GroupLedger
 from controller.recovery_levels import EnvRecoveryPlan
+from schemas.environments import FINEST_LEVEL, coarser
 from controller.rollout_pump import RolloutPump
 from controller.run_stats import RunStats
 from primitives.deadlines import DeadlineRegistry
@@ -134,34 +135,36 @@ def _fail_sibling_2_once(sibling, attempt):
     return 0.0, RolloutOutcome.FINISHED
 
 
-@pytest.mark.parametrize("plan, counter", [
-    (JUDGE, "groups_retried_whole"),
-    (EnvRecoveryPlan("calc", "calc", "stateless", "prompt_group"), "groups_rerun_whole"),
-    (EnvRecoveryPlan("calc", "lab", "restart_only", "prompt_group"), "groups_rerun_whole"),
-])
-def test_a_live_failure_reruns_the_whole_group_when_group_scored_or_at_prompt_group(plan, counter):
-    settled, stats, plane, ledger, env = run_one_group(_fail_sibling_2_once, timeout_s=5, max_attempts=3,
-                                                        plan=plan, group_size=3)
-    assert settled == [("g0000000", True)]
-    assert [row.attempt for row in plane.rows("g0000000")] == [1, 1, 1]  # the sealed round-0 rows were discarded
-    assert dict(stats.recovery_by_env["calc"]) == {counter: 1, "sealed_discarded": 2, "rerun_from_scratch": 3}
-    assert env.judged == (["g0000000"] if plan.group_scored else [])
-    assert stats.retries == 0 and not stats.siblings_dropped
+KINDS = {"calc": ("stateless", False), "workspace": ("exported", False), "lab": ("restart_only", False),
+         "judge": ("stateless", True)}
+EVERY_KIND_AND_LEVEL = [(kind, level) for kind in KINDS for level in ("turn", "sibling", "prompt_group")]
 
 
-@pytest.mark.parametrize("plan", [
-    EnvRecoveryPlan("calc", "calc", "stateless", "turn"),
-    EnvRecoveryPlan("calc", "workspace", "exported", "turn"),
-    EnvRecoveryPlan("calc", "calc", "stateless", "sibling"),
-    EnvRecoveryPlan("calc", "lab", "restart_only", "sibling"),
-])
-def test_a_live_failure_retries_only_that_sibling_at_turn_and_sibling_levels(plan):
+def plan_for(kind: str, target: str) -> EnvRecoveryPlan:
+    """The plan `plan_levels` gives this kind at this target (a restart_only kind is lowered to sibling)."""
+    mode, group_scored = KINDS[kind]
+    return EnvRecoveryPlan("calc", kind, mode, coarser(target, FINEST_LEVEL[mode]), group_scored)
+
+
+@pytest.mark.parametrize("kind, level", EVERY_KIND_AND_LEVEL)
+def test_a_live_failure_of_one_sibling_per_environment_kind_and_level(kind, level):
+    plan = plan_for(kind, level)
     settled, stats, plane, _, env = run_one_group(_fail_sibling_2_once, timeout_s=5, max_attempts=3, plan=plan,
                                                   group_size=3)
     assert settled == [("g0000000", True)]
-    assert [row.attempt for row in plane.rows("g0000000")] == [0, 0, 1]  # sealed siblings kept
-    assert dict(stats.recovery_by_env["calc"]) == {"rerun_from_scratch": 1}
-    assert stats.retries == 1 and env.judged == []
+    counts = dict(stats.recovery_by_env["calc"])
+    if plan.group_scored or level == "prompt_group":
+        # The whole group reruns: the two sealed round-0 rows are discarded.
+        assert [row.attempt for row in plane.rows("g0000000")] == [1, 1, 1]
+        counter = "groups_retried_whole" if plan.group_scored else "groups_rerun_whole"
+        assert counts == {counter: 1, "sealed_discarded": 2, "rerun_from_scratch": 3}
+        assert stats.retries == 0
+    else:
+        # Only the failed sibling reruns; the sealed ones are kept.
+        assert [row.attempt for row in plane.rows("g0000000")] == [0, 0, 1]
+        assert counts == {"rerun_from_scratch": 1} and stats.retries == 1
+    assert env.judged == (["g0000000"] if plan.group_scored else [])  # judged once, in the final round
+    assert not stats.siblings_dropped
 
 
 def test_a_group_scored_group_that_keeps_failing_is_dropped_after_max_attempts_rounds():
@@ -211,36 +214,23 @@ def restore_one_group(plan: EnvRecoveryPlan):
     return asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("plan, resumed", [
-    (EnvRecoveryPlan("calc", "calc", "stateless", "turn"), True),
-    (EnvRecoveryPlan("calc", "workspace", "exported", "turn"), True),
-    (JUDGE, True),
-    (EnvRecoveryPlan("calc", "calc", "stateless", "sibling"), False),
-    (EnvRecoveryPlan("calc", "lab", "restart_only", "sibling"), False),
-    (EnvRecoveryPlan("calc", "judge", "stateless", "sibling", group_scored=True), False),
-])
-def test_a_restore_keeps_sealed_siblings_and_resumes_saved_turns_only_at_the_turn_level(plan, resumed):
+@pytest.mark.parametrize("kind, level", EVERY_KIND_AND_LEVEL)
+def test_a_restore_per_environment_kind_and_level(kind, level):
+    plan = plan_for(kind, level)
     queued, settled, started, attempts, stats, env = restore_one_group(plan)
-    assert queued == 2 and settled == [("g1", True)]
-    assert started == {1: "g1.1.0" if resumed else None, 2: None}  # sibling 0 stays sealed
-    assert attempts == [0, 1, 1]
+    assert settled == [("g1", True)]
     counts = dict(stats.recovery_by_env["calc"])
-    assert counts == ({"resumed_from_turn": 1, "rerun_from_scratch": 1} if resumed else {"rerun_from_scratch": 2})
+    if level == "prompt_group":
+        # The whole group reruns: the sealed sibling is discarded and the saved turns are not used.
+        assert queued == 3 and started == {0: None, 1: None, 2: None} and attempts == [1, 1, 1]
+        assert counts == {"groups_rerun_whole": 1, "sealed_discarded": 1, "rerun_from_scratch": 3}
+    else:
+        resumed = plan.level == "turn"  # never for restart_only: its level was lowered to sibling
+        assert queued == 2 and attempts == [0, 1, 1]  # sibling 0 stays sealed
+        assert started == {1: "g1.1.0" if resumed else None, 2: None}
+        assert counts == ({"resumed_from_turn": 1, "rerun_from_scratch": 1} if resumed
+                          else {"rerun_from_scratch": 2})
     assert env.judged == (["g1"] if plan.group_scored else [])
-
-
-@pytest.mark.parametrize("plan", [
-    EnvRecoveryPlan("calc", "calc", "stateless", "prompt_group"),
-    EnvRecoveryPlan("calc", "judge", "stateless", "prompt_group", group_scored=True),
-    EnvRecoveryPlan("calc", "lab", "restart_only", "prompt_group"),
-])
-def test_a_restore_at_the_prompt_group_level_reruns_the_whole_group_and_drops_saved_turns(plan):
-    queued, settled, started, attempts, stats, _ = restore_one_group(plan)
-    assert queued == 3 and settled == [("g1", True)]
-    assert started == {0: None, 1: None, 2: None}
-    assert attempts == [1, 1, 1]
-    assert dict(stats.recovery_by_env["calc"]) == {"groups_rerun_whole": 1, "sealed_discarded": 1,
-                                                   "rerun_from_scratch": 3}
 
 
 def test_two_siblings_failing_in_the_same_round_rerun_the_group_once():
