@@ -31,6 +31,7 @@ from envs.turn_records import TurnRecords
 from primitives.audit_log import AuditLog
 from primitives.holds import HoldSet
 from primitives.participant_core import ParticipantCore, ParticipantFault
+from primitives.participant_faults import FaultInjector
 from primitives.participant_http import ControlAuth, add_participant_routes
 from schemas.config import EnvironmentSpec, EnvServerConfig
 from schemas.environments import JudgeReply, JudgeRequest
@@ -77,6 +78,7 @@ class EnvServer:
         self._audit = audit
         self._running: dict[str, asyncio.Task] = {}
         self._runner: web.AppRunner | None = None
+        self._faults = FaultInjector()
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> str:
@@ -95,11 +97,11 @@ class EnvServer:
                 web.get("/health", self._handle_health),
             ]
         )
-        faults = add_participant_routes(
+        self._faults = add_participant_routes(
             app, self.participant, self._control, fault_injection=self._cfg.fault_injection, restore=self._restore
         )
         if self._cfg.startup_faults is not None:
-            faults.set(self._cfg.startup_faults)
+            self._faults.set(self._cfg.startup_faults)
         if self._audit is not None:
             self._audit.start()
         self._runner = web.AppRunner(app, access_log=None)
@@ -147,6 +149,8 @@ class EnvServer:
         return web.Response(body=result.model_dump_json(), content_type="application/json")
 
     async def _run(self, request: RolloutRequest) -> RolloutResult:
+        if self._faults.crash_rollout(request.problem.env):
+            return _failed(request, f"the {request.problem.env} tool crashed (injected fault)")
         saved = None
         if request.resume_from is not None:
             saved = self.restored.take(request.resume_from)

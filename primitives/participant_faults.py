@@ -31,6 +31,10 @@ class FaultInjector:
     def delay_s(self, route: str) -> float:
         return self.plan.delay_s.get(route, 0.0)
 
+    def crash_rollout(self, env: str) -> bool:
+        """True when an injected tool crash is due for a rollout of environment `env`."""
+        return _consume(self.plan.crash_rollouts, env)
+
     def enospc(self, route: str) -> None:
         """Raise OSError(ENOSPC) if a disk-full fault is due for `route`'s write."""
         if _consume(self.plan.enospc, route):
