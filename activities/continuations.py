@@ -32,6 +32,8 @@ def check_continuations(agents: list[SavedAgent], ledger: GroupLedger, data_plan
     continuations = []
     for agent in agents:
         req = agent.request
+        if req.rollout_id in ledger.abandoned(req.group_id):
+            continue  # its group was rerun whole between the commit and the cut: it never continues
         sibling = ledger.sibling(req.group_id, req.sibling)
         if sibling is None:
             raise invariant_broken(f"saved agent {req.rollout_id} continues group {req.group_id}, which is not in the cut")

@@ -39,6 +39,9 @@ class GroupEntry:
     """Whole-group reruns so far; a sibling task of an earlier round is stale and must change nothing."""
     scored: bool = False
     """A group-scored environment's rewards were applied to every row."""
+    abandoned: list[str] = field(default_factory=list)
+    """Rollouts a whole-group rerun abandoned while they ran: a snapshot taken meanwhile may hold one
+    of them parked, and it must never be continued."""
 
     def settled(self) -> bool:
         return all(s.state in (SiblingState.SEALED, SiblingState.DROPPED) for s in self.siblings)
@@ -108,6 +111,7 @@ class GroupLedger:
         """
         group = self._groups[group_id]
         discarded = [i for i, s in enumerate(group.siblings) if s.state is SiblingState.SEALED]
+        group.abandoned += self.running_rollouts(group_id)
         group.round += 1
         group.complete = group.scored = False
         for entry in group.siblings:
@@ -117,10 +121,15 @@ class GroupLedger:
     def drop_group(self, group_id: str, reason: str) -> None:
         """Give the whole group up; a new round, so its sibling tasks still running change nothing."""
         group = self._groups[group_id]
+        group.abandoned += self.running_rollouts(group_id)
         group.round += 1
         for entry in group.siblings:
             entry.state = SiblingState.DROPPED
             entry.last_reason = reason
+
+    def abandoned(self, group_id: str) -> set[str]:
+        group = self._groups.get(group_id)
+        return set(group.abandoned) if group is not None else set()
 
     def mark_scored(self, group_id: str) -> None:
         group = self._groups[group_id]
@@ -182,6 +191,7 @@ class GroupLedger:
                     "complete": g.complete,
                     "round": g.round,
                     "scored": g.scored,
+                    "abandoned": g.abandoned,
                     "siblings": [asdict(s) for s in g.siblings],
                 }
                 for g in self._groups.values()
@@ -197,5 +207,6 @@ class GroupLedger:
             ]
             problem = Problem.model_validate(raw["problem"])
             self._groups[raw["group_id"]] = GroupEntry(
-                raw["group_id"], problem, siblings, raw["complete"], raw.get("round", 0), raw.get("scored", False)
+                raw["group_id"], problem, siblings, raw["complete"], raw.get("round", 0), raw.get("scored", False),
+                list(raw.get("abandoned", [])),
             )

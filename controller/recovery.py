@@ -114,6 +114,8 @@ class Recovery:
         continuations = {}
         for agent in saved:
             req = agent.request
+            if req.rollout_id in ledger.abandoned(req.group_id):
+                continue  # a whole-group rerun abandoned it after the snapshot's commit
             entry = ledger.sibling(req.group_id, req.sibling)
             if entry is None or entry.state is not SiblingState.RUNNING or entry.attempts != req.attempt + 1:
                 raise RecoveryError(

@@ -113,3 +113,34 @@ def test_groups_go_to_environments_by_weight_and_the_same_index_always_gets_the_
     # One environment: the same problems as before environments existed.
     plain = PromptDataloader(TaskConfig(), seed=5)
     assert plain.next_group()[1].question == problems[0].question
+
+
+def test_a_whole_group_rerun_abandons_running_attempts_and_a_cut_skips_their_saved_agents():
+    from activities.continuations import check_continuations
+    from controller.data_plane import DataPlane
+    from schemas.participant import SavedAgent
+    from schemas.rollout import Problem, RolloutRequest, TurnBoundary
+
+    ledger, plane = GroupLedger(), DataPlane()
+    problem = Problem(question="Q 1+2", answer=3)
+    ledger.admit("g", problem, 3)
+    for sibling in range(3):
+        ledger.start_attempt("g", sibling)
+    ledger.seal("g", 0)
+
+    def saved(sibling: int) -> SavedAgent:
+        request = RolloutRequest(rollout_id=f"g.{sibling}.0", group_id="g", sibling=sibling, attempt=0,
+                                 problem=problem)
+        return SavedAgent(request=request, boundary=TurnBoundary(rollout_id=request.rollout_id, turn_index=1,
+                                                                 segments=[]), env_state=None)
+
+    # Committed while the group ran: both running siblings were parked and saved.
+    agents = [saved(1), saved(2)]
+    assert [c["rollout_id"] for c in check_continuations(agents, ledger, plane)] == ["g.1.0", "g.2.0"]
+    # Then sibling 2 failed in a group-scored environment, before the cut: the group reruns whole.
+    assert ledger.restart_group("g") == [0]
+    assert ledger.abandoned("g") == {"g.1.0", "g.2.0"} and ledger.round("g") == 1
+    assert check_continuations(agents, ledger, plane) == []  # never continued, and no broken invariant
+    restored = GroupLedger()
+    restored.load_state_dict(ledger.state_dict())
+    assert restored.abandoned("g") == {"g.1.0", "g.2.0"} and restored.round("g") == 1
