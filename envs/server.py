@@ -36,8 +36,7 @@ from primitives.participant_http import ControlAuth, add_participant_routes
 from schemas.config import EnvironmentSpec, EnvServerConfig
 from schemas.environments import JudgeReply, JudgeRequest
 from schemas.audit import TurnCommitted
-from schemas.participant import RestoreReply, RestoreRequest
-from schemas.participant import SavedAgent
+from schemas.participant import RestoreReply, RestoreRequest, SavedAgent
 from schemas.rollout import AckRequest, RolloutOutcome, RolloutRequest, RolloutResult, Segment, TurnBoundary
 
 log = logging.getLogger("turnkeep.env")
