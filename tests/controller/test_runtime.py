@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import tempfile
+from pathlib import Path
 
 import aiohttp
 import orjson
@@ -14,21 +16,25 @@ from controller.trainer_checkpoint import published_steps
 pytestmark = pytest.mark.integration
 
 
-async def _train(cfg, processes, steps: int) -> Controller:
+async def _train(cfg, processes, start: int, steps: int) -> Controller:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        controller = Controller(cfg, processes, session, steps)
-        await controller.run(steps)
+        controller = Controller(cfg, processes, session, start + steps, start_step=start)
+        await controller.run(start + steps)
         async with session.get(f"{processes.env_url}/health") as resp:
             controller.env_health = await resp.json()
         return controller
 
 
 def test_real_steps_train_refit_checkpoint_and_report(stack, stack_config):
-    controller = asyncio.run(_train(stack_config, stack, steps=3))
-    run_dir = stack_config.run.run_dir
+    # The session's trainer may have trained already (tests share it): continue from its version.
+    start = asyncio.run(_actor(stack.trainer.version.remote()))
+    run_dir = Path(tempfile.mkdtemp(prefix="tk-runtime-", dir="/tmp"))
+    cfg = stack_config.model_copy(update={"run": stack_config.run.model_copy(update={"run_dir": run_dir})})
+    controller = asyncio.run(_train(cfg, stack, start, steps=3))
+    steps = [start + 1, start + 2, start + 3]
 
     lines = [orjson.loads(line) for line in (run_dir / "metrics.jsonl").read_bytes().splitlines()]
-    assert [line["step"] for line in lines] == [1, 2, 3]
+    assert [line["step"] for line in lines] == steps
     for line in lines:
         for key in ("reward_mean", "rollout_tokens_per_s", "train_step_s", "groups_trained",
                     "policy_version", "staleness_max"):
@@ -36,20 +42,21 @@ def test_real_steps_train_refit_checkpoint_and_report(stack, stack_config):
         assert line["groups_trained"] == stack_config.train.prompts_per_step
         assert 0 <= line["staleness_max"] <= stack_config.train.max_staleness
         assert line["trainer_tokens"] > 0
-    assert [line["policy_version"] for line in lines] == [1, 2, 3]
+    assert [line["policy_version"] for line in lines] == steps
     # A step can land with no new rows since the previous one; over the run, generation happened.
     assert sum(line["rollout_tokens_per_s"] for line in lines) > 0
 
-    # The refit reached the policy server: it now serves version 3.
+    # The refit reached the policy server: it now serves the last step's version.
     health = asyncio.run(_actor(stack.policy.health.remote()))
-    assert health["policy_version"] == 3
+    assert health["policy_version"] == steps[-1]
 
-    # save_period = 2: step 2 was checkpointed atomically, with the controller's state, and so was the last step.
-    assert published_steps(run_dir) == [2, 3]
-    ckpt = run_dir / "checkpoints" / "step_2"
+    # save_period = 2: even steps were checkpointed atomically, with the controller's state, and so was the last step.
+    saved = sorted({s for s in steps if s % 2 == 0} | {steps[-1]})
+    assert published_steps(run_dir) == saved
+    ckpt = run_dir / "checkpoints" / f"step_{saved[0]}"
     assert {p.name for p in (ckpt / "trainer").iterdir()} >= {"model.safetensors", "optimizer.pt", "rng.pt"}
     state = orjson.loads((ckpt / "controller_state.json").read_bytes())
-    assert state["step"] == 2
+    assert state["step"] == saved[0]
     assert state["dataloader"]["next_index"] > 8
     assert not [p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith(".staging")]
 
