@@ -29,8 +29,12 @@ class CalcEnvironment(Environment):
         if isinstance(action, CalcCall):
             if self._tool_latency_s:
                 await asyncio.sleep(self._tool_latency_s)
-            return StepResult(observation=run_tool(action), done=False)
+            return StepResult(observation=await self._call_tool(action), done=False)
         return StepResult(observation=None, done=True)
+
+    async def _call_tool(self, call: CalcCall) -> str:
+        """The tool's reply line; the other kinds keep the same task and change only where the tool runs."""
+        return run_tool(call)
 
     def reward(self) -> float:
         return score(self._problem, self._turns)

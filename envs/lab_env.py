@@ -13,8 +13,9 @@ import asyncio
 import sys
 from asyncio.subprocess import PIPE, Process
 
-from envs.calc_task import CalcCall, parse_action, score
-from envs.environment import EnvContext, Environment, StepResult
+from envs.calc_env import CalcEnvironment
+from envs.calc_task import CalcCall
+from envs.environment import EnvContext
 from schemas.rollout import Problem
 
 REPL_CODE = """
@@ -40,34 +41,20 @@ while True:
 """The child's loop: reads `a op b` lines, prints `<calls served so far> <result>` lines."""
 
 
-class LabEnvironment(Environment):
+class LabEnvironment(CalcEnvironment):
     """Calc whose calculator runs in one child process per episode, started on the first call."""
 
     kind = "lab"
     recovery_mode = "restart_only"
 
     def __init__(self, problem: Problem, ctx: EnvContext = EnvContext()) -> None:
-        self._problem = problem
-        self._tool_latency_s = ctx.tool_latency_s
-        self._turns: list[str] = []
+        super().__init__(problem, ctx)
         self._proc: Process | None = None
         self.calls_served = 0
         """Calls the child has served, as the child itself reported (its in-process state)."""
 
-    def prompt(self) -> str:
-        return self._problem.question + "\n"
-
-    async def step(self, turn_text: str) -> StepResult:
-        self._turns.append(turn_text)
-        action = parse_action(turn_text)
-        if not isinstance(action, CalcCall):
-            return StepResult(observation=None, done=True)
-        if self._tool_latency_s:
-            await asyncio.sleep(self._tool_latency_s)
-        return StepResult(observation=f"R {await self._ask(action)}\n", done=False)
-
-    def reward(self) -> float:
-        return score(self._problem, self._turns)
+    async def _call_tool(self, call: CalcCall) -> str:
+        return f"R {await self._ask(call)}\n"
 
     async def close(self) -> None:
         proc, self._proc = self._proc, None

@@ -8,48 +8,37 @@ restore that loses the files is caught by a reward of 0 rather than passing sile
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from envs.calc_task import CalcCall, apply_op, expected_calls, parse_action, run_tool, score
-from envs.environment import EnvContext, Environment, StepResult
+from envs.calc_env import CalcEnvironment
+from envs.calc_task import CalcCall, apply_op, expected_calls, run_tool, score
+from envs.environment import EnvContext
 from schemas.rollout import Problem
 
 TAPE = "tape"
 """The file the calculator appends each result to, one per line."""
 
 
-class WorkspaceEnvironment(Environment):
+class WorkspaceEnvironment(CalcEnvironment):
     """Calc, but each computed result is also appended to a `tape` file in a private folder."""
 
     kind = "workspace"
     recovery_mode = "exported"
 
     def __init__(self, problem: Problem, ctx: EnvContext = EnvContext()) -> None:
-        self._problem = problem
-        self._tool_latency_s = ctx.tool_latency_s
+        super().__init__(problem, ctx)
         self._workspace_root = ctx.workspace_root
-        self._turns: list[str] = []
         self._dir: Path | None = None
         """Created on first use, so episodes that never call the tool leave nothing on disk."""
 
-    def prompt(self) -> str:
-        return self._problem.question + "\n"
-
-    async def step(self, turn_text: str) -> StepResult:
-        self._turns.append(turn_text)
-        action = parse_action(turn_text)
-        if not isinstance(action, CalcCall):
-            return StepResult(observation=None, done=True)
-        if self._tool_latency_s:
-            await asyncio.sleep(self._tool_latency_s)
+    async def _call_tool(self, call: CalcCall) -> str:
         with open(self._workspace() / TAPE, "a", encoding="utf-8") as tape:
-            tape.write(f"{apply_op(action.a, action.op, action.b)}\n")
+            tape.write(f"{apply_op(call.a, call.op, call.b)}\n")
             tape.flush()
-        return StepResult(observation=run_tool(action), done=False)
+        return run_tool(call)
 
     def reward(self) -> float:
         if score(self._problem, self._turns) != 1.0:
