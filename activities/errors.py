@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
-from activities.participant_errors import ParticipantInvariantBroken, ParticipantRefused, ParticipantUnavailable
+from participants.errors import ParticipantInvariantBroken, ParticipantRefused, ParticipantUnavailable
 
 INVARIANT = "InvariantBroken"  # the workflows match on this type name
 REFUSED = "ParticipantRefused"

@@ -19,7 +19,7 @@ from pathlib import Path
 from temporalio import activity
 
 from activities.errors import participant_errors
-from activities.participant_client import ParticipantClient
+from participants.client import ParticipantClient
 from activities.snapshot_context import SnapshotContext
 from primitives.chaos_points import reached
 from schemas.participant import ParticipantStatus

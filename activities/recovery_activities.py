@@ -11,8 +11,8 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 
 from activities.errors import stale_incarnation
-from controller.recovery import Recovery, RecoveryError
-from controller.recovery_source import UnusableRunDir
+from controller.restore.crash_restore import CrashRestore, CrashRestoreError
+from controller.restore.restore_source import UnusableRunDir
 from schemas import search_attributes as sa
 from schemas.recovery import (
     CancelStaleResult,
@@ -29,7 +29,7 @@ RUN_WORKFLOW = "TurnkeepRun"
 
 
 class RecoveryActivities:
-    def __init__(self, client: Client, recovery: Recovery, incarnation: int, wait_s: float) -> None:
+    def __init__(self, client: Client, recovery: CrashRestore, incarnation: int, wait_s: float) -> None:
         self._client = client
         self._recovery = recovery
         self._incarnation = incarnation
@@ -87,8 +87,8 @@ class RecoveryActivities:
         self._check(inp.incarnation)
         try:
             return await self._recovery.restore(inp.source)
-        except RecoveryError as err:
-            raise ApplicationError(str(err), type="RecoveryError", non_retryable=True) from None
+        except CrashRestoreError as err:
+            raise ApplicationError(str(err), type="CrashRestoreError", non_retryable=True) from None
 
     @activity.defn(name="recovery.resume")
     async def resume(self, inp: RecoveryStepInput) -> ResumeAfterRestoreResult:

@@ -10,12 +10,12 @@ from pathlib import Path
 
 from temporalio import activity
 
-from activities.continuations import read_saved_agents
-from activities.cut_state import write_cut_state
+from controller.state.continuations import read_saved_agents
+from controller.state.cut_state import write_cut_state
 from activities.errors import invariant_broken, trainer_moved
 from activities.snapshot_context import SnapshotContext
-from controller import snapshot_store
-from controller.trainer_checkpoint import published_steps
+from controller.stores import snapshot_store
+from controller.stores.trainer_checkpoint import published_steps
 from primitives.chaos_points import reached, reached_sync
 from primitives.atomic_files import append_jsonl
 from schemas.snapshot import (
@@ -99,7 +99,7 @@ class SnapshotActivities:
         staging = Path(inp.staging_dir)
         saved_agents = read_saved_agents(staging)
         controller = ctx.controller
-        async with controller.data_plane.barrier:
+        async with controller.state.data_plane.barrier:
             step = controller.training.step
             if step != inp.expected_step and inp.expected_policy_version < 0:
                 # Without the trainer hold (the peer's behaviour) this is expected: the attempt is wasted.

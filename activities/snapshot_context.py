@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from activities.errors import stale_incarnation
-from activities.participant_client import ParticipantClient
+from participants.client import ParticipantClient
 
 if TYPE_CHECKING:
     from controller.runtime import Controller

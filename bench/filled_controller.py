@@ -11,10 +11,10 @@ from __future__ import annotations
 import random
 
 from bench.synthetic_rollouts import chain_problem, finished_row
-from controller.claim_ledger import ClaimLedger
-from controller.data_plane import DataPlane
-from controller.dataloader import PromptDataloader
-from controller.group_ledger import GroupLedger
+from controller.state.claim_ledger import ClaimLedger
+from controller.state.data_plane import DataPlane
+from controller.state.dataloader import PromptDataloader
+from controller.state.group_ledger import GroupLedger
 from schemas.config import TaskConfig
 from schemas.rollout import RolloutRequest
 

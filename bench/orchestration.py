@@ -82,9 +82,9 @@ async def attempt_costs(client: Client, run_id: str, workflow_type: str = ATTEMP
 
 async def costs_of_run_dir(run_dir: Path, limit: int | None,
                            workflow_type: str = ATTEMPT_TYPE) -> list[AttemptCost]:
-    from controller.temporal_server import start_dev_server, stop_dev_server
+    from workers.temporal_server import start_dev_server, stop_dev_server
     from schemas.config import TemporalConfig
-    from workers.temporal_workers import connect
+    from workers.temporal_client import connect
 
     run_id = orjson.loads((run_dir / "run.json").read_bytes())["run_id"]
     temporal = orjson.loads((run_dir / "config.json").read_bytes()).get("temporal", {})

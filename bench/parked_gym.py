@@ -21,7 +21,7 @@ from envs.kinds import environment_capabilities
 from envs.receipts import ReceiptBook
 from envs.turn_records import TurnRecords
 from primitives.holds import HoldSet
-from primitives.participant_core import ParticipantCore
+from participants.core import ParticipantCore
 from schemas.config import EnvironmentSpec
 from schemas.rollout import RolloutRequest, Segment, TurnBoundary
 

@@ -29,7 +29,7 @@ from bench.phase_growth import EXPECTED_GROWTH, phase_growth
 from bench.peak_rss import give_memory_back, peak_rss_bytes, reset_peak, rss_bytes
 from bench.report import BenchResult, markdown_table
 from bench.timed_attempt import AttemptTimes, timed_attempt
-from controller import snapshot_store
+from controller.stores import snapshot_store
 
 log = logging.getLogger("turnkeep.bench")
 

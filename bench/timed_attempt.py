@@ -15,14 +15,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from activities.continuations import read_saved_agents
-from activities.cut_state import write_cut_state
+from controller.state.continuations import read_saved_agents
+from controller.state.cut_state import write_cut_state
 from bench.filled_controller import STEP, FilledController
 from bench.gc_clock import GcClock
 from bench.parked_gym import ParkedGym
 from bench.synthetic_rollouts import POLICY_VERSION
-from controller import snapshot_store
-from primitives.participant_core import ParticipantCore
+from controller.stores import snapshot_store
+from participants.core import ParticipantCore
 
 RUN_ID = "bench-scaling"
 FINGERPRINT = "bench-scaling"
@@ -92,7 +92,7 @@ async def _cut(staging: Path, controller: FilledController, gc_clock: GcClock) -
     barrier and how many of them the garbage collector took."""
     saved_agents = read_saved_agents(staging)
     entered, gc_before = time.perf_counter(), gc_clock.seconds
-    async with controller.data_plane.barrier:
+    async with controller.state.data_plane.barrier:
         state = write_cut_state(controller, saved_agents, staging / "controller" / "state.json")
         continuations = state["continuations"]
     barrier_s, barrier_gc_s = time.perf_counter() - entered, gc_clock.seconds - gc_before

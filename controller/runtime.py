@@ -16,18 +16,18 @@ from pathlib import Path
 
 import aiohttp
 
-from controller.claim_ledger import ClaimLedger
-from controller.data_plane import DataPlane
-from controller.dataloader import PromptDataloader
-from controller.env_client import EnvClient
-from controller.group_ledger import GroupLedger
-from controller.metrics import MetricsSink
-from controller.placement import Processes
-from controller.recovery_levels import EnvRecoveryPlan, local_recovery_plans
-from controller.rollout_pump import RolloutPump
-from controller.run_stats import RunStats
-from controller.train_pump import StepReport, TrainPump
-from controller.trainer_checkpoint import CheckpointIdentity, write_trainer_checkpoint
+from controller.state.claim_ledger import ClaimLedger
+from controller.state.data_plane import DataPlane
+from controller.state.dataloader import PromptDataloader
+from controller.pumps.env_client import EnvClient
+from controller.state.group_ledger import GroupLedger
+from controller.stores.metrics import MetricsSink
+from workers.placement import Processes
+from controller.rollout_levels import RolloutLevelPlan, local_level_plans
+from controller.pumps.rollout_pump import RolloutPump
+from controller.state.run_stats import RunStats
+from controller.pumps.train_pump import StepReport, TrainPump
+from controller.stores.trainer_checkpoint import CheckpointIdentity, write_trainer_checkpoint
 from primitives.audit_log import AuditLog
 from primitives.deadlines import DeadlineRegistry
 from primitives.gc_pause import collector_paused
@@ -57,9 +57,9 @@ class Controller:
     def __init__(
         self, cfg: TurnkeepConfig, processes: Processes, session: aiohttp.ClientSession, max_steps: int | None,
         start_step: int = 0, audit: AuditLog | None = None, checkpoint_identity: CheckpointIdentity | None = None,
-        recovery_plans: dict[str, EnvRecoveryPlan] | None = None,
+        level_plans: dict[str, RolloutLevelPlan] | None = None,
     ):
-        """`recovery_plans`: each environment's level from its server's report (default: from the kinds' own)."""
+        """`level_plans`: each environment's level from its server's report (default: from the kinds' own)."""
         self.cfg = cfg
         self.processes = processes
         self.stats = RunStats()
@@ -91,7 +91,7 @@ class Controller:
             self.deadlines,
             self.stats,
             on_group_settled=lambda gid, ok: self.training.group_settled(gid, ok),
-            plans=recovery_plans or local_recovery_plans(cfg),
+            plans=level_plans or local_level_plans(cfg),
             audit=audit,
         )
         self.training = TrainPump(

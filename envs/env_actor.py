@@ -12,7 +12,7 @@ from envs.agent_loop import LoopLimits
 from envs.server import EnvServer
 from primitives.audit_log import AUDIT_FILE, AuditLog
 from primitives.control_token import token_path
-from primitives.participant_http import ControlAuth
+from participants.http_server import ControlAuth
 from schemas.config import TurnkeepConfig
 
 

@@ -2,7 +2,7 @@
 
 Routes: `POST /run` (a RolloutRequest; answers with a RolloutResult whose receipt must
 be ACKed), `POST /ack`, `POST /cancel`, `GET /health`, and the checkpoint participant
-routes `/checkpoint/*` (see `env_participant` and `primitives.participant_http`). A
+routes `/checkpoint/*` (see `env_participant` and `participants.http_server`). A
 rollout runs as its own task, so a cancel (or a controller that went away) stops
 exactly that agent; a /run that arrives while a checkpoint holds the door waits in
 that task before it starts, so it can be cancelled too.
@@ -30,9 +30,9 @@ from envs.restored_agents import RestoredAgents, RestoreError
 from envs.turn_records import TurnRecords
 from primitives.audit_log import AuditLog
 from primitives.holds import HoldSet
-from primitives.participant_core import ParticipantCore, ParticipantFault
-from primitives.participant_faults import FaultInjector
-from primitives.participant_http import ControlAuth, add_participant_routes
+from participants.core import ParticipantCore, ParticipantFault
+from participants.faults import FaultInjector
+from participants.http_server import ControlAuth, add_participant_routes
 from schemas.config import EnvironmentSpec, EnvServerConfig
 from schemas.environments import JudgeReply, JudgeRequest
 from schemas.audit import TurnCommitted

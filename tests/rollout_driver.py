@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 
-from activities.participant_client import ParticipantClient
+from participants.client import ParticipantClient
 from envs.calc_task import sample_problem
 from schemas.config import TaskConfig
 from schemas.participant import ParticipantStatus

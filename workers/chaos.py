@@ -21,7 +21,7 @@ from pathlib import Path
 
 import orjson
 
-from controller.audit_check import Verdict, check_run_dir
+from workers.chaos_invariants import Verdict, check_run_dir
 from primitives.atomic_files import atomic_write_json
 from primitives.chaos_points import ENV_POINT, ENV_WAIT, POINTS, marker_path
 from primitives.process_tree import kill_tree
@@ -253,7 +253,7 @@ def run_chaos(args) -> int:
 def newest_snapshot_problem(run_dir: Path) -> str | None:
     """What is wrong with the newest published snapshot, in words (None: intact or none yet)."""
     from controller.fingerprint import config_fingerprint
-    from controller.recovery_source import newest_published_problem
+    from controller.restore.restore_source import newest_published_problem
     from schemas.config import TurnkeepConfig
 
     run_json, config_json = run_dir / "run.json", run_dir / "config.json"

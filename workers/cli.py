@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 
 from controller.config_file import ConfigError, load_config
-from controller.recovery_levels import check_recovery_settings
+from controller.rollout_levels import check_rollout_levels
 from workers.bench_cli import add_bench_parser, run_bench
 from workers.chaos import add_chaos_parser, run_chaos
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "run_dir", None) is not None:
             overrides["run.run_dir"] = str(args.run_dir)
         cfg = load_config(args.config, overrides)
-        check_recovery_settings(cfg)
+        check_rollout_levels(cfg)
     except ConfigError as err:
         print(f"turnkeep: {err}", file=sys.stderr)
         return 2
@@ -76,19 +76,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(cfg) -> int:
-    from controller.run_dir import RunDirError
-    from controller.run_session import run_training
+    from controller.stores.run_dir import RunDirError
+    from workers.run_session import run_training
     from controller.runtime import RunStopped
-    from controller.recovery import RecoveryError
-    from controller.recovery_source import UnusableRunDir
-    from controller.snapshot_wiring import RecoveryFailed
+    from controller.restore.crash_restore import CrashRestoreError
+    from controller.restore.restore_source import UnusableRunDir
+    from workers.controller_worker import RecoveryFailed
 
     try:
         summary = asyncio.run(run_training(cfg, cfg.run.steps))
     except (RunDirError, ConfigError) as err:
         print(f"turnkeep: {err}", file=sys.stderr)
         return 2
-    except (RecoveryFailed, UnusableRunDir, RecoveryError) as err:
+    except (RecoveryFailed, UnusableRunDir, CrashRestoreError) as err:
         print(f"turnkeep: the run could not be resumed: {err}", file=sys.stderr)
         return 2
     except RunStopped as err:

@@ -28,7 +28,7 @@ with workflow.unsafe.imports_passed_through():
     )
 
 FEW = RetryPolicy(initial_interval=timedelta(milliseconds=500), maximum_attempts=3,
-                  non_retryable_error_types=["UnusableRunDir", "RecoveryError", "StaleIncarnation"])
+                  non_retryable_error_types=["UnusableRunDir", "CrashRestoreError", "StaleIncarnation"])
 
 
 @workflow.defn(name="TurnkeepRecovery")

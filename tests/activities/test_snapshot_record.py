@@ -10,8 +10,8 @@ import orjson
 
 from activities.snapshot_activities import SnapshotActivities
 from activities.snapshot_context import SnapshotContext
-from controller.metrics import MetricsSink
-from controller.run_stats import RunStats
+from controller.stores.metrics import MetricsSink
+from controller.state.run_stats import RunStats
 from schemas.snapshot import AttemptRecord, Outcome, SnapshotAttemptResult, Trigger
 
 

@@ -10,10 +10,10 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from bench.attempt_history import HistoryTimes
 from bench.orchestration import AttemptCost, attempt_costs, costs_of_run_dir, percentile, result_of
-from controller.temporal_server import start_dev_server, stop_dev_server
+from workers.temporal_server import start_dev_server, stop_dev_server
 from schemas import search_attributes as sa
 from schemas.config import TemporalConfig
-from workers.temporal_workers import connect
+from workers.temporal_client import connect
 
 NAP_S = 0.05
 

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from controller.runtime import Controller
-from controller.trainer_checkpoint import published_steps
+from controller.stores.trainer_checkpoint import published_steps
 
 pytestmark = pytest.mark.integration
 

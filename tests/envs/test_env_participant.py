@@ -10,7 +10,7 @@ import aiohttp
 import orjson
 import pytest
 
-from activities.participant_errors import ParticipantInvariantBroken, ParticipantRefused
+from participants.errors import ParticipantInvariantBroken, ParticipantRefused
 from schemas.participant import ParticipantState, SavedAgent
 from tests.rollout_driver import RolloutDriver, wait_for, wait_ready
 
@@ -141,7 +141,7 @@ def test_an_unrenewed_lease_lets_the_agents_go_by_themselves(stack, stack_config
 
 
 def test_commit_faults_are_retryable(stack, stack_config, tmp_path) -> None:
-    from activities.participant_errors import ParticipantUnavailable
+    from participants.errors import ParticipantUnavailable
     from schemas.participant import FaultPlan
 
     async def scenario() -> None:

@@ -9,7 +9,7 @@ import uuid
 import aiohttp
 import pytest
 
-from activities.participant_errors import ParticipantRefused
+from participants.errors import ParticipantRefused
 from schemas.participant import SavedAgent
 from schemas.rollout import RolloutOutcome, RolloutRequest
 from tests.envs.test_env_participant import check_artifacts, start_agents

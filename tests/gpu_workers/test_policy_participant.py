@@ -11,7 +11,7 @@ import uuid
 import aiohttp
 import pytest
 
-from activities.participant_errors import ParticipantInvariantBroken, ParticipantUnavailable
+from participants.errors import ParticipantInvariantBroken, ParticipantUnavailable
 from schemas.participant import FaultPlan, ParticipantState
 from tests.rollout_driver import RolloutDriver, wait_for, wait_ready
 

@@ -10,7 +10,7 @@ from collections import Counter
 import orjson
 import pytest
 
-from controller.audit_check import check_run_dir
+from workers.chaos_invariants import check_run_dir
 from primitives.audit_log import AUDIT_FILE, read_audit
 from tests.run_command import short_run_dir, small_run_settings, turnkeep
 
@@ -133,7 +133,7 @@ def test_the_checker_fails_loudly_when_a_group_is_trained_twice(chaos_run, tmp_p
 ])
 def test_a_damaged_newest_snapshot_of_a_real_run_is_named_and_skipped(chaos_run, tmp_path, damage, problem) -> None:
     from controller.fingerprint import fingerprint_fields
-    from controller.recovery_source import choose_source
+    from controller.restore.restore_source import choose_source
     from schemas.config import TurnkeepConfig
     from schemas.recovery import SourceKind
 

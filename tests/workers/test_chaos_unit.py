@@ -6,7 +6,7 @@ from collections import Counter
 import orjson
 import pytest
 
-from controller.audit_check import check_invariants
+from workers.chaos_invariants import check_invariants
 from primitives.chaos_points import POINTS
 from schemas.audit import DeadlineExpired, RunEnded, RunStarted
 from workers.chaos import (

@@ -10,7 +10,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from controller.temporal_server import UNTHROTTLED, temporal_binary
+from workers.temporal_server import UNTHROTTLED, temporal_binary
 from schemas import search_attributes as sa
 from schemas.snapshot import (
     AnchorQuery, AnchorResult, AttemptRecord, CheckpointRequest, CheckpointRequestResult, RecordResult,

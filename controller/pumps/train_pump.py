@@ -1,0 +1,207 @@
+"""Train pump: claim complete groups -> train step (the trainer waits on its hold before
+the optimizer step) -> commit (step += 1, consumed groups deleted) -> refit the policy
+server -> a trainer checkpoint every `save_period` steps.
+
+Bounded staleness: a complete group is trained only while its oldest turn was generated
+by a policy at most `max_staleness` versions behind the trainer; older groups are
+discarded with the reason `stale` and their slot goes back to the rollout pump.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from controller.state.claim_ledger import ClaimLedger
+from controller.state.data_plane import DataPlane
+from controller.state.group_ledger import GroupLedger
+from controller.state.run_stats import RunStats
+from primitives.audit_log import AuditLog
+from primitives.holds import HoldSet
+from schemas.audit import GroupsDiscarded, StepTrained
+from schemas.config import TrainConfig
+
+log = logging.getLogger("turnkeep.train")
+
+
+@dataclass
+class StepReport:
+    step: int
+    policy_version: int
+    groups_trained: int
+    reward_mean: float
+    staleness_max: int
+    train_step_s: float
+    refit_s: float
+    trainer: dict
+
+
+class TrainPump:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        ledger: GroupLedger,
+        claims: ClaimLedger,
+        data_plane: DataPlane,
+        trainer,
+        policy,
+        admission: HoldSet,
+        stats: RunStats,
+        on_groups_finished: Callable[[], None],
+        write_checkpoint: Callable[[int, str], Awaitable[None]],
+        announce_checkpoint_again: Callable[[int, str], Awaitable[None]],
+        on_step: Callable[[StepReport], None],
+        audit: AuditLog | None = None,
+    ) -> None:
+        self._cfg = cfg
+        self._ledger = ledger
+        self._claims = claims
+        self._data_plane = data_plane
+        self._trainer = trainer
+        self._policy = policy
+        self._admission = admission
+        self._stats = stats
+        self._on_groups_finished = on_groups_finished
+        self._write_checkpoint = write_checkpoint
+        self._announce_checkpoint_again = announce_checkpoint_again
+        self._on_step = on_step
+        self._audit = audit
+        self._group_settled = asyncio.Event()
+        self._untrainable: list[str] = []
+        self._checkpoint_request: str | None = None
+        self._checkpointed_step: int | None = None
+        self.step = 0
+
+    def group_settled(self, group_id: str, trainable: bool) -> None:
+        if not trainable:
+            self._untrainable.append(group_id)
+        self._group_settled.set()
+
+    def restore(self, step: int) -> None:
+        """Continue after a restore at `step`: its checkpoint exists, so none is written for it again."""
+        self.step = step
+        self._checkpointed_step = step
+
+    def has_checkpoint_of_current_step(self) -> bool:
+        return self._checkpointed_step == self.step
+
+    def request_checkpoint(self, trigger: str) -> None:
+        """Write a trainer checkpoint at the current step as soon as no step is running.
+
+        A snapshot must be filed under a checkpoint of the current step; this lets a
+        periodic or operator snapshot get one instead of being skipped.
+        """
+        self._checkpoint_request = trigger
+        self._group_settled.set()  # wakes a train pump that is waiting for data
+
+    async def run(self, max_steps: int | None) -> None:
+        while max_steps is None or self.step < max_steps:
+            await self._serve_checkpoint_request()
+            await self.train_one_step()
+        if self._checkpointed_step != self.step:
+            # A finished run can be extended later (`--steps` higher, same run directory) from where it ended.
+            await self._checkpoint(self.step, "trainer_checkpoint")
+
+    async def _serve_checkpoint_request(self) -> None:
+        trigger, self._checkpoint_request = self._checkpoint_request, None
+        if trigger is None:
+            return
+        if self._checkpointed_step != self.step:
+            await self._checkpoint(self.step, trigger)
+        else:
+            # The request raced a save_period checkpoint of this very step: the requester
+            # (a preemption, an operator) still waits for an attempt under it, so announce it again.
+            await self._announce_checkpoint_again(self.step, trigger)
+
+    async def _checkpoint(self, step: int, trigger: str) -> None:
+        await self._write_checkpoint(step, trigger)
+        self._checkpointed_step = step
+
+    async def train_one_step(self) -> StepReport:
+        group_ids = await self._claim_batch()
+        target = self.step + 1
+        rows = [row for gid in group_ids for row in self._data_plane.rows(gid)]
+        staleness = self.step - min(v for row in rows for v in row.policy_versions())
+        self._claims.claim(target, group_ids)
+        started = time.monotonic()
+        try:
+            trainer_stats = await self._trainer.train_step.remote([row.model_dump() for row in rows], target)
+        except BaseException:
+            self._claims.release(target)
+            raise
+        train_step_s = time.monotonic() - started
+        async with self._data_plane.barrier:
+            if self._audit is not None:
+                # Durable before the step counts: a checkpoint never runs ahead of the audit log.
+                self._audit.emit(StepTrained, step=target, policy_version=trainer_stats["policy_version"],
+                                 group_ids=group_ids)
+                self._audit.flush()
+            self._claims.commit(target)
+            self._data_plane.delete(group_ids)
+            self._ledger.finish(group_ids)
+            self.step = target
+        self._on_groups_finished()
+        refit_s = await self._refit(trainer_stats["policy_version"])
+        if self.step % self._cfg.save_period == 0:
+            # A pending request (a preemption, an operator) is served by this checkpoint: keep its trigger.
+            trigger, self._checkpoint_request = self._checkpoint_request or "trainer_checkpoint", None
+            await self._checkpoint(self.step, trigger)
+        report = StepReport(
+            step=self.step,
+            policy_version=trainer_stats["policy_version"],
+            groups_trained=len(group_ids),
+            reward_mean=sum(row.reward for row in rows) / len(rows),
+            staleness_max=staleness,
+            train_step_s=train_step_s,
+            refit_s=refit_s,
+            trainer=trainer_stats,
+        )
+        self._on_step(report)
+        return report
+
+    async def _claim_batch(self) -> list[str]:
+        while True:
+            await self._serve_checkpoint_request()
+            fresh = await self._drop_unusable_groups()
+            if len(fresh) >= self._cfg.prompts_per_step:
+                return fresh[: self._cfg.prompts_per_step]
+            self._group_settled.clear()
+            await self._group_settled.wait()
+
+    async def _drop_unusable_groups(self) -> list[str]:
+        if self._untrainable:
+            await self._discard(self._untrainable, "too_few_siblings")
+            self._untrainable = []
+        claimed = set(self._claims.claimed())
+        fresh, stale = [], []
+        for gid in self._ledger.complete_group_ids():
+            if gid in claimed:
+                continue
+            versions = [v for row in self._data_plane.rows(gid) for v in row.policy_versions()]
+            (stale if versions and self.step - min(versions) > self._cfg.max_staleness else fresh).append(gid)
+        if stale:
+            log.info("discarding %d groups older than max_staleness=%d", len(stale), self._cfg.max_staleness)
+            await self._discard(stale, "stale")
+        return fresh
+
+    async def _discard(self, group_ids: list[str], reason: str) -> None:
+        async with self._data_plane.barrier:
+            if self._audit is not None:
+                self._audit.emit(GroupsDiscarded, group_ids=group_ids, reason=reason)
+            self._data_plane.delete(group_ids)
+            self._ledger.finish(group_ids)
+        self._stats.groups_discarded[reason] += len(group_ids)
+        self._on_groups_finished()
+
+    async def _refit(self, version: int) -> float:
+        started = time.monotonic()
+        self._admission.add("refit")
+        try:
+            blob = self._trainer.weights_blob.remote()
+            await self._policy.load_weights.remote(blob, version)
+        finally:
+            self._admission.release("refit")
+        return time.monotonic() - started

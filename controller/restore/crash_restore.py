@@ -1,0 +1,179 @@
+"""The restore steps of a restarted run, in DESIGN.md's order.
+
+The recovery workflow's activities call these (so each step shows in the Temporal UI);
+with snapshots off they run directly. Everything happens while the run is paused: the
+controller's admission gate and the policy server's gate are held by
+`recovery:<incarnation>` from `restore` until `resume`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import orjson
+
+from controller.state.continuations import read_saved_agents
+from participants.client import ParticipantClient
+from controller.fingerprint import fingerprint_fields
+from controller.state.group_ledger import SiblingState
+from controller.restore.restore_source import choose_source
+from controller.pumps.rollout_pump import Continuation
+from controller.stores.run_dir import RunIdentity
+from controller.runtime import Controller
+from primitives.atomic_files import remove_stale_staging
+from primitives.audit_log import segments_digest
+from primitives.chaos_points import reached
+from schemas.audit import ContinuationRef, Restored, RowRef
+from schemas.config import TurnkeepConfig
+from schemas.participant import SavedAgent
+from schemas.recovery import RecoverySource, RestoreResult, SourceKind
+
+log = logging.getLogger("turnkeep.recovery")
+
+
+class CrashRestoreError(RuntimeError):
+    """The chosen source could not be restored; the message says what disagreed."""
+
+
+class CrashRestore:
+    def __init__(
+        self, cfg: TurnkeepConfig, controller: Controller, identity: RunIdentity,
+        environments: list[ParticipantClient],
+    ) -> None:
+        self._cfg = cfg
+        self._controller = controller
+        self._identity = identity
+        self._environments = {env.name: env for env in environments}
+        self.holder = f"recovery:{identity.incarnation}"
+        self.recovery_id = f"{identity.run_id}.recovery.{identity.incarnation}"
+        self._paused_at: float | None = None
+
+    def choose(self) -> RecoverySource:
+        return choose_source(self._cfg.run.run_dir, self._identity.run_id, fingerprint_fields(self._cfg))
+
+    async def restore(self, source: RecoverySource) -> RestoreResult:
+        c = self._controller
+        for skipped in source.skipped:
+            log.warning("not restoring from %s: %s: %s", skipped.path, skipped.problem, skipped.detail)
+        self._pause()
+        await c.processes.policy.close_admission.remote(self.holder)
+        _remove_partial_staging(self._cfg.run.run_dir)
+        _set_aside_rejected(self._cfg.run.run_dir, source, self._identity.incarnation)
+        if source.kind is SourceKind.FRESH:
+            self._audit(source, None, {})
+            return RestoreResult(step=0, policy_version=0, data_plane_rows=0, unfinished_groups=0, continuations=0,
+                                 restarted_siblings=0)
+        trainer_dir = Path(source.checkpoint_dir or "") / "trainer"
+        version = await c.processes.trainer.load_checkpoint.remote(str(trainer_dir))
+        if version != source.policy_version:
+            raise CrashRestoreError(f"{trainer_dir} holds policy version {version}, its manifest says "
+                                f"{source.policy_version}")
+        await reached("restore", self._cfg.run.run_dir)
+        state = orjson.loads(Path(source.controller_state or "").read_bytes())
+        c.load_state_dict(state)
+        saved = read_saved_agents(Path(source.snapshot_dir)) if source.snapshot_dir else []
+        # Only environments at the `turn` level continue saved agents; the others rerun those siblings.
+        continuations = {key: cont for key, cont in self._continuations(saved).items()
+                         if c.rollouts.groups.plan(key[0]).continues_saved_turns}
+        self._audit(source, state, continuations)
+        for path in source.agents_files:
+            participant = self._environments.get(Path(path).parent.name)
+            if participant is None:
+                raise CrashRestoreError(f"{path} belongs to participant {Path(path).parent.name!r}, which this run lacks")
+            await participant.restore(self.recovery_id, str(Path(path).parent))
+        queued, settled = c.rollouts.restore(continuations)
+        for group_id in settled:
+            c.training.group_settled(group_id, bool(c.rollouts.settle(group_id)))
+        blob = c.processes.trainer.weights_blob.remote()
+        await c.processes.policy.load_weights.remote(blob, version)
+        restarted = queued - len(continuations)
+        log.info("restored step %d (policy version %d) from %s: %s", source.step, version, source.kind, source.reason)
+        return RestoreResult(
+            step=source.step, policy_version=version, data_plane_rows=c.data_plane.num_rows(),
+            unfinished_groups=c.ledger.inflight(), continuations=len(continuations), restarted_siblings=restarted,
+        )
+
+    async def resume(self) -> float:
+        """Policy first, then agents (the controller's admission gate); seconds the run was paused."""
+        c = self._controller
+        await c.processes.policy.open_admission.remote(self.holder)
+        c.admission.release(self.holder)
+        paused_s = 0.0 if self._paused_at is None else time.monotonic() - self._paused_at
+        self._paused_at = None
+        return round(paused_s, 3)
+
+    def _pause(self) -> None:
+        self._controller.admission.add(self.holder)
+        if self._paused_at is None:
+            self._paused_at = time.monotonic()
+
+    def _continuations(self, saved: list[SavedAgent]) -> dict[tuple[str, int], Continuation]:
+        ledger = self._controller.ledger
+        continuations = {}
+        for agent in saved:
+            req = agent.request
+            if req.rollout_id in ledger.abandoned(req.group_id):
+                continue  # a whole-group rerun abandoned it after the snapshot's commit
+            entry = ledger.sibling(req.group_id, req.sibling)
+            if entry is None or entry.state is not SiblingState.RUNNING or entry.attempts != req.attempt + 1:
+                raise CrashRestoreError(
+                    f"saved agent {req.rollout_id} does not match the restored ledger ({entry}); the snapshot's "
+                    "agents and controller state disagree"
+                )
+            continuations[(req.group_id, req.sibling)] = Continuation(
+                rollout_id=req.rollout_id, turn_index=agent.boundary.turn_index,
+                segments=len(agent.boundary.segments), boundary_sha=segments_digest(agent.boundary.segments),
+            )
+        return continuations
+
+    def _audit(self, source: RecoverySource, state: dict | None, continuations: dict) -> None:
+        audit = self._controller.audit
+        if audit is None:
+            return
+        c = self._controller
+        rows = [RowRef(group_id=gid, sibling=row.sibling, rollout_id=f"{gid}.{row.sibling}.{row.attempt}")
+                for gid in c.data_plane.group_ids() for row in c.data_plane.rows(gid)]
+        refs = [
+            ContinuationRef(
+                rollout_id=cont.rollout_id, next_rollout_id=f"{gid}.{sib}.{_attempt_of(cont.rollout_id) + 1}",
+                group_id=gid, sibling=sib, turn_index=cont.turn_index, boundary_sha=cont.boundary_sha,
+            )
+            for (gid, sib), cont in sorted(continuations.items())
+        ]
+        unfinished = [g["group_id"] for g in state["group_ledger"]["groups"]] if state else []
+        audit.emit(
+            Restored, source=source.kind, step=source.step, policy_version=source.policy_version,
+            snapshot_dir=source.snapshot_dir, checkpoint_dir=source.checkpoint_dir, reason=source.reason,
+            skipped=source.skipped, cut_unix_s=state.get("cut_unix_s") if state else None, rows=rows,
+            continuations=refs, unfinished_groups=unfinished, next_group_index=c.dataloader.next_index,
+        )
+        audit.flush()
+
+
+def _attempt_of(rollout_id: str) -> int:
+    return int(rollout_id.rsplit(".", 1)[1])
+
+
+def _remove_partial_staging(run_dir: Path) -> None:
+    """Staging directories of the dead incarnation are never read; remove them so nothing piles up."""
+    root = run_dir / "checkpoints"
+    if root.is_dir():
+        for parent in [root, *(p / "snapshots" for p in root.iterdir() if p.is_dir())]:
+            remove_stale_staging(parent)
+
+
+def _set_aside_rejected(run_dir: Path, source: RecoverySource, incarnation: int) -> None:
+    """Move trainer checkpoints that failed verification out of the way, kept for inspection.
+
+    The run writes those steps again; a rejected `step_N` left in place would block that.
+    """
+    aside = run_dir / "checkpoints" / "rejected"
+    for skipped in source.skipped:
+        path = Path(skipped.path)
+        if path.parent == run_dir / "checkpoints" and path.exists():
+            aside.mkdir(exist_ok=True)
+            target = aside / f"{path.name}.incarnation-{incarnation}"
+            path.rename(target)
+            log.warning("trainer checkpoint %s failed verification (%s); moved to %s", path, skipped.problem, target)

@@ -1,0 +1,110 @@
+"""Every name that more than one process or module must spell the same way.
+
+Task queues, workflow types and ids, activity names, hold-set holders and the error
+types the workflows match on. Workflows import only `schemas/`, so these live here and
+the workflows, the activities and the workers all read them from this one module: a
+rename cannot leave a stale copy behind, and a recorded history still names the same
+activities.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+# -- task queues: one per process that runs a Temporal worker --------------------------
+
+
+def controller_queue(run_id: str) -> str:
+    """The workflows and the controller's activities."""
+    return f"{run_id}.controller"
+
+
+def trainer_queue(run_id: str) -> str:
+    """Activities that change the trainer's own state (its hold), in the trainer process."""
+    return f"{run_id}.trainer"
+
+
+# -- workflows ---------------------------------------------------------------------------
+
+
+class WorkflowType(StrEnum):
+    RUN = "TurnkeepRun"
+    SNAPSHOT_ATTEMPT = "SnapshotAttempt"
+    RECOVERY = "TurnkeepRecovery"
+
+
+def run_workflow_id(run_id: str) -> str:
+    return f"{run_id}.run"
+
+
+def checkpoint_id(run_id: str, anchor_step: int, number: int) -> str:
+    """An attempt's id: its workflow id, its holder name and its participants' fencing token."""
+    return f"{run_id}.snapshot.{anchor_step}.{number}"
+
+
+def recovery_workflow_id(run_id: str, incarnation: int) -> str:
+    return f"{run_id}.recovery.{incarnation}"
+
+
+# -- activities ------------------------------------------------------------------------
+
+
+class Activity(StrEnum):
+    # the controller's queue
+    ANCHOR = "snapshot.anchor"
+    REQUEST_CHECKPOINT = "snapshot.request_checkpoint"
+    PREFLIGHT = "snapshot.preflight"
+    OPEN_STAGING = "snapshot.open_staging"
+    DISCARD_STAGING = "snapshot.discard_staging"
+    CUT = "data_plane.cut"
+    PUBLISH = "snapshot.publish"
+    RECORD = "snapshot.record"
+    GYM_PREPARE = "gym.prepare"
+    GYM_COMMIT = "gym.commit"
+    GYM_RESUME = "gym.resume"
+    GYM_ABORT = "gym.abort"
+    RECOVERY_CANCEL_STALE = "recovery.cancel_stale"
+    RECOVERY_CHOOSE_SOURCE = "recovery.choose_source"
+    RECOVERY_RESTORE = "recovery.restore"
+    RECOVERY_RESUME = "recovery.resume"
+    # the trainer's queue
+    TRAINER_HOLD = "trainer.hold"
+    TRAINER_RELEASE = "trainer.release"
+
+
+# -- holders of the hold sets (admission, deadlines, the trainer hold, the policy gate) --
+
+REFIT_HOLDER = "refit"
+"""Admission (controller and policy server) while new weights load."""
+
+CHECKPOINT_HOLDER_PREFIX = "checkpoint:"
+
+
+def snapshot_holder(checkpoint_id: str) -> str:
+    """An attempt's holder in every hold set it closes."""
+    return f"snapshot:{checkpoint_id}"
+
+
+def checkpoint_holder(step: int) -> str:
+    """The train pump's trainer hold after a checkpoint, until that checkpoint's attempt takes it over."""
+    return f"{CHECKPOINT_HOLDER_PREFIX}{step}"
+
+
+def recovery_holder(incarnation: int) -> str:
+    """Admission and the policy gate while a restarted run restores."""
+    return f"recovery:{incarnation}"
+
+
+# -- error types the workflows match on ----------------------------------------------
+
+
+class ErrorType(StrEnum):
+    INVARIANT_BROKEN = "InvariantBroken"
+    """A bug: fails the attempt and stops the run."""
+    PARTICIPANT_REFUSED = "ParticipantRefused"
+    STALE_INCARNATION = "StaleIncarnation"
+    """An activity of a dead controller incarnation; benign."""
+    TRAINER_MOVED = "TrainerMoved"
+    """A train step finished during the Gym phase without a trainer hold: the attempt is skipped."""
+    UNUSABLE_RUN_DIR = "UnusableRunDir"
+    CRASH_RESTORE_FAILED = "CrashRestoreError"

@@ -1,0 +1,40 @@
+"""The train pump's checkpoint requests: none is dropped, whatever it races."""
+
+from __future__ import annotations
+
+import asyncio
+
+from controller.pumps.train_pump import TrainPump
+
+
+def _pump(written: list, announced: list) -> TrainPump:
+    async def write(step: int, trigger: str) -> None:
+        written.append((step, trigger))
+
+    async def announce(step: int, trigger: str) -> None:
+        announced.append((step, trigger))
+
+    # Serving a request touches only the checkpoint callbacks; the rest is never reached.
+    return TrainPump(None, None, None, None, None, None, None, None, on_groups_finished=lambda: None,
+                     write_checkpoint=write, announce_checkpoint_again=announce, on_step=lambda report: None)
+
+
+def test_a_request_at_an_unsaved_step_writes_a_checkpoint_under_its_trigger():
+    written, announced = [], []
+    pump = _pump(written, announced)
+    pump.step = 7
+    pump.request_checkpoint("preemption")
+    asyncio.run(pump._serve_checkpoint_request())
+    assert written == [(7, "preemption")] and announced == []
+    assert pump.has_checkpoint_of_current_step()
+
+
+def test_a_request_that_raced_a_checkpoint_of_the_same_step_is_announced_again():
+    written, announced = [], []
+    pump = _pump(written, announced)
+    pump.restore(12)  # step 12 is checkpointed already, as after a save_period checkpoint
+    pump.request_checkpoint("preemption")
+    asyncio.run(pump._serve_checkpoint_request())
+    assert written == [] and announced == [(12, "preemption")]
+    asyncio.run(pump._serve_checkpoint_request())
+    assert announced == [(12, "preemption")]  # served once

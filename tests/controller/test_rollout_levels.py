@@ -1,0 +1,79 @@
+"""One target level, lowered per environment from its report; impossible settings refused up front."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.config_file import parse_config
+from controller.rollout_levels import RolloutLevelError, check_rollout_levels, plan_levels
+from envs.kinds import environment_capabilities
+
+MIXED = {
+    "calc": {"kind": "calc"}, "workspace": {"kind": "workspace"}, "lab": {"kind": "lab"}, "judge": {"kind": "judge"},
+}
+
+
+def _plans(raw: dict):
+    cfg = parse_config(raw)
+    return plan_levels(cfg, environment_capabilities(cfg.environments, cfg.rollout.group_size))
+
+
+def test_each_environment_gets_the_finest_level_it_supports_with_one_warning_per_lowered_one():
+    plans, warnings = _plans({"environments": MIXED})
+    assert {name: plan.level for name, plan in plans.items()} == {
+        "calc": "turn", "workspace": "turn", "lab": "sibling", "judge": "turn"}
+    assert plans["judge"].group_scored and plans["judge"].retries_whole_group
+    assert not plans["calc"].retries_whole_group
+    [warning] = warnings
+    assert "'lab'" in warning and "restart_only" in warning and "'turn' to 'sibling'" in warning
+
+
+def test_a_coarser_target_is_not_lowered_further_and_overrides_only_coarsen():
+    plans, warnings = _plans({"environments": MIXED, "rollout_recovery": {
+        "target_level": "sibling", "overrides": {"judge": "prompt_group"}}})
+    assert {name: plan.level for name, plan in plans.items()} == {
+        "calc": "sibling", "workspace": "sibling", "lab": "sibling", "judge": "prompt_group"}
+    assert warnings == []
+
+
+@pytest.mark.parametrize("raw, named", [
+    ({"rollout_recovery": {"overrides": {"jduge": "sibling"}}},
+     ["rollout_recovery.overrides", "'jduge'", "[environments.jduge]"]),
+    ({"environments": MIXED, "rollout_recovery": {"target_level": "sibling", "overrides": {"calc": "turn"}}},
+     ["rollout_recovery.overrides.calc = 'turn'", "rollout_recovery.target_level = 'sibling'", "coarser"]),
+    ({"snapshot": {"enabled": False}},
+     ["rollout_recovery.target_level = 'turn'", "snapshot.enabled = false", "snapshot.enabled = true"]),
+    ({"environments": {"judge": {"kind": "judge", "group_size": 4}}, "rollout": {"group_size": 8}},
+     ["environments.judge.group_size = 4", "rollout.group_size = 8", "set both"]),
+])
+def test_settings_that_cannot_be_honoured_are_refused_naming_both_settings_and_the_fix(raw, named):
+    with pytest.raises(RolloutLevelError) as refused:
+        check_rollout_levels(parse_config(raw))
+    for part in named:
+        assert part in str(refused.value)
+
+
+def test_snapshots_off_is_fine_once_no_environment_needs_saved_turns():
+    check_rollout_levels(parse_config({"snapshot": {"enabled": False},
+                                          "rollout_recovery": {"target_level": "sibling"}}))
+
+
+def test_a_server_that_does_not_report_a_configured_environment_is_refused():
+    cfg = parse_config({"environments": MIXED})
+    reported = [caps for caps in environment_capabilities(cfg.environments, 8) if caps.name != "lab"]
+    with pytest.raises(RolloutLevelError, match="reports only"):
+        plan_levels(cfg, reported)
+
+
+def test_a_judge_reporting_another_group_size_is_refused():
+    cfg = parse_config({"environments": {"judge": {"kind": "judge"}}})
+    [caps] = environment_capabilities(cfg.environments, 8)
+    with pytest.raises(RolloutLevelError, match="rollout.group_size = 8"):
+        plan_levels(cfg, [caps.model_copy(update={"group_size": 6})])
+
+
+def test_an_unknown_key_in_an_environment_names_the_allowed_ones():
+    from controller.config_file import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown key 'environments.calc.kynd'.*group_size, kind, weight"):
+        parse_config({"environments": {"calc": {"kynd": "calc"}}})

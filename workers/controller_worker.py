@@ -1,0 +1,187 @@
+"""Connect a running controller to Temporal: the workers, the run workflow, and the hook
+that ties an attempt to every trainer checkpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.worker import Worker
+
+from activities.gym_activities import GymActivities
+from activities.recovery_activities import RecoveryActivities
+from participants.client import ParticipantClient
+from activities.snapshot_activities import SnapshotActivities
+from activities.snapshot_context import SnapshotContext
+from controller.stores import snapshot_store
+from controller.fingerprint import config_fingerprint
+from controller.restore.crash_restore import CrashRestore
+from controller.runtime import Controller
+from workers.temporal_server import register_search_attributes
+from controller.stores.trainer_checkpoint import published_steps
+from schemas import search_attributes as sa
+from schemas.config import TurnkeepConfig
+from schemas.recovery import RecoveryInput, RecoveryResult
+from schemas.snapshot import RunCarryOver, RunWorkflowInput, SnapshotTimeouts, TrainerCheckpointSignal, Trigger
+from workers.temporal_client import connect, controller_queue, start_worker
+from workflows.recovery_workflow import RecoveryWorkflow
+from workflows.run_workflow import RunWorkflow
+from workflows.snapshot_attempt import SnapshotAttemptWorkflow
+
+log = logging.getLogger("turnkeep.snapshot")
+
+
+class RecoveryFailed(RuntimeError):
+    """The recovery workflow failed (for example every checkpoint is unusable); the message says why."""
+
+
+@dataclass
+class SnapshotRuntime:
+    client: Client
+    worker: Worker
+    worker_task: asyncio.Task
+    handle: WorkflowHandle
+    ctx: SnapshotContext
+    stopped: bool = False
+
+    async def watch(self) -> str:
+        """Resolves when the run workflow ends on its own (it stops the run)."""
+        result = await self.handle.result()
+        return result.stopped_reason
+
+
+def timeouts(cfg: TurnkeepConfig) -> SnapshotTimeouts:
+    snap = cfg.snapshot
+    return SnapshotTimeouts(prepare_s=snap.prepare_timeout_s, phase_s=snap.phase_timeout_s, lease_s=snap.lease_s)
+
+
+def participant_clients(processes, session: aiohttp.ClientSession, timeout_s: float) -> tuple[list, ParticipantClient]:
+    env = ParticipantClient("env", processes.env_url, processes.control_token, session, timeout_s)
+    policy = ParticipantClient("policy", processes.policy_url, processes.control_token, session, timeout_s)
+    return [env], policy
+
+
+def controller_worker(
+    client: Client, ctx: SnapshotContext, recovery: RecoveryActivities | None = None
+) -> tuple[Worker, asyncio.Task]:
+    """The workflows and the controller's activities on `<run_id>.controller`."""
+    gym, snap = GymActivities(ctx), SnapshotActivities(ctx)
+    extra = [] if recovery is None else [recovery.cancel_stale, recovery.choose_source, recovery.restore,
+                                         recovery.resume]
+    return start_worker(
+        client, controller_queue(ctx.run_id),
+        activities=[gym.prepare, gym.commit, gym.resume, gym.abort, snap.anchor, snap.request_checkpoint,
+                    snap.preflight, snap.open_staging,
+                    snap.discard_staging, snap.cut, snap.publish, snap.record, *extra],
+        workflows=[RunWorkflow, SnapshotAttemptWorkflow, RecoveryWorkflow],
+    )
+
+
+async def start_snapshots(
+    cfg: TurnkeepConfig, controller: Controller, session: aiohttp.ClientSession, address: str, run_id: str,
+    incarnation: int, recovery: CrashRestore | None = None,
+) -> SnapshotRuntime:
+    """Start the workers; with `recovery`, restore the run through the recovery workflow; then start the run workflow."""
+    processes = controller.processes
+    client = await connect(address, cfg.temporal.namespace)
+    if cfg.temporal.address is not None:
+        await register_search_attributes(client, cfg.temporal.namespace)
+    await processes.trainer.start_temporal_worker.remote(address, cfg.temporal.namespace, run_id, incarnation)
+    environments, policy = participant_clients(processes, session, cfg.snapshot.phase_timeout_s)
+    ctx = SnapshotContext(
+        run_id=run_id, incarnation=incarnation, run_dir=cfg.run.run_dir, fingerprint=config_fingerprint(cfg),
+        controller=controller, trainer=processes.trainer, environments=environments, policy=policy,
+        interval_s=cfg.snapshot.attempt_interval_s,
+    )
+    recovery_acts = None
+    if recovery is not None:
+        recovery_acts = RecoveryActivities(client, recovery, incarnation, wait_s=cfg.snapshot.phase_timeout_s)
+    worker, worker_task = controller_worker(client, ctx, recovery_acts)
+    if recovery is not None:
+        ctx.recovery = await _recover(cfg, client, run_id, incarnation)
+    handle = await client.start_workflow(
+        RunWorkflow.run,
+        RunWorkflowInput(
+            run_id=run_id, incarnation=incarnation, attempt_interval_s=cfg.snapshot.attempt_interval_s,
+            max_consecutive_failures=cfg.snapshot.max_consecutive_failures, keep_latest_k=cfg.snapshot.keep_latest_k,
+            trainer_hold=cfg.snapshot.trainer_hold, checkpoint_on_demand=cfg.snapshot.checkpoint_on_demand,
+            timeouts=timeouts(cfg), carried=RunCarryOver(numbers=next_snapshot_numbers(cfg.run.run_dir)),
+        ),
+        id=f"{run_id}.run", task_queue=controller_queue(run_id),
+        static_summary=f"turnkeep run {run_id} ({cfg.run.run_dir})",
+        search_attributes=TypedSearchAttributes([SearchAttributePair(sa.RUN_ID, run_id)]),
+    )
+    runtime = SnapshotRuntime(client, worker, worker_task, handle, ctx)
+    controller.after_checkpoint = lambda step, trigger, repeat: _tie_attempt_to_checkpoint(
+        cfg, runtime, step, trigger, repeat)
+    return runtime
+
+
+async def _recover(cfg: TurnkeepConfig, client: Client, run_id: str, incarnation: int) -> RecoveryResult:
+    """Run the recovery workflow to its end; a failure stops the run with its reason."""
+    recovery_id = f"{run_id}.recovery.{incarnation}"
+    try:
+        return await client.execute_workflow(
+            RecoveryWorkflow.run,
+            RecoveryInput(run_id=run_id, incarnation=incarnation, phase_timeout_s=cfg.snapshot.phase_timeout_s),
+            id=recovery_id, task_queue=controller_queue(run_id),
+            static_summary=f"recovery of {run_id}: incarnation {incarnation} continues the run",
+            search_attributes=TypedSearchAttributes([SearchAttributePair(sa.RUN_ID, run_id)]),
+        )
+    except WorkflowFailureError as err:
+        cause = err.cause
+        while getattr(cause, "cause", None) is not None:
+            cause = cause.cause
+        raise RecoveryFailed(f"recovery {recovery_id} failed: {getattr(cause, 'message', None) or cause}") from None
+
+
+def next_snapshot_numbers(run_dir: Path) -> dict[str, int]:
+    """Attempt numbers continue after every folder already on disk, so a restarted run never reuses one."""
+    numbers = {}
+    for step in published_steps(run_dir):
+        root = snapshot_store.snapshots_root(run_dir, step)
+        used = [int(p.name) for p in (root.iterdir() if root.exists() else []) if p.name.isdigit()]
+        if used:
+            numbers[str(step)] = max(used) + 1
+    return numbers
+
+
+async def _tie_attempt_to_checkpoint(
+    cfg: TurnkeepConfig, runtime: SnapshotRuntime, step: int, trigger: str, repeat: bool
+) -> None:
+    """Hold the next optimizer step until the attempt for this checkpoint takes over the hold.
+
+    A repeated announcement takes no hold: the run workflow may find the checkpoint's
+    attempt already done, and a hold nobody takes over would stall training for a lease.
+    """
+    if cfg.snapshot.trainer_hold and not repeat:
+        await runtime.ctx.trainer.hold_add.remote(f"checkpoint:{step}", cfg.snapshot.lease_s)
+    await runtime.handle.signal(
+        RunWorkflow.trainer_checkpoint_saved, TrainerCheckpointSignal(step=step, trigger=Trigger(trigger), repeat=repeat)
+    )
+
+
+async def stop_snapshots(runtime: SnapshotRuntime | None, reason: str, grace_s: float) -> None:
+    """Let a running attempt finish (or cancel it after `grace_s`), then stop the workers."""
+    if runtime is None or runtime.stopped:
+        return
+    runtime.stopped = True
+    try:
+        await runtime.handle.signal(RunWorkflow.stop, reason)
+        await asyncio.wait_for(runtime.handle.result(), timeout=grace_s)
+    except asyncio.TimeoutError:
+        log.warning("the run workflow did not stop within %.0fs; cancelling it", grace_s)
+        await runtime.handle.cancel()
+    except Exception as err:  # noqa: BLE001 - it may already have ended with a failure
+        log.info("run workflow ended: %s", err)
+    # A checkpoint taken while the run workflow was stopping has no attempt to take over its hold.
+    for holder in await runtime.ctx.trainer.hold_holders.remote():
+        if holder.startswith("checkpoint:"):
+            await runtime.ctx.trainer.hold_release.remote(holder)
+    await runtime.ctx.trainer.stop_temporal_worker.remote()
+    await runtime.worker.shutdown()

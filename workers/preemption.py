@@ -1,0 +1,110 @@
+"""SIGTERM (what a cluster scheduler sends before it kills a job): save, then stop cleanly.
+
+The first SIGTERM or SIGINT asks the run workflow for one final snapshot (trigger
+`preemption`) and waits up to `snapshot.preemption_grace_s` for its outcome; then the
+pumps stop and the run exits 0, saying what it saved. With snapshots off it writes a
+trainer checkpoint at the current step instead. A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+import psutil
+
+from controller.runtime import Controller
+from workers.controller_worker import SnapshotRuntime
+from schemas.snapshot import Outcome, SnapshotNowSignal, Trigger
+
+log = logging.getLogger("turnkeep.preemption")
+EXIT_AT_ONCE = 143
+
+
+class PreemptionHandler:
+    def __init__(self, controller: Controller, snapshots: SnapshotRuntime | None, grace_s: float) -> None:
+        self._controller = controller
+        self._snapshots = snapshots
+        self._grace_s = grace_s
+        self._task: asyncio.Task | None = None
+        self.saved: str | None = None
+        """What the final save left behind, in words (set once the run stops for a preemption)."""
+
+    def install(self) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._on_signal, signum)
+
+    def uninstall(self) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+
+    def _on_signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        if self._task is not None:
+            print(f"turnkeep: second {name}: exiting at once; the newest published snapshot stays authoritative",
+                  file=sys.stderr, flush=True)
+            _kill_children()
+            os._exit(EXIT_AT_ONCE)
+        print(f"turnkeep: {name}: taking a final snapshot (at most snapshot.preemption_grace_s = "
+              f"{self._grace_s:g}s); send it again to exit at once", file=sys.stderr, flush=True)
+        self._task = asyncio.get_running_loop().create_task(self._save_and_stop(name))
+
+    async def _save_and_stop(self, name: str) -> None:
+        try:
+            self.saved = await asyncio.wait_for(self._final_save(), self._grace_s)
+        except TimeoutError:
+            self.saved = (f"no final snapshot within snapshot.preemption_grace_s = {self._grace_s:g}s; "
+                          "the newest published snapshot stays authoritative")
+        except Exception as err:  # noqa: BLE001 - the run must still stop and say why
+            log.exception("final snapshot failed")
+            self.saved = f"the final snapshot failed ({err}); the newest published snapshot stays authoritative"
+        self._controller.request_stop(f"preempted ({name})")
+
+    async def _final_save(self) -> str:
+        if self._snapshots is None:
+            return await self._final_checkpoint()
+        ctx = self._snapshots.ctx
+        seen = len(ctx.recorded)
+        from workflows.run_workflow import RunWorkflow
+
+        signal_now = SnapshotNowSignal(reason="preemption (SIGTERM)", preemption=True)
+        await self._snapshots.handle.signal(RunWorkflow.snapshot_now, signal_now)
+        while True:
+            for result in ctx.recorded[seen:]:
+                if result.trigger is not Trigger.PREEMPTION:
+                    continue
+                if result.outcome in (Outcome.PUBLISHED, Outcome.PUBLISHED_RELEASE_PENDING):
+                    return (f"snapshot {result.snapshot_dir} (step {result.anchor_step}, {result.parked_agents} "
+                            f"parked agents, {result.data_plane_rows} finished rows)")
+                if result.outcome is Outcome.SKIPPED:
+                    # The trainer stepped past the anchor before the hold: ask again under the new step.
+                    log.info("final snapshot skipped (%s); asking again", result.reason)
+                    await self._snapshots.handle.signal(RunWorkflow.snapshot_now, signal_now)
+                    continue
+                return f"the final snapshot ended {result.outcome}: {result.reason}"
+            seen = len(ctx.recorded)
+            ctx.recorded_changed.clear()
+            await ctx.recorded_changed.wait()
+
+    async def _final_checkpoint(self) -> str:
+        training = self._controller.training
+        training.request_checkpoint("preemption")
+        while not training.has_checkpoint_of_current_step():
+            await asyncio.sleep(0.1)
+        return f"trainer checkpoint checkpoints/step_{training.step} (its data plane; in-flight rollouts start over)"
+
+
+def _kill_children() -> None:
+    """Ray, vLLM and the Temporal dev server must not outlive a run that exits at once."""
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(children, timeout=10)

@@ -1,0 +1,153 @@
+"""One `turnkeep run`: start everything it needs, restore if the run directory holds a
+run, train until `steps`, stop everything.
+
+Start order: run directory (new run, or the next incarnation of an existing one), the
+audit log, Temporal (the embedded dev server unless `temporal.address` is set), Ray and
+the three processes, the workers, the recovery workflow (on a restart), the run
+workflow, then the pumps. Stop order is the reverse, and every piece is stopped even
+when a later one failed to start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import aiohttp
+
+from controller.fingerprint import fingerprint_fields
+from workers.placement import launch, shutdown, start_ray
+from workers.preemption import PreemptionHandler
+from controller.restore.crash_restore import CrashRestore
+from controller.rollout_levels import RolloutLevelPlan, check_rollout_levels, plan_levels
+from controller.stores.run_dir import RunIdentity, open_run_dir
+from controller.runtime import Controller, RunSummary
+from workers.controller_worker import participant_clients, start_snapshots, stop_snapshots
+from workers.temporal_server import start_dev_server, stop_dev_server
+from controller.stores.trainer_checkpoint import CheckpointIdentity
+from primitives.atomic_files import append_jsonl
+from primitives.audit_log import AUDIT_FILE, AuditLog
+from schemas.audit import RunEnded, RunStarted
+from schemas.config import TurnkeepConfig
+from schemas.recovery import RecoveryResult
+
+log = logging.getLogger("turnkeep.run")
+
+
+async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary:
+    # Participants in other processes get paths from us; they must not depend on our cwd.
+    cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"run_dir": cfg.run.run_dir.resolve()})})
+    run_dir = cfg.run.run_dir
+    check_rollout_levels(cfg)  # before anything is started or written
+    identity = open_run_dir(cfg)
+    if identity.resumed:
+        print(f"turnkeep: resuming run {identity.run_id} in {run_dir} (incarnation {identity.incarnation})",
+              flush=True)
+    audit = AuditLog(run_dir / AUDIT_FILE, identity.incarnation)
+    audit.emit(RunStarted, run_id=identity.run_id, pid=os.getpid(), resumed=identity.resumed)
+    audit.start()
+    started = time.monotonic()
+    async with AsyncExitStack() as stack:
+        stack.push_async_callback(audit.close)
+        temporal_address = await _start_temporal(cfg, stack)
+        start_ray(cfg, run_dir)
+        processes = await launch(cfg, identity.incarnation)
+        stack.push_async_callback(shutdown, processes)
+        log.info("policy server %s, environment server %s, model %s", processes.policy_url, processes.env_url,
+                 processes.model_dir)
+        session = await stack.enter_async_context(
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None))
+        )
+        controller = Controller(
+            cfg, processes, session, max_steps, audit=audit,
+            checkpoint_identity=CheckpointIdentity(identity.run_id, fingerprint_fields(cfg)),
+            level_plans=await _recovery_plans(cfg, processes, session),
+        )
+        recovery = _recovery(cfg, controller, identity, session) if identity.resumed else None
+        snapshots, watch = None, None
+        if temporal_address is not None:
+            snapshots = await start_snapshots(cfg, controller, session, temporal_address, identity.run_id,
+                                              identity.incarnation, recovery)
+            stack.push_async_callback(stop_snapshots, snapshots, "training finished", cfg.snapshot.phase_timeout_s)
+            watch = snapshots.watch()
+            if snapshots.ctx.recovery is not None:
+                _report_recovery(run_dir, identity, snapshots.ctx.recovery)
+        elif recovery is not None:
+            _report_recovery(run_dir, identity, await _recover_without_temporal(recovery))
+        preemption = PreemptionHandler(controller, snapshots, cfg.snapshot.preemption_grace_s)
+        preemption.install()
+        try:
+            await controller.run(max_steps, watch)
+        finally:
+            preemption.uninstall()
+        if snapshots is not None:
+            await stop_snapshots(snapshots, controller.stop_reason or "training finished", cfg.snapshot.phase_timeout_s)
+        await _audit_end(controller, processes, controller.stop_reason or "finished")
+        controller.stores.metrics.finish()
+        return RunSummary(
+            controller.training.step, time.monotonic() - started, run_dir, controller.last_metrics,
+            controller.stores.metrics.peak_rss_mib, preempted=preemption.saved if controller.stop_reason else None,
+        )
+
+
+async def _recovery_plans(cfg: TurnkeepConfig, processes, session) -> dict[str, RolloutLevelPlan]:
+    """Each environment's recovery level, lowered from what its server reports; one warning per lowered one."""
+    environments, _ = participant_clients(processes, session, cfg.snapshot.phase_timeout_s)
+    reported = [caps for env in environments for caps in (await env.capabilities()).environments]
+    plans, warnings = plan_levels(cfg, reported)
+    for warning in warnings:
+        log.warning("%s", warning)
+        print(f"turnkeep: warning: {warning}", file=sys.stderr, flush=True)
+    levels = ", ".join(f"{p.name}={p.level}{' (group-scored)' if p.group_scored else ''}" for p in plans.values())
+    log.info("recovery levels: %s", levels)
+    return plans
+
+
+def _recovery(cfg: TurnkeepConfig, controller: Controller, identity: RunIdentity, session) -> CrashRestore:
+    environments, _ = participant_clients(controller.processes, session, cfg.snapshot.phase_timeout_s)
+    return CrashRestore(cfg, controller, identity, environments)
+
+
+async def _recover_without_temporal(recovery: CrashRestore) -> RecoveryResult:
+    began = time.monotonic()
+    source = recovery.choose()
+    restored = await recovery.restore(source)
+    await recovery.resume()
+    return RecoveryResult(source=source, restore=restored, cancelled=[],
+                          seconds={"total": round(time.monotonic() - began, 3)})
+
+
+def _report_recovery(run_dir: Path, identity: RunIdentity, result: RecoveryResult) -> None:
+    source, restored = result.source, result.restore
+    print(f"turnkeep: restored from {source.kind} (step {source.step}): {source.reason}", flush=True)
+    line = {"kind": "recovery", "incarnation": identity.incarnation, **result.model_dump(mode="json")}
+    append_jsonl(run_dir / "metrics.jsonl", line, durable=True)
+    if restored is not None:
+        log.info("restore: %d rows, %d agents continue from their saved turn, %d siblings start over",
+                 restored.data_plane_rows, restored.continuations, restored.restarted_siblings)
+
+
+async def _audit_end(controller: Controller, processes, reason: str) -> None:
+    trainer_holders = await processes.trainer.hold_holders.remote()
+    controller.audit.emit(
+        RunEnded, step=controller.training.step, reason=reason,
+        outstanding_groups=controller.ledger.group_ids(),
+        admission_holders=sorted(controller.admission.holders()),
+        deadline_holders=sorted(controller.deadline_holds.holders()), trainer_holders=trainer_holders,
+    )
+    controller.audit.flush()
+
+
+async def _start_temporal(cfg: TurnkeepConfig, stack: AsyncExitStack) -> str | None:
+    if not cfg.snapshot.enabled:
+        return None
+    if cfg.temporal.address is not None:
+        return cfg.temporal.address
+    endpoint = await start_dev_server(cfg.temporal, cfg.run.run_dir)
+    stack.callback(stop_dev_server, endpoint)
+    print(f"turnkeep: Temporal UI at {endpoint.ui_url} (server {endpoint.address})", flush=True)
+    return endpoint.address
