@@ -99,7 +99,7 @@ class SnapshotActivities:
         staging = Path(inp.staging_dir)
         saved_agents = read_saved_agents(staging)
         controller = ctx.controller
-        async with controller.state.data_plane.barrier:
+        async with controller.data_plane.barrier:
             step = controller.training.step
             if step != inp.expected_step and inp.expected_policy_version < 0:
                 # Without the trainer hold (the peer's behaviour) this is expected: the attempt is wasted.

@@ -92,7 +92,7 @@ async def _cut(staging: Path, controller: FilledController, gc_clock: GcClock) -
     barrier and how many of them the garbage collector took."""
     saved_agents = read_saved_agents(staging)
     entered, gc_before = time.perf_counter(), gc_clock.seconds
-    async with controller.state.data_plane.barrier:
+    async with controller.data_plane.barrier:
         state = write_cut_state(controller, saved_agents, staging / "controller" / "state.json")
         continuations = state["continuations"]
     barrier_s, barrier_gc_s = time.perf_counter() - entered, gc_clock.seconds - gc_before

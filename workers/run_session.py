@@ -87,10 +87,10 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
         if snapshots is not None:
             await stop_snapshots(snapshots, controller.stop_reason or "training finished", cfg.snapshot.phase_timeout_s)
         await _audit_end(controller, processes, controller.stop_reason or "finished")
-        controller.stores.metrics.finish()
+        controller.metrics.finish()
         return RunSummary(
             controller.training.step, time.monotonic() - started, run_dir, controller.last_metrics,
-            controller.stores.metrics.peak_rss_mib, preempted=preemption.saved if controller.stop_reason else None,
+            controller.metrics.peak_rss_mib, preempted=preemption.saved if controller.stop_reason else None,
         )
 
 

@@ -22,7 +22,7 @@ def write_cut_state(controller, saved_agents: list[SavedAgent], path: Path) -> d
     """Capture and durably write the state; returns it (the caller holds the barrier)."""
     with collector_paused():
         state = controller.state_dict()
-        state["continuations"] = check_continuations(saved_agents, controller.ledger, controller.state.data_plane)
+        state["continuations"] = check_continuations(saved_agents, controller.ledger, controller.data_plane)
         state["cut_unix_s"] = time.time()
         path.parent.mkdir(exist_ok=True)
         atomic_write_bytes(path, orjson.dumps(state))
