@@ -7,32 +7,37 @@ from contextlib import contextmanager
 
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
+from controller.errors import InvariantBroken, TrainerMoved
 from participants.errors import ParticipantInvariantBroken, ParticipantRefused, ParticipantUnavailable
-
-INVARIANT = "InvariantBroken"  # the workflows match on this type name
-REFUSED = "ParticipantRefused"
-STALE = "StaleIncarnation"
-TRAINER_MOVED = "TrainerMoved"
+from schemas.names import ErrorType
 
 
 def invariant_broken(message: str) -> ApplicationError:
-    return ApplicationError(message, type=INVARIANT, non_retryable=True)
+    return ApplicationError(message, type=ErrorType.INVARIANT_BROKEN, non_retryable=True)
 
 
 def stale_incarnation(got: int, current: int) -> ApplicationError:
     # Benign: refusing a dead incarnation's leftovers is the expected path after every restart.
     return ApplicationError(
         f"activity from controller incarnation {got} refused: this controller is incarnation {current}",
-        type=STALE, non_retryable=True, category=ApplicationErrorCategory.BENIGN,
+        type=ErrorType.STALE_INCARNATION, non_retryable=True, category=ApplicationErrorCategory.BENIGN,
     )
 
 
-def trainer_moved(anchor: int, step: int) -> ApplicationError:
-    return ApplicationError(
-        f"trainer_state_changed: a train step finished during the Gym phase (step {anchor} -> {step}); "
-        "the attempt is thrown away. snapshot.trainer_hold = true prevents this.",
-        type=TRAINER_MOVED, non_retryable=True,
-    )
+def check_incarnation(got: int, current: int) -> None:
+    if got != current:
+        raise stale_incarnation(got, current)
+
+
+@contextmanager
+def controller_errors() -> Iterator[None]:
+    """The controller's refusals as the error types the workflows match on."""
+    try:
+        yield
+    except InvariantBroken as err:
+        raise invariant_broken(str(err)) from err
+    except TrainerMoved as err:
+        raise ApplicationError(str(err), type=ErrorType.TRAINER_MOVED, non_retryable=True) from err
 
 
 @contextmanager
@@ -43,6 +48,6 @@ def participant_errors() -> Iterator[None]:
     except ParticipantInvariantBroken as err:
         raise invariant_broken(str(err)) from err
     except ParticipantRefused as err:
-        raise ApplicationError(str(err), type=REFUSED, non_retryable=True) from err
+        raise ApplicationError(str(err), type=ErrorType.PARTICIPANT_REFUSED, non_retryable=True) from err
     except ParticipantUnavailable:
         raise

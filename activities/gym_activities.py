@@ -1,31 +1,26 @@
-"""The Gym phase of an attempt, driven from the controller over the participant protocol.
+"""`gym.*`: the Gym phase of an attempt, from the controller's worker.
 
-prepare: close admission and suspend rollout deadlines (one holder, `snapshot:<id>`, in
-both hold sets), flush pending ACKs, park the environment servers' agents, then fence
-and drain the policy server. The order matters: an agent that is mid-turn needs its
-policy call answered to reach its boundary, so the policy server closes only after
-every agent is parked. Resume runs the other way round: policy first, then agents, then
-admission and the deadline clocks.
+prepare closes admission and suspends the rollout deadlines (one holder, in both hold
+sets), flushes pending ACKs, then prepares the participants
+(`controller.snapshot.gym_phase`); resume and abort release them and reopen admission.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from temporalio import activity
 
-from activities.errors import participant_errors
-from participants.client import ParticipantClient
-from activities.snapshot_context import SnapshotContext
+from activities.errors import check_incarnation, participant_errors
+from controller.snapshot.coordinator import SnapshotCoordinator
+from controller.snapshot.gym_phase import commit_participants, prepare_participants, release_participants
 from primitives.chaos_points import reached
-from schemas.participant import ParticipantStatus
+from schemas.names import Activity
 from schemas.snapshot import GymCommitResult, GymInput, GymPrepareResult, GymReleaseResult
 
-POLL_S = 0.05
 HEARTBEAT_S = 1.0
 
 
@@ -46,88 +41,58 @@ def heartbeating(detail: str) -> Iterator[None]:
 
 
 class GymActivities:
-    def __init__(self, ctx: SnapshotContext) -> None:
-        self._ctx = ctx
+    def __init__(self, snapshots: SnapshotCoordinator) -> None:
+        self._snapshots = snapshots
 
-    @activity.defn(name="gym.prepare")
+    @activity.defn(name=Activity.GYM_PREPARE)
     async def prepare(self, inp: GymInput) -> GymPrepareResult:
-        ctx = self._ctx
-        ctx.check(inp.incarnation)
-        ctx.close_admission(inp.checkpoint_id, inp.lease_s)
-        started = time.monotonic()
-        rows_before = ctx.controller.stats.rows_sealed
+        snapshots = self._snapshots
+        check_incarnation(inp.incarnation, snapshots.incarnation)
+        snapshots.close_admission(inp.checkpoint_id, inp.lease_s)
         # Rows being stored hold the barrier until their ACK is sent: passing it flushes them.
-        async with ctx.controller.data_plane.barrier:
+        async with snapshots.controller.data_plane.barrier:
             pass
         with participant_errors(), heartbeating("preparing participants"):
-            parked = 0
-            for env in ctx.environments:
-                status = await self._until_ready(env, inp)
-                parked += status.parked
-            agents_parked_s = time.monotonic() - started
-            await reached("gym_prepare", ctx.run_dir)
-            await self._until_ready(ctx.policy, inp)
-        return GymPrepareResult(
-            participant_s=round(time.monotonic() - started, 3), parked_agents=parked,
-            agents_parked_s=round(agents_parked_s, 4),
-            waited_for_acks=ctx.controller.stats.rows_sealed - rows_before,
-        )
+            prepared = await prepare_participants(
+                snapshots.environments, snapshots.policy, inp.checkpoint_id, inp.lease_s,
+                renew_others=lambda: snapshots.renew_leases(inp.checkpoint_id, inp.lease_s, participants=False),
+                agents_parked=lambda: reached("gym_prepare", snapshots.run_dir),
+            )
+        return GymPrepareResult(participant_s=prepared.participant_s, agents_parked_s=prepared.agents_parked_s)
 
-    async def _until_ready(self, participant: ParticipantClient, inp: GymInput) -> ParticipantStatus:
-        status = await participant.prepare(inp.checkpoint_id, inp.lease_s)
-        last_renew = time.monotonic()
-        while not status.ready:
-            await asyncio.sleep(POLL_S)
-            if time.monotonic() - last_renew > inp.lease_s / 3:
-                await self._ctx.renew_leases(inp.checkpoint_id, inp.lease_s, participants=False)
-                await participant.renew(inp.checkpoint_id, inp.lease_s)
-                last_renew = time.monotonic()
-            status = await participant.status(inp.checkpoint_id)
-        return status
-
-    @activity.defn(name="gym.commit")
+    @activity.defn(name=Activity.GYM_COMMIT)
     async def commit(self, inp: GymInput) -> GymCommitResult:
-        ctx = self._ctx
-        ctx.check(inp.incarnation)
-        started = time.monotonic()
-        artifacts, counts = [], {}
+        snapshots = self._snapshots
+        check_incarnation(inp.incarnation, snapshots.incarnation)
         with participant_errors(), heartbeating("committing participants"):
-            await ctx.renew_leases(inp.checkpoint_id, inp.lease_s)
-            for participant in ctx.participants():
-                directory = Path(inp.staging_dir) / participant.name
-                result = await participant.commit(inp.checkpoint_id, str(directory))
-                artifacts += result.artifacts
-                for key, value in result.counts.items():
-                    counts[key] = counts.get(key, 0) + value
-                await reached("gym_commit", ctx.run_dir)
-        return GymCommitResult(participant_s=round(time.monotonic() - started, 3), artifacts=artifacts, counts=counts)
+            await snapshots.renew_leases(inp.checkpoint_id, inp.lease_s)
+            committed = await commit_participants(
+                snapshots.participants(), inp.checkpoint_id, Path(inp.staging_dir),
+                after_each=lambda: reached("gym_commit", snapshots.run_dir),
+            )
+        return GymCommitResult(participant_s=committed.participant_s, artifacts=committed.artifacts,
+                               counts=committed.counts)
 
-    @activity.defn(name="gym.resume")
+    @activity.defn(name=Activity.GYM_RESUME)
     async def resume(self, inp: GymInput) -> GymReleaseResult:
         return await self._release(inp, abort=False)
 
-    @activity.defn(name="gym.abort")
+    @activity.defn(name=Activity.GYM_ABORT)
     async def abort(self, inp: GymInput) -> GymReleaseResult:
         return await self._release(inp, abort=True)
 
     async def _release(self, inp: GymInput, abort: bool) -> GymReleaseResult:
-        """Policy first, then agents, then admission and deadlines; every call is idempotent."""
-        ctx = self._ctx
-        if ctx.is_stale(inp.incarnation):
+        snapshots = self._snapshots
+        if snapshots.is_stale(inp.incarnation):
             # The incarnation that closed those gates died with its processes: nothing to undo.
             activity.logger.info("release of %s from incarnation %d: nothing left to undo", inp.checkpoint_id,
                                  inp.incarnation)
             return GymReleaseResult(participant_s=0.0, admission_closed_s=0.0)
-        ctx.check(inp.incarnation)
+        check_incarnation(inp.incarnation, snapshots.incarnation)
         if not abort:
-            await reached("resume", ctx.run_dir)
-        started = time.monotonic()
+            await reached("resume", snapshots.run_dir)
         with participant_errors():
-            for participant in [ctx.policy, *ctx.environments]:
-                if abort:
-                    await participant.abort(inp.checkpoint_id)
-                else:
-                    await participant.resume(inp.checkpoint_id)
-        participant_s = time.monotonic() - started
-        closed_s = ctx.reopen_admission(inp.checkpoint_id)
-        return GymReleaseResult(participant_s=round(participant_s, 3), admission_closed_s=round(closed_s, 3))
+            participant_s = await release_participants(snapshots.environments, snapshots.policy, inp.checkpoint_id,
+                                                       abort)
+        closed_s = snapshots.reopen_admission(inp.checkpoint_id)
+        return GymReleaseResult(participant_s=participant_s, admission_closed_s=round(closed_s, 3))

@@ -13,6 +13,7 @@ from temporalio.exceptions import ApplicationError
 from activities.errors import stale_incarnation
 from controller.restore.crash_restore import CrashRestore, CrashRestoreError
 from controller.restore.restore_source import UnusableRunDir
+from schemas.names import Activity, ErrorType, WorkflowType
 from schemas import search_attributes as sa
 from schemas.recovery import (
     CancelStaleResult,
@@ -24,8 +25,6 @@ from schemas.recovery import (
 )
 
 log = logging.getLogger("turnkeep.recovery")
-UNUSABLE = "UnusableRunDir"
-RUN_WORKFLOW = "TurnkeepRun"
 
 
 class RecoveryActivities:
@@ -39,7 +38,7 @@ class RecoveryActivities:
         if incarnation != self._incarnation:
             raise stale_incarnation(incarnation, self._incarnation)
 
-    @activity.defn(name="recovery.cancel_stale")
+    @activity.defn(name=Activity.RECOVERY_CANCEL_STALE)
     async def cancel_stale(self, inp: RecoveryStepInput) -> CancelStaleResult:
         """Cancel the run workflow and attempts the previous incarnation left open; wait until they close."""
         self._check(inp.incarnation)
@@ -48,7 +47,7 @@ class RecoveryActivities:
         stale = [(wf.id, wf.workflow_type) async for wf in self._client.list_workflows(query) if wf.id != own]
         handles = [self._client.get_workflow_handle(workflow_id) for workflow_id, _ in stale]
         for handle, (_, workflow_type) in zip(handles, stale):
-            if workflow_type == RUN_WORKFLOW:
+            if workflow_type == WorkflowType.RUN:
                 # A run workflow whose child attempt absorbs the cancel would go on; `stop` ends it either way.
                 await handle.signal("stop", f"superseded by controller incarnation {inp.incarnation}")
             await handle.cancel()
@@ -73,24 +72,24 @@ class RecoveryActivities:
             await asyncio.sleep(0.25)
         return False
 
-    @activity.defn(name="recovery.choose_source")
+    @activity.defn(name=Activity.RECOVERY_CHOOSE_SOURCE)
     async def choose_source(self, inp: RecoveryStepInput) -> ChooseSourceResult:
         self._check(inp.incarnation)
         try:
             source = await asyncio.to_thread(self._recovery.choose)
         except UnusableRunDir as err:
-            raise ApplicationError(str(err), type=UNUSABLE, non_retryable=True) from None
+            raise ApplicationError(str(err), type=ErrorType.UNUSABLE_RUN_DIR, non_retryable=True) from None
         return ChooseSourceResult(source=source)
 
-    @activity.defn(name="recovery.restore")
+    @activity.defn(name=Activity.RECOVERY_RESTORE)
     async def restore(self, inp: RestoreInput) -> RestoreResult:
         self._check(inp.incarnation)
         try:
             return await self._recovery.restore(inp.source)
         except CrashRestoreError as err:
-            raise ApplicationError(str(err), type="CrashRestoreError", non_retryable=True) from None
+            raise ApplicationError(str(err), type=ErrorType.CRASH_RESTORE_FAILED, non_retryable=True) from None
 
-    @activity.defn(name="recovery.resume")
+    @activity.defn(name=Activity.RECOVERY_RESUME)
     async def resume(self, inp: RecoveryStepInput) -> ResumeAfterRestoreResult:
         self._check(inp.incarnation)
         return ResumeAfterRestoreResult(admission_closed_s=await self._recovery.resume())

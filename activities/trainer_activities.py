@@ -4,36 +4,31 @@ hold they take and release lives there."""
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 from temporalio import activity
 
 from activities.errors import stale_incarnation
+from primitives.hold_wait_clock import HoldWaitClock
 from primitives.holds import HoldSet
+from schemas.names import Activity
 from schemas.snapshot import TrainerHoldInput, TrainerHoldResult, TrainerReleaseInput, TrainerReleaseResult
 
 
-class HoldWaitClock:
-    """How long the optimizer step waited on each holder (for the attempt's report)."""
-
-    def __init__(self) -> None:
-        self.waiting_since: float | None = None
-        self.added_at: dict[str, float] = {}
-
-    def waited_on(self, holder: str) -> float:
-        added = self.added_at.pop(holder, None)
-        if self.waiting_since is None or added is None:
-            return 0.0
-        return time.monotonic() - max(self.waiting_since, added)
+class TrainerPosition(Protocol):
+    step: int
+    """The last committed train step."""
+    policy_version: int
 
 
 class TrainerActivities:
-    def __init__(self, hold: HoldSet, version: "callable", wait_clock: HoldWaitClock, incarnation: int) -> None:
+    def __init__(self, hold: HoldSet, trainer: TrainerPosition, wait_clock: HoldWaitClock, incarnation: int) -> None:
         self._hold = hold
-        self._version = version
+        self._trainer = trainer
         self._wait_clock = wait_clock
         self._incarnation = incarnation
 
-    @activity.defn(name="trainer.hold")
+    @activity.defn(name=Activity.TRAINER_HOLD)
     async def hold(self, inp: TrainerHoldInput) -> TrainerHoldResult:
         if inp.incarnation is not None and inp.incarnation != self._incarnation:
             # An attempt left open by a dead controller must not stall this one's trainer.
@@ -43,10 +38,9 @@ class TrainerActivities:
         for replaced in inp.release_also:
             self._hold.release(replaced)
             self._wait_clock.added_at.pop(replaced, None)
-        version = self._version()
-        return TrainerHoldResult(step=version, policy_version=version)
+        return TrainerHoldResult(step=self._trainer.step, policy_version=self._trainer.policy_version)
 
-    @activity.defn(name="trainer.release")
+    @activity.defn(name=Activity.TRAINER_RELEASE)
     async def release(self, inp: TrainerReleaseInput) -> TrainerReleaseResult:
         waited = 0.0
         released = False

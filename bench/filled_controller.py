@@ -9,8 +9,9 @@ have left there.
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
-from bench.synthetic_rollouts import chain_problem, finished_row
+from bench.synthetic_rollouts import POLICY_VERSION, chain_problem, finished_row
 from controller.state.claim_ledger import ClaimLedger
 from controller.state.data_plane import DataPlane
 from controller.state.dataloader import PromptDataloader
@@ -23,8 +24,20 @@ STEP = 1
 """The trainer step the snapshot is filed under (`checkpoints/step_1`)."""
 
 
+@dataclass
+class SettledTraining:
+    """The train pump as the cut reads it: between two steps, at STEP."""
+
+    step: int = STEP
+    policy_version: int = POLICY_VERSION
+
+
 class FilledController:
+    audit = None
+    """No audit log: the cut's flush is not what is timed."""
+
     def __init__(self) -> None:
+        self.training = SettledTraining()
         self.dataloader = PromptDataloader(TaskConfig(), seed=0)
         self.data_plane = DataPlane()
         self.claims = ClaimLedger()

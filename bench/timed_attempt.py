@@ -1,28 +1,31 @@
-"""One snapshot attempt's phases as plain code, each timed: prepare, commit, cut, publish.
+"""One snapshot attempt's phases, each timed: prepare, commit, cut, publish.
 
-The phases call what the attempt's activities call, minus Temporal and HTTP: the
-environment participant's core for prepare and commit, the controller's cut as
-`SnapshotActivities.cut` performs it, and `snapshot_store.publish`. Left out: closing
-admission, the trainer hold, the policy participant, and the cut's one HTTP call to
-the environment server (its progress marker), none of which grows with A or R.
+The phases are the attempt's own functions, minus Temporal and HTTP: the Gym phase's
+`prepare_participants` and `commit_participants` drive the environment participant's
+core in this process, the cut is `cut_under_barrier` (what `data_plane.cut` runs under
+the barrier), and publish is `publish_snapshot`. Left out: closing admission, the
+trainer hold, the policy participant, and the cut's one HTTP call to the environment
+server (its progress marker), none of which grows with A or R.
 """
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from controller.state.continuations import read_saved_agents
-from controller.state.cut_state import write_cut_state
 from bench.filled_controller import STEP, FilledController
 from bench.gc_clock import GcClock
 from bench.parked_gym import ParkedGym
-from bench.synthetic_rollouts import POLICY_VERSION
+from controller.snapshot.cut import cut_under_barrier
+from controller.snapshot.gym_phase import commit_participants, prepare_participants
+from controller.snapshot.publish import publish_snapshot
+from controller.state.continuations import read_saved_agents
 from controller.stores import snapshot_store
 from participants.core import ParticipantCore
+from schemas.names import checkpoint_id as attempt_id
+from schemas.snapshot import TrainerHoldResult
 
 RUN_ID = "bench-scaling"
 FINGERPRINT = "bench-scaling"
@@ -48,67 +51,70 @@ class AttemptTimes:
     snapshot_dir: str
 
 
+class InProcessParticipant:
+    """A participant core behind the participant client's async methods, without HTTP."""
+
+    def __init__(self, core: ParticipantCore) -> None:
+        self.name = core.name
+        self._core = core
+
+    async def prepare(self, checkpoint_id: str, lease_s: float):
+        return self._core.prepare(checkpoint_id, lease_s)
+
+    async def status(self, checkpoint_id: str):
+        return self._core.status(checkpoint_id)
+
+    async def renew(self, checkpoint_id: str, lease_s: float):
+        return self._core.renew(checkpoint_id, lease_s)
+
+    async def commit(self, checkpoint_id: str, directory: str | Path):
+        return await self._core.commit(checkpoint_id, Path(directory))
+
+    async def resume(self, checkpoint_id: str):
+        return self._core.resume(checkpoint_id)
+
+    async def abort(self, checkpoint_id: str):
+        return self._core.abort(checkpoint_id)
+
+
+async def _no_other_leases() -> None:
+    """Nothing else is held here (no admission gate, no trainer)."""
+
+
 async def timed_attempt(gym: ParkedGym, controller: FilledController, run_dir: Path, number: int) -> AttemptTimes:
-    checkpoint_id = f"{RUN_ID}.snapshot.{STEP}.{number}"
+    checkpoint_id = attempt_id(RUN_ID, STEP, number)
+    env = InProcessParticipant(gym.core)
     staging = snapshot_store.open_staging(run_dir, STEP, number)
+    hold = TrainerHoldResult(step=controller.training.step, policy_version=controller.training.policy_version)
     gc_at: dict[str, float] = {}
     try:
         with GcClock() as gc_clock:
             started = time.perf_counter()
-            await _prepare(gym.core, checkpoint_id)
+            await prepare_participants([env], None, checkpoint_id, LEASE_S, _no_other_leases)
             prepared, gc_at["prepare"] = time.perf_counter(), gc_clock.seconds
-            committed = await gym.core.commit(checkpoint_id, staging / gym.core.name)
+            committed = await commit_participants([env], checkpoint_id, staging)
             commit_done, gc_at["commit"] = time.perf_counter(), gc_clock.seconds
-            cut_counts, barrier_s, gc_at["barrier"] = await _cut(staging, controller, gc_clock)
+            saved_agents = read_saved_agents(staging)
+            entered, gc_before = time.perf_counter(), gc_clock.seconds
+            cut = await cut_under_barrier(controller, staging, saved_agents, STEP, hold)
+            barrier_s, gc_at["barrier"] = time.perf_counter() - entered, gc_clock.seconds - gc_before
             cut_done, gc_at["cut"] = time.perf_counter(), gc_clock.seconds
-            final, size = _publish(staging, checkpoint_id, number, {**committed.counts, **cut_counts})
-            published, gc_at["publish"] = time.perf_counter(), gc_clock.seconds
+            published = publish_snapshot(
+                staging, run_id=RUN_ID, checkpoint_id=checkpoint_id, anchor_step=STEP, number=number,
+                policy_version=cut.policy_version, fingerprint=FINGERPRINT,
+                artifacts=[*committed.artifacts, cut.artifact], counts={**committed.counts, **cut.counts()},
+                keep_latest_k=KEEP_LATEST_K,
+            )
+            publish_done, gc_at["publish"] = time.perf_counter(), gc_clock.seconds
     finally:
         # Resume after publish as the attempt does, or abort-like cleanup after a failure.
-        gym.core.resume(checkpoint_id)
+        await env.resume(checkpoint_id)
         shutil.rmtree(staging, ignore_errors=True)  # gone already once published
     return AttemptTimes(
         prepare_s=prepared - started, commit_s=commit_done - prepared, cut_s=cut_done - commit_done,
-        barrier_s=barrier_s, publish_s=published - cut_done, bytes_written=size, snapshot_dir=str(final),
+        barrier_s=barrier_s, publish_s=publish_done - cut_done, bytes_written=published.bytes_written,
+        snapshot_dir=str(published.snapshot_dir),
         gc_s={"prepare": gc_at["prepare"], "commit": gc_at["commit"] - gc_at["prepare"],
               "cut": gc_at["cut"] - gc_at["commit"], "barrier": gc_at["barrier"],
               "publish": gc_at["publish"] - gc_at["cut"]},
     )
-
-
-async def _prepare(core: ParticipantCore, checkpoint_id: str) -> None:
-    """prepare, then poll status until ready, as `gym.prepare` does (here the agents are parked already)."""
-    give_up = time.monotonic() + LEASE_S
-    status = core.prepare(checkpoint_id, LEASE_S)
-    while not status.ready:
-        if time.monotonic() > give_up:
-            raise TimeoutError(f"participant never became ready: {status.detail}")
-        await asyncio.sleep(0)
-        status = core.status(checkpoint_id)
-
-
-async def _cut(staging: Path, controller: FilledController, gc_clock: GcClock) -> tuple[dict[str, int], float, float]:
-    """`SnapshotActivities.cut` without Temporal; returns the manifest counts, and the seconds under the
-    barrier and how many of them the garbage collector took."""
-    saved_agents = read_saved_agents(staging)
-    entered, gc_before = time.perf_counter(), gc_clock.seconds
-    async with controller.data_plane.barrier:
-        state = write_cut_state(controller, saved_agents, staging / "controller" / "state.json")
-        continuations = state["continuations"]
-    barrier_s, barrier_gc_s = time.perf_counter() - entered, gc_clock.seconds - gc_before
-    counts = {
-        "data_plane_rows": len(state["data_plane"]["rows"]),
-        "unfinished_groups": len(state["group_ledger"]["groups"]),
-        "continuations": len(continuations),
-    }
-    return counts, barrier_s, barrier_gc_s
-
-
-def _publish(staging: Path, checkpoint_id: str, number: int, counts: dict[str, int]) -> tuple[Path, int]:
-    artifacts = [snapshot_store.artifact_for(staging, path) for path in sorted(staging.rglob("*")) if path.is_file()]
-    manifest = snapshot_store.new_manifest(
-        run_id=RUN_ID, checkpoint_id=checkpoint_id, anchor_step=STEP, number=number, policy_version=POLICY_VERSION,
-        config_fingerprint=FINGERPRINT, artifacts=artifacts, counts=counts,
-    )
-    final, size, _pruned = snapshot_store.publish(staging, manifest, KEEP_LATEST_K)
-    return final, size

@@ -105,7 +105,7 @@ class Controller:
             self.stats,
             on_groups_finished=self.rollouts.group_finished,
             write_checkpoint=self._checkpoint,
-            announce_checkpoint_again=self._announce_checkpoint_again,
+            announce_checkpoint=self._announce_checkpoint,
             on_step=self._on_step,
             audit=audit,
         )
@@ -123,13 +123,13 @@ class Controller:
             "group_ledger": self.ledger.state_dict(),
         }
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, policy_version: int) -> None:
         """Restore the dataloader, data plane and ledgers; claims are dropped so their groups are offered again."""
         self.dataloader.load_state_dict(state["dataloader"])
         self.data_plane.load_state_dict(state["data_plane"])
         self.ledger.load_state_dict(state["group_ledger"])
         self.claims.load_state_dict({"claims": {}})
-        self.training.restore(int(state["step"]))
+        self.training.restore(int(state["step"]), policy_version)
 
     def audit_snapshot(self, checkpoint_id: str, step: int, snapshot_dir: str, cut_unix_s: float) -> None:
         if self.audit is not None:
@@ -150,12 +150,10 @@ class Controller:
             self.cfg.run.run_dir, step, self.processes.trainer, state, self.cfg.train.keep_checkpoints,
             identity=self._checkpoint_identity,
         )
-        if self.after_checkpoint is not None:
-            await self.after_checkpoint(step, trigger, False)
 
-    async def _announce_checkpoint_again(self, step: int, trigger: str) -> None:
+    async def _announce_checkpoint(self, step: int, trigger: str, repeat: bool) -> None:
         if self.after_checkpoint is not None:
-            await self.after_checkpoint(step, trigger, True)
+            await self.after_checkpoint(step, trigger, repeat)
 
     async def run(self, max_steps: int | None, watch: Awaitable[str] | None = None) -> None:
         """Run both pumps until `max_steps`; `watch` resolving (to a reason) stops the run early."""

@@ -31,7 +31,8 @@ from envs.receipts import ReceiptBook
 from envs.turn_records import TurnRecords
 from primitives.atomic_files import atomic_write_bytes, fsync_dir
 from primitives.holds import HoldSet
-from participants.core import Quiescence, snapshot_holder
+from participants.core import Quiescence
+from schemas.names import snapshot_holder
 from schemas.environments import EnvironmentCapabilities
 from schemas.participant import Capabilities, SavedAgent
 

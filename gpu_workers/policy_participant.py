@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from primitives.atomic_files import atomic_write_json, fsync_dir
-from participants.core import Quiescence, snapshot_holder
+from participants.core import Quiescence
+from schemas.names import snapshot_holder
 from schemas.participant import Capabilities
 
 if TYPE_CHECKING:

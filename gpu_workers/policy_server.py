@@ -30,11 +30,10 @@ from gpu_workers.weights_blob import Shapes, check_blob, checkpoint_shapes
 from participants.core import ParticipantCore
 from participants.http_server import ControlAuth
 from schemas.config import PolicyServerConfig
+from schemas.names import REFIT_HOLDER
 from schemas.policy import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
 
 logger = logging.getLogger("turnkeep.policy_server")
-
-REFIT_HOLDER = "refit"
 
 
 class PolicyServer:

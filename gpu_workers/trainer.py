@@ -18,7 +18,7 @@ import orjson
 import torch
 from transformers import AutoModelForCausalLM
 
-from activities.trainer_activities import HoldWaitClock
+from primitives.hold_wait_clock import HoldWaitClock
 from gpu_workers.grpo import build_batch, clipped_policy_loss, token_logprobs
 from gpu_workers.weights_blob import OPTIONAL_NAMES, pack_state_dict
 from primitives.atomic_files import atomic_write_bytes, atomic_write_json, fsync_tree
@@ -46,8 +46,10 @@ class Trainer:
         self.hold = hold
         self.hold_wait_clock = HoldWaitClock()
         self.policy_version = 0
+        self.step = 0
+        """The last train step committed here (the controller numbers steps; the policy version counts updates)."""
 
-    async def train_step(self, rows: list[RolloutRow]) -> dict:
+    async def train_step(self, rows: list[RolloutRow], step: int) -> dict:
         batch = build_batch(rows, self._pad_id)
         totals = {"loss": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "grad_norm": 0.0, "hold_wait_s": 0.0}
         compute_s = 0.0
@@ -65,6 +67,7 @@ class Trainer:
             for key in ("loss", "clip_frac", "approx_kl", "grad_norm"):
                 totals[key] += stats[key] / self._cfg.passes_per_batch
         self.policy_version += 1
+        self.step = step
         return {**{k: round(v, 5) for k, v in totals.items()}, "compute_s": round(compute_s, 3),
                 "policy_version": self.policy_version, "tokens": int(batch.loss_mask.sum())}
 
@@ -87,8 +90,9 @@ class Trainer:
         """The state dict as safetensors bytes, under the names the model directory uses."""
         return pack_state_dict(self.model.state_dict())
 
-    def load_checkpoint(self, directory: Path) -> int:
-        """Continue from `save_checkpoint`'s output: weights, optimizer moments, RNG and version."""
+    def load_checkpoint(self, directory: Path, step: int) -> int:
+        """Continue at train step `step` from `save_checkpoint`'s output: weights, optimizer moments, RNG and
+        version; returns the version."""
         from safetensors.torch import load_file
 
         state = load_file(str(directory / "model.safetensors"))
@@ -104,6 +108,7 @@ class Trainer:
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])
         self.policy_version = int(orjson.loads((directory / "trainer_state.json").read_bytes())["policy_version"])
+        self.step = step
         return self.policy_version
 
     def save_checkpoint(self, directory: Path) -> None:

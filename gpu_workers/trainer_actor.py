@@ -32,7 +32,7 @@ class TrainerActor:
     async def train_step(self, rows: list[dict], step: int) -> dict:
         parsed = [RolloutRow.model_validate(row) for row in rows]
         async with self._stepping:
-            stats = await self._trainer.train_step(parsed)
+            stats = await self._trainer.train_step(parsed, step)
         if stats["policy_version"] != step:
             raise RuntimeError(f"trainer reached version {stats['policy_version']} but the controller expected {step}")
         return stats
@@ -45,10 +45,10 @@ class TrainerActor:
     async def weights_blob(self) -> bytes:
         return self._trainer.weights_blob()
 
-    async def load_checkpoint(self, directory: str) -> int:
-        """Restore a trainer checkpoint's `trainer/` folder; returns the policy version."""
+    async def load_checkpoint(self, directory: str, step: int) -> int:
+        """Restore the `trainer/` folder of the checkpoint of train step `step`; returns the policy version."""
         async with self._stepping:
-            return await asyncio.to_thread(self._trainer.load_checkpoint, Path(directory))
+            return await asyncio.to_thread(self._trainer.load_checkpoint, Path(directory), step)
 
     async def save_checkpoint(self, directory: str) -> None:
         self._trainer.save_checkpoint(Path(directory))
@@ -72,12 +72,11 @@ class TrainerActor:
 
     async def start_temporal_worker(self, address: str, namespace: str, run_id: str, incarnation: int = 1) -> None:
         from activities.trainer_activities import TrainerActivities
-        from workers.temporal_client import connect, start_worker, trainer_queue
+        from primitives.temporal_client import connect, start_worker
+        from schemas.names import trainer_queue
 
         client = await connect(address, namespace)
-        acts = TrainerActivities(
-            self.hold, lambda: self._trainer.policy_version, self._trainer.hold_wait_clock, incarnation
-        )
+        acts = TrainerActivities(self.hold, self._trainer, self._trainer.hold_wait_clock, incarnation)
         self._worker, self._worker_task = start_worker(
             client, trainer_queue(run_id), activities=[acts.hold, acts.release]
         )

@@ -27,6 +27,7 @@ from typing import NamedTuple, Protocol
 
 from primitives.atomic_files import sha256_file
 from primitives.holds import HoldSet
+from schemas.names import snapshot_holder
 from schemas.participant import (
     Artifact,
     Capabilities,
@@ -250,11 +251,6 @@ class ParticipantCore:
             "released",
             f"{self.name} already ended checkpoint {checkpoint_id} ({how}); a new attempt needs a new checkpoint id",
         )
-
-
-def snapshot_holder(checkpoint_id: str) -> str:
-    """The holder name a checkpoint takes in every hold set it pauses."""
-    return f"snapshot:{checkpoint_id}"
 
 
 def _artifacts(name: str, directory: Path, files: list[Path]) -> list[Artifact]:

@@ -40,10 +40,6 @@ class EnvironmentCapabilities(Wire):
     """Siblings it scores together (group-scored environments only)."""
 
 
-class EnvironmentsReply(Wire):
-    environments: list[EnvironmentCapabilities]
-
-
 class JudgeRequest(Wire):
     group_id: str
     """The group being scored (for logs)."""

@@ -117,8 +117,6 @@ class PreflightInput(Wire):
 class PreflightResult(Wire):
     skip_reason: str | None
     """Set when the attempt should end as skipped (with this reason)."""
-    current_step: int
-    """Trainer step the controller sees."""
 
 
 class AnchorQuery(Wire):
@@ -132,15 +130,15 @@ class CheckpointRequest(Wire):
 
 
 class CheckpointRequestResult(Wire):
-    requested: bool
-    """False when a checkpoint at the current step already exists (the attempt can start now)."""
+    """Nothing to report: the train pump writes the checkpoint between two steps and announces it
+    with the `trainer_checkpoint_saved` signal, which starts the attempt."""
 
 
 class AnchorResult(Wire):
     current_step: int
     """Step the train pump has committed."""
     newest_checkpoint_step: int | None
-    """Newest published trainer checkpoint (None before the first)."""
+    """Step of the newest trainer checkpoint the train pump wrote or restored from (None before the first)."""
 
 
 class TrainerHoldInput(Wire):
@@ -156,7 +154,7 @@ class TrainerHoldInput(Wire):
 
 class TrainerHoldResult(Wire):
     step: int
-    """Trainer step when the hold was taken."""
+    """The trainer's last committed train step when the hold was taken."""
     policy_version: int
     """Trainer policy version when the hold was taken."""
 
@@ -184,12 +182,10 @@ class GymInput(Wire):
 
 class GymPrepareResult(Wire):
     participant_s: float
-    parked_agents: int
+    """Seconds the participants took to become ready."""
     agents_parked_s: float = 0.0
     """Seconds from closing admission until every environment server had all its agents parked
     (the time the slowest in-flight turn still needed to reach its boundary)."""
-    waited_for_acks: int
-    """Finished results that were stored and ACKed while preparing."""
 
 
 class GymCommitResult(Wire):
@@ -221,8 +217,11 @@ class CutInput(Wire):
     checkpoint_id: str
     incarnation: int
     staging_dir: str
-    expected_step: int
-    expected_policy_version: int
+    anchor_step: int
+    """The step the attempt is filed under; without a trainer hold the cut checks it is still current."""
+    hold: TrainerHoldResult | None
+    """What `trainer.hold` returned, which the cut must still see; None when the attempt runs without the
+    trainer hold (`snapshot.trainer_hold = false`)."""
 
 
 class CutResult(Wire):
@@ -230,6 +229,8 @@ class CutResult(Wire):
     data_plane_rows: int
     unfinished_groups: int
     continuations: int
+    policy_version: int
+    """Policy version of the step the cut holds (the manifest records it)."""
 
 
 class PublishInput(Wire):

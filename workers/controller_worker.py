@@ -17,18 +17,21 @@ from activities.gym_activities import GymActivities
 from activities.recovery_activities import RecoveryActivities
 from participants.client import ParticipantClient
 from activities.snapshot_activities import SnapshotActivities
-from activities.snapshot_context import SnapshotContext
 from controller.stores import snapshot_store
 from controller.fingerprint import config_fingerprint
 from controller.restore.crash_restore import CrashRestore
 from controller.runtime import Controller
+from controller.snapshot.coordinator import SnapshotCoordinator
 from workers.temporal_server import register_search_attributes
 from controller.stores.trainer_checkpoint import published_steps
 from schemas import search_attributes as sa
 from schemas.config import TurnkeepConfig
+from schemas.names import (
+    CHECKPOINT_HOLDER_PREFIX, checkpoint_holder, controller_queue, recovery_workflow_id, run_workflow_id,
+)
 from schemas.recovery import RecoveryInput, RecoveryResult
 from schemas.snapshot import RunCarryOver, RunWorkflowInput, SnapshotTimeouts, TrainerCheckpointSignal, Trigger
-from workers.temporal_client import connect, controller_queue, start_worker
+from primitives.temporal_client import connect, start_worker
 from workflows.recovery_workflow import RecoveryWorkflow
 from workflows.run_workflow import RunWorkflow
 from workflows.snapshot_attempt import SnapshotAttemptWorkflow
@@ -46,7 +49,7 @@ class SnapshotRuntime:
     worker: Worker
     worker_task: asyncio.Task
     handle: WorkflowHandle
-    ctx: SnapshotContext
+    ctx: SnapshotCoordinator
     stopped: bool = False
 
     async def watch(self) -> str:
@@ -67,7 +70,7 @@ def participant_clients(processes, session: aiohttp.ClientSession, timeout_s: fl
 
 
 def controller_worker(
-    client: Client, ctx: SnapshotContext, recovery: RecoveryActivities | None = None
+    client: Client, ctx: SnapshotCoordinator, recovery: RecoveryActivities | None = None
 ) -> tuple[Worker, asyncio.Task]:
     """The workflows and the controller's activities on `<run_id>.controller`."""
     gym, snap = GymActivities(ctx), SnapshotActivities(ctx)
@@ -93,7 +96,7 @@ async def start_snapshots(
         await register_search_attributes(client, cfg.temporal.namespace)
     await processes.trainer.start_temporal_worker.remote(address, cfg.temporal.namespace, run_id, incarnation)
     environments, policy = participant_clients(processes, session, cfg.snapshot.phase_timeout_s)
-    ctx = SnapshotContext(
+    ctx = SnapshotCoordinator(
         run_id=run_id, incarnation=incarnation, run_dir=cfg.run.run_dir, fingerprint=config_fingerprint(cfg),
         controller=controller, trainer=processes.trainer, environments=environments, policy=policy,
         interval_s=cfg.snapshot.attempt_interval_s,
@@ -112,7 +115,7 @@ async def start_snapshots(
             trainer_hold=cfg.snapshot.trainer_hold, checkpoint_on_demand=cfg.snapshot.checkpoint_on_demand,
             timeouts=timeouts(cfg), carried=RunCarryOver(numbers=next_snapshot_numbers(cfg.run.run_dir)),
         ),
-        id=f"{run_id}.run", task_queue=controller_queue(run_id),
+        id=run_workflow_id(run_id), task_queue=controller_queue(run_id),
         static_summary=f"turnkeep run {run_id} ({cfg.run.run_dir})",
         search_attributes=TypedSearchAttributes([SearchAttributePair(sa.RUN_ID, run_id)]),
     )
@@ -124,7 +127,7 @@ async def start_snapshots(
 
 async def _recover(cfg: TurnkeepConfig, client: Client, run_id: str, incarnation: int) -> RecoveryResult:
     """Run the recovery workflow to its end; a failure stops the run with its reason."""
-    recovery_id = f"{run_id}.recovery.{incarnation}"
+    recovery_id = recovery_workflow_id(run_id, incarnation)
     try:
         return await client.execute_workflow(
             RecoveryWorkflow.run,
@@ -160,7 +163,7 @@ async def _tie_attempt_to_checkpoint(
     attempt already done, and a hold nobody takes over would stall training for a lease.
     """
     if cfg.snapshot.trainer_hold and not repeat:
-        await runtime.ctx.trainer.hold_add.remote(f"checkpoint:{step}", cfg.snapshot.lease_s)
+        await runtime.ctx.trainer.hold_add.remote(checkpoint_holder(step), cfg.snapshot.lease_s)
     await runtime.handle.signal(
         RunWorkflow.trainer_checkpoint_saved, TrainerCheckpointSignal(step=step, trigger=Trigger(trigger), repeat=repeat)
     )
@@ -181,7 +184,7 @@ async def stop_snapshots(runtime: SnapshotRuntime | None, reason: str, grace_s: 
         log.info("run workflow ended: %s", err)
     # A checkpoint taken while the run workflow was stopping has no attempt to take over its hold.
     for holder in await runtime.ctx.trainer.hold_holders.remote():
-        if holder.startswith("checkpoint:"):
+        if holder.startswith(CHECKPOINT_HOLDER_PREFIX):
             await runtime.ctx.trainer.hold_release.remote(holder)
     await runtime.ctx.trainer.stop_temporal_worker.remote()
     await runtime.worker.shutdown()

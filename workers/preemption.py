@@ -18,7 +18,7 @@ import psutil
 
 from controller.runtime import Controller
 from workers.controller_worker import SnapshotRuntime
-from schemas.snapshot import Outcome, SnapshotNowSignal, Trigger
+from schemas.snapshot import Outcome, SnapshotNowSignal
 
 log = logging.getLogger("turnkeep.preemption")
 EXIT_AT_ONCE = 143
@@ -68,28 +68,16 @@ class PreemptionHandler:
     async def _final_save(self) -> str:
         if self._snapshots is None:
             return await self._final_checkpoint()
-        ctx = self._snapshots.ctx
-        seen = len(ctx.recorded)
         from workflows.run_workflow import RunWorkflow
 
-        signal_now = SnapshotNowSignal(reason="preemption (SIGTERM)", preemption=True)
-        await self._snapshots.handle.signal(RunWorkflow.snapshot_now, signal_now)
-        while True:
-            for result in ctx.recorded[seen:]:
-                if result.trigger is not Trigger.PREEMPTION:
-                    continue
-                if result.outcome in (Outcome.PUBLISHED, Outcome.PUBLISHED_RELEASE_PENDING):
-                    return (f"snapshot {result.snapshot_dir} (step {result.anchor_step}, {result.parked_agents} "
-                            f"parked agents, {result.data_plane_rows} finished rows)")
-                if result.outcome is Outcome.SKIPPED:
-                    # The trainer stepped past the anchor before the hold: ask again under the new step.
-                    log.info("final snapshot skipped (%s); asking again", result.reason)
-                    await self._snapshots.handle.signal(RunWorkflow.snapshot_now, signal_now)
-                    continue
-                return f"the final snapshot ended {result.outcome}: {result.reason}"
-            seen = len(ctx.recorded)
-            ctx.recorded_changed.clear()
-            await ctx.recorded_changed.wait()
+        # The run workflow answers with what it saved; it asks again itself when the trainer outran an attempt.
+        result = await self._snapshots.handle.execute_update(
+            RunWorkflow.snapshot_and_wait, SnapshotNowSignal(reason="preemption (SIGTERM)", preemption=True)
+        )
+        if result.outcome in (Outcome.PUBLISHED, Outcome.PUBLISHED_RELEASE_PENDING):
+            return (f"snapshot {result.snapshot_dir} (step {result.anchor_step}, {result.parked_agents} "
+                    f"parked agents, {result.data_plane_rows} finished rows)")
+        return f"the final snapshot ended {result.outcome}: {result.reason}"
 
     async def _final_checkpoint(self) -> str:
         training = self._controller.training

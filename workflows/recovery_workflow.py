@@ -8,14 +8,14 @@ Temporal UI answers "where did this run continue from?".
 
 from __future__ import annotations
 
-from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 
+from workflows.retry_policies import RECOVERY_FEW_TRIES
 from workflows.timed_activity import timed_activity
 
 with workflow.unsafe.imports_passed_through():
+    from schemas.names import Activity, WorkflowType
     from schemas.recovery import (
         CancelStaleResult,
         ChooseSourceResult,
@@ -27,11 +27,8 @@ with workflow.unsafe.imports_passed_through():
         ResumeAfterRestoreResult,
     )
 
-FEW = RetryPolicy(initial_interval=timedelta(milliseconds=500), maximum_attempts=3,
-                  non_retryable_error_types=["UnusableRunDir", "CrashRestoreError", "StaleIncarnation"])
 
-
-@workflow.defn(name="TurnkeepRecovery")
+@workflow.defn(name=WorkflowType.RECOVERY)
 class RecoveryWorkflow:
     def __init__(self) -> None:
         self._phase = "starting"
@@ -44,15 +41,15 @@ class RecoveryWorkflow:
     async def run(self, inp: RecoveryInput) -> RecoveryResult:
         step = RecoveryStepInput(run_id=inp.run_id, incarnation=inp.incarnation)
         seconds: dict[str, float] = {}
-        cancelled = await self._call("cancel_stale", "recovery.cancel_stale", step, CancelStaleResult, inp, seconds,
+        cancelled = await self._call("cancel_stale", Activity.RECOVERY_CANCEL_STALE, step, CancelStaleResult, inp, seconds,
                                      heartbeat_s=30)
-        chosen = await self._call("choose_source", "recovery.choose_source", step, ChooseSourceResult, inp, seconds)
+        chosen = await self._call("choose_source", Activity.RECOVERY_CHOOSE_SOURCE, step, ChooseSourceResult, inp, seconds)
         source = chosen.source
         workflow.set_current_details(f"restoring from {source.kind} (step {source.step}): {source.reason}")
-        restored = await self._call("restore", "recovery.restore",
+        restored = await self._call("restore", Activity.RECOVERY_RESTORE,
                                     RestoreInput(run_id=inp.run_id, incarnation=inp.incarnation, source=source),
                                     RestoreResult, inp, seconds)
-        await self._call("resume", "recovery.resume", step, ResumeAfterRestoreResult, inp, seconds)
+        await self._call("resume", Activity.RECOVERY_RESUME, step, ResumeAfterRestoreResult, inp, seconds)
         workflow.set_current_details(
             f"restored from {source.kind} (step {source.step}, policy version {restored.policy_version}): "
             f"{restored.data_plane_rows} rows, {restored.continuations} agents continue from their saved turn, "
@@ -63,5 +60,5 @@ class RecoveryWorkflow:
 
     async def _call(self, phase, activity, arg, result_type, inp: RecoveryInput, seconds, *, heartbeat_s=None):
         self._phase = phase
-        return await timed_activity(seconds, phase, activity, arg, result_type, inp.phase_timeout_s, FEW,
+        return await timed_activity(seconds, phase, activity, arg, result_type, inp.phase_timeout_s, RECOVERY_FEW_TRIES,
                                     heartbeat_s=heartbeat_s)

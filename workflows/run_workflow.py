@@ -15,11 +15,13 @@ from typing import NamedTuple
 from datetime import timedelta
 
 from temporalio import workflow
+from temporalio.exceptions import ApplicationError
 from temporalio.workflow import ParentClosePolicy
-from temporalio.common import RetryPolicy, SearchAttributePair, TypedSearchAttributes
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
 with workflow.unsafe.imports_passed_through():
     from schemas import search_attributes as sa
+    from schemas.names import Activity, WorkflowType, checkpoint_holder, checkpoint_id, trainer_queue
     from schemas.snapshot import (
         AnchorQuery,
         AnchorResult,
@@ -42,7 +44,9 @@ with workflow.unsafe.imports_passed_through():
         TrainerReleaseResult,
         Trigger,
     )
-    from workflows.snapshot_attempt import SnapshotAttemptWorkflow
+
+from workflows.retry_policies import RUN_QUICK, RUN_UNTIL_IT_WORKS
+from workflows.snapshot_attempt import SnapshotAttemptWorkflow
 
 ATTEMPTS_BEFORE_CONTINUE_AS_NEW = 200
 URGENCY = [Trigger.PERIODIC, Trigger.TRAINER_CHECKPOINT, Trigger.OPERATOR, Trigger.PREEMPTION]
@@ -59,11 +63,9 @@ class PendingTrigger(NamedTuple):
 
 def _more_urgent(a: Trigger, b: Trigger | None) -> Trigger:
     return a if b is None or URGENCY.index(a) >= URGENCY.index(b) else b
-QUICK = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=5)
-UNTIL_IT_WORKS = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30))
 
 
-@workflow.defn(name="TurnkeepRun")
+@workflow.defn(name=WorkflowType.RUN)
 class RunWorkflow:
     @workflow.init
     def __init__(self, inp: RunWorkflowInput) -> None:
@@ -76,6 +78,9 @@ class RunWorkflow:
         self._state = inp.carried or RunCarryOver()
         self._running: str | None = None
         self._last: SnapshotAttemptResult | None = None
+        self._finished = 0
+        """Attempts finished in this run of the workflow (waiters of `snapshot_and_wait` count on it)."""
+        self._last_by_trigger: dict[Trigger, tuple[int, SnapshotAttemptResult]] = {}
         self._run_id = inp.run_id
 
     @workflow.signal
@@ -100,6 +105,27 @@ class RunWorkflow:
         signal = signal or SnapshotNowSignal()
         trigger = Trigger.PREEMPTION if signal.preemption else Trigger.OPERATOR
         self._triggers.appendleft(PendingTrigger(trigger, None, signal.reason))
+
+    @workflow.update
+    async def snapshot_and_wait(self, signal: SnapshotNowSignal) -> SnapshotAttemptResult:
+        """Take a snapshot now and answer with its outcome (the preemption handler's final save).
+
+        An attempt the trainer outran before its hold is skipped; it is asked for again
+        under the new step, so the answer is what the run actually saved, or why not.
+        """
+        trigger = Trigger.PREEMPTION if signal.preemption else Trigger.OPERATOR
+        while True:
+            asked_at = self._finished
+            self._triggers.appendleft(PendingTrigger(trigger, None, signal.reason))
+            await workflow.wait_condition(
+                lambda: self._last_by_trigger.get(trigger, (-1, None))[0] >= asked_at or self._stop_reason is not None
+            )
+            if self._stop_reason is not None:
+                raise ApplicationError(f"the run workflow stopped before the snapshot: {self._stop_reason}")
+            result = self._last_by_trigger[trigger][1]
+            if result.outcome is not Outcome.SKIPPED:
+                return result
+            workflow.logger.info("%s snapshot skipped (%s); asking again", trigger, result.reason)
 
     @workflow.signal
     def pause_snapshots(self) -> None:
@@ -135,12 +161,13 @@ class RunWorkflow:
             started_attempts += 1
             stop = self._account(inp, result)
             await workflow.execute_activity(
-                "snapshot.record", AttemptRecord(result=result, consecutive_failures=self._state.consecutive_failures),
-                result_type=RecordResult, start_to_close_timeout=timedelta(seconds=30), retry_policy=QUICK,
+                Activity.RECORD, AttemptRecord(result=result, consecutive_failures=self._state.consecutive_failures),
+                result_type=RecordResult, start_to_close_timeout=timedelta(seconds=30), retry_policy=RUN_QUICK,
             )
             if stop:
                 return RunWorkflowResult(stopped_reason=stop, attempts_by_outcome=dict(self._state.counts))
-            if started_attempts >= ATTEMPTS_BEFORE_CONTINUE_AS_NEW and not self._triggers:
+            if (started_attempts >= ATTEMPTS_BEFORE_CONTINUE_AS_NEW and not self._triggers
+                    and workflow.all_handlers_finished()):
                 workflow.continue_as_new(inp.model_copy(update={"carried": self._state}))
         await self._finish_pending_release(inp)  # never leave admission closed behind
         return RunWorkflowResult(stopped_reason=self._stop_reason, attempts_by_outcome=dict(self._state.counts))
@@ -163,9 +190,9 @@ class RunWorkflow:
             if pending.step is not None and pending.held:
                 # Nobody will take over the train pump's checkpoint hold: release it now.
                 await workflow.execute_activity(
-                    "trainer.release", TrainerReleaseInput(holders=[f"checkpoint:{pending.step}"]),
-                    result_type=TrainerReleaseResult, task_queue=f"{inp.run_id}.trainer",
-                    start_to_close_timeout=timedelta(seconds=30), retry_policy=QUICK,
+                    Activity.TRAINER_RELEASE, TrainerReleaseInput(holders=[checkpoint_holder(pending.step)]),
+                    result_type=TrainerReleaseResult, task_queue=trainer_queue(inp.run_id),
+                    start_to_close_timeout=timedelta(seconds=30), retry_policy=RUN_QUICK,
                 )
             return None
         return pending
@@ -176,32 +203,32 @@ class RunWorkflow:
         held = step is not None and pending.held
         if step is None:
             anchor = await workflow.execute_activity(
-                "snapshot.anchor", AnchorQuery(incarnation=inp.incarnation), result_type=AnchorResult,
-                start_to_close_timeout=timedelta(seconds=30), retry_policy=QUICK,
+                Activity.ANCHOR, AnchorQuery(incarnation=inp.incarnation), result_type=AnchorResult,
+                start_to_close_timeout=timedelta(seconds=30), retry_policy=RUN_QUICK,
             )
             if inp.checkpoint_on_demand and anchor.newest_checkpoint_step != anchor.current_step:
                 self._requested = _more_urgent(trigger, self._requested)
                 await workflow.execute_activity(
-                    "snapshot.request_checkpoint", CheckpointRequest(incarnation=inp.incarnation, trigger=trigger),
+                    Activity.REQUEST_CHECKPOINT, CheckpointRequest(incarnation=inp.incarnation, trigger=trigger),
                     result_type=CheckpointRequestResult, start_to_close_timeout=timedelta(seconds=30),
-                    retry_policy=QUICK,
+                    retry_policy=RUN_QUICK,
                 )
                 return None
             step = anchor.newest_checkpoint_step if anchor.newest_checkpoint_step is not None else 0
         number = self._state.numbers.get(str(step), 1)
         self._state.numbers[str(step)] = number + 1
-        checkpoint_id = f"{inp.run_id}.snapshot.{step}.{number}"
-        self._running = checkpoint_id
+        attempt_id = checkpoint_id(inp.run_id, step, number)
+        self._running = attempt_id
         try:
             return await workflow.execute_child_workflow(
                 SnapshotAttemptWorkflow.run,
                 SnapshotAttemptInput(
-                    run_id=inp.run_id, checkpoint_id=checkpoint_id, number=number, trigger=trigger, anchor_step=step,
+                    run_id=inp.run_id, checkpoint_id=attempt_id, number=number, trigger=trigger, anchor_step=step,
                     incarnation=inp.incarnation, trainer_hold=inp.trainer_hold, keep_latest_k=inp.keep_latest_k,
-                    checkpoint_hold=f"checkpoint:{step}" if held and inp.trainer_hold else None,
+                    checkpoint_hold=checkpoint_holder(step) if held and inp.trainer_hold else None,
                     timeouts=inp.timeouts,
                 ),
-                id=checkpoint_id,
+                id=attempt_id,
                 # A cancelled run still compensates its attempt; TERMINATE would skip compensation.
                 parent_close_policy=ParentClosePolicy.REQUEST_CANCEL,
                 static_summary=f"{trigger} snapshot under step {step} (#{number}): {note}",
@@ -216,6 +243,8 @@ class RunWorkflow:
     def _account(self, inp: RunWorkflowInput, result: SnapshotAttemptResult) -> str | None:
         """Update the counters; return why the run must stop, if it must."""
         self._last = result
+        self._last_by_trigger[result.trigger] = (self._finished, result)
+        self._finished += 1
         self._state.counts[str(result.outcome)] = self._state.counts.get(str(result.outcome), 0) + 1
         if result.outcome is Outcome.PUBLISHED_RELEASE_PENDING:
             self._state.release_pending = result.checkpoint_id
@@ -238,10 +267,10 @@ class RunWorkflow:
         if pending is None:
             return
         released = await workflow.execute_activity(
-            "gym.resume", GymInput(run_id=inp.run_id, checkpoint_id=pending, incarnation=inp.incarnation,
+            Activity.GYM_RESUME, GymInput(run_id=inp.run_id, checkpoint_id=pending, incarnation=inp.incarnation,
                                    lease_s=inp.timeouts.lease_s),
             result_type=GymReleaseResult, start_to_close_timeout=timedelta(seconds=inp.timeouts.phase_s),
-            retry_policy=UNTIL_IT_WORKS, summary=f"finish the release of {pending}",
+            retry_policy=RUN_UNTIL_IT_WORKS, summary=f"finish the release of {pending}",
         )
         workflow.logger.info("pending release of %s finished after %.1fs closed", pending,
                              released.admission_closed_s)

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 
 from workflows.timed_activity import timed_activity
 
 with workflow.unsafe.imports_passed_through():
     from schemas import search_attributes as sa
+    from schemas.names import Activity, ErrorType, WorkflowType, snapshot_holder, trainer_queue
     from schemas.snapshot import (
         CutInput,
         CutResult,
@@ -45,19 +44,7 @@ with workflow.unsafe.imports_passed_through():
         TrainerReleaseResult,
     )
 
-INVARIANT = "InvariantBroken"
-TRAINER_MOVED = "TrainerMoved"
-FEW = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=3)
-TRANSIENT = RetryPolicy(
-    initial_interval=timedelta(milliseconds=200), backoff_coefficient=2.0, maximum_attempts=5,
-    non_retryable_error_types=[INVARIANT, TRAINER_MOVED],
-)
-PERSISTENT = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=5),
-                         maximum_attempts=20, non_retryable_error_types=[INVARIANT])
-
-
-def trainer_queue(run_id: str) -> str:
-    return f"{run_id}.trainer"
+from workflows.retry_policies import ATTEMPT_FEW_TRIES, ATTEMPT_PERSISTENT, ATTEMPT_TRANSIENT
 
 
 @dataclass
@@ -75,7 +62,7 @@ class AttemptProgress:
     agents_parked_s: float = 0.0
 
 
-@workflow.defn(name="SnapshotAttempt")
+@workflow.defn(name=WorkflowType.SNAPSHOT_ATTEMPT)
 class SnapshotAttemptWorkflow:
     def __init__(self) -> None:
         self._phase = "starting"
@@ -87,7 +74,7 @@ class SnapshotAttemptWorkflow:
     @workflow.run
     async def run(self, inp: SnapshotAttemptInput) -> SnapshotAttemptResult:
         started = workflow.time()
-        progress = AttemptProgress(holder=f"snapshot:{inp.checkpoint_id}")
+        progress = AttemptProgress(holder=snapshot_holder(inp.checkpoint_id))
         try:
             result = await self._attempt(inp, progress)
         except (ActivityError, ApplicationError, asyncio.CancelledError) as err:
@@ -102,9 +89,9 @@ class SnapshotAttemptWorkflow:
 
     async def _attempt(self, inp: SnapshotAttemptInput, progress: AttemptProgress) -> SnapshotAttemptResult:
         budget = inp.timeouts
-        pre = await self._call(progress, "preflight", "snapshot.preflight", PreflightInput(
+        pre = await self._call(progress, "preflight", Activity.PREFLIGHT, PreflightInput(
             run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
-            anchor_step=inp.anchor_step), PreflightResult, budget.phase_s, FEW)
+            anchor_step=inp.anchor_step), PreflightResult, budget.phase_s, ATTEMPT_FEW_TRIES)
         if pre.skip_reason:
             await self._compensate(inp, progress)
             return self._result(inp, progress, Outcome.SKIPPED, pre.skip_reason)
@@ -112,50 +99,50 @@ class SnapshotAttemptWorkflow:
         hold = None
         if inp.trainer_hold:
             progress.trainer_held = True
-            hold = await self._call(progress, "trainer_hold", "trainer.hold", TrainerHoldInput(
+            hold = await self._call(progress, "trainer_hold", Activity.TRAINER_HOLD, TrainerHoldInput(
                 holder=progress.holder, lease_s=budget.lease_s, incarnation=inp.incarnation,
-                release_also=[inp.checkpoint_hold] if inp.checkpoint_hold else []), TrainerHoldResult, budget.phase_s, TRANSIENT,
+                release_also=[inp.checkpoint_hold] if inp.checkpoint_hold else []), TrainerHoldResult, budget.phase_s, ATTEMPT_TRANSIENT,
                 task_queue=trainer_queue(inp.run_id))
             if hold.step != inp.anchor_step:
                 await self._compensate(inp, progress)
                 return self._result(inp, progress, Outcome.SKIPPED,
                                     f"trainer reached step {hold.step} before the hold; anchor is {inp.anchor_step}")
 
-        staging = await self._call(progress, "preflight", "snapshot.open_staging", StagingInput(
+        staging = await self._call(progress, "preflight", Activity.OPEN_STAGING, StagingInput(
             run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
-            anchor_step=inp.anchor_step, number=inp.number), StagingResult, budget.phase_s, FEW)
+            anchor_step=inp.anchor_step, number=inp.number), StagingResult, budget.phase_s, ATTEMPT_FEW_TRIES)
         progress.staging_dir = staging.staging_dir
         gym = GymInput(run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
                        lease_s=budget.lease_s, staging_dir=staging.staging_dir)
 
         progress.gym_started = True
-        prepared = await self._call(progress, "gym_prepare", "gym.prepare", gym, GymPrepareResult,
-                                    budget.prepare_s, FEW, heartbeat_s=10)
+        prepared = await self._call(progress, "gym_prepare", Activity.GYM_PREPARE, gym, GymPrepareResult,
+                                    budget.prepare_s, ATTEMPT_FEW_TRIES, heartbeat_s=10)
         progress.participant_s += prepared.participant_s
         progress.agents_parked_s = prepared.agents_parked_s
-        committed = await self._call(progress, "gym_commit", "gym.commit", gym, GymCommitResult,
-                                     budget.phase_s, TRANSIENT, heartbeat_s=10)
+        committed = await self._call(progress, "gym_commit", Activity.GYM_COMMIT, gym, GymCommitResult,
+                                     budget.phase_s, ATTEMPT_TRANSIENT, heartbeat_s=10)
         progress.participant_s += committed.participant_s
-        cut = await self._call(progress, "cut", "data_plane.cut", CutInput(
+        cut = await self._call(progress, "cut", Activity.CUT, CutInput(
             run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
-            staging_dir=staging.staging_dir, expected_step=hold.step if hold else inp.anchor_step,
-            expected_policy_version=hold.policy_version if hold else -1), CutResult, budget.phase_s, TRANSIENT)
+            staging_dir=staging.staging_dir, anchor_step=inp.anchor_step, hold=hold), CutResult, budget.phase_s,
+            ATTEMPT_TRANSIENT)
         if progress.trainer_held:
             await self._release_trainer(inp, progress)
 
         counts = {**committed.counts, "data_plane_rows": cut.data_plane_rows,
                   "unfinished_groups": cut.unfinished_groups, "continuations": cut.continuations}
-        published = await self._call(progress, "publish", "snapshot.publish", PublishInput(
+        published = await self._call(progress, "publish", Activity.PUBLISH, PublishInput(
             run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
             staging_dir=staging.staging_dir, anchor_step=inp.anchor_step, number=inp.number,
-            policy_version=hold.policy_version if hold else -1, artifacts=committed.artifacts + cut.artifacts,
-            counts=counts, keep_latest_k=inp.keep_latest_k), PublishResult, budget.phase_s, TRANSIENT)
+            policy_version=cut.policy_version, artifacts=committed.artifacts + cut.artifacts,
+            counts=counts, keep_latest_k=inp.keep_latest_k), PublishResult, budget.phase_s, ATTEMPT_TRANSIENT)
         progress.staging_dir = None  # renamed into place: nothing to discard any more
 
         outcome, reason = Outcome.PUBLISHED, f"published {published.snapshot_dir}"
         try:
-            released = await self._call(progress, "resume", "gym.resume", gym, GymReleaseResult,
-                                        budget.phase_s, FEW)
+            released = await self._call(progress, "resume", Activity.GYM_RESUME, gym, GymReleaseResult,
+                                        budget.phase_s, ATTEMPT_FEW_TRIES)
             progress.participant_s += released.participant_s
             progress.admission_closed_s = released.admission_closed_s
         except ActivityError as err:
@@ -170,9 +157,9 @@ class SnapshotAttemptWorkflow:
 
     async def _release_trainer(self, inp: SnapshotAttemptInput, progress: AttemptProgress,
                                holders: list[str] | None = None) -> None:
-        released = await self._call(progress, "trainer_release", "trainer.release",
+        released = await self._call(progress, "trainer_release", Activity.TRAINER_RELEASE,
                                     TrainerReleaseInput(holders=holders or [progress.holder]), TrainerReleaseResult,
-                                    inp.timeouts.phase_s, PERSISTENT, task_queue=trainer_queue(inp.run_id))
+                                    inp.timeouts.phase_s, ATTEMPT_PERSISTENT, task_queue=trainer_queue(inp.run_id))
         progress.trainer_wait_s = max(progress.trainer_wait_s, released.waited_s)
         progress.trainer_held = False
 
@@ -183,7 +170,7 @@ class SnapshotAttemptWorkflow:
         if progress.gym_started:
             gym = GymInput(run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
                            lease_s=inp.timeouts.lease_s)
-            aborted = await self._call(progress, "compensate", "gym.abort", gym, GymReleaseResult, budget, PERSISTENT)
+            aborted = await self._call(progress, "compensate", Activity.GYM_ABORT, gym, GymReleaseResult, budget, ATTEMPT_PERSISTENT)
             progress.admission_closed_s = aborted.admission_closed_s
             progress.gym_started = False
         holders = [progress.holder] if progress.trainer_held else []
@@ -193,9 +180,9 @@ class SnapshotAttemptWorkflow:
         if holders:
             await self._release_trainer(inp, progress, holders)
         if progress.staging_dir is not None:
-            await self._call(progress, "compensate", "snapshot.discard_staging", DiscardStagingInput(
+            await self._call(progress, "compensate", Activity.DISCARD_STAGING, DiscardStagingInput(
                 checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation, staging_dir=progress.staging_dir),
-                type(None), budget, PERSISTENT)
+                type(None), budget, ATTEMPT_PERSISTENT)
             progress.staging_dir = None
 
     async def _call(self, progress, phase, activity, arg, result_type, timeout_s, retry, *, task_queue=None,
@@ -226,8 +213,8 @@ def _classify(err: BaseException) -> tuple[Outcome, str, bool]:
     root = err
     while root.__cause__ is not None:
         root = root.__cause__
-    if isinstance(root, ApplicationError) and root.type == INVARIANT:
+    if isinstance(root, ApplicationError) and root.type == ErrorType.INVARIANT_BROKEN:
         return Outcome.FAILED, f"invariant broken: {root.message}", True
-    if isinstance(root, ApplicationError) and root.type == TRAINER_MOVED:
+    if isinstance(root, ApplicationError) and root.type == ErrorType.TRAINER_MOVED:
         return Outcome.SKIPPED, root.message, False
     return Outcome.FAILED, _cause(err), False

@@ -19,7 +19,7 @@ async def timed_activity(seconds: dict[str, float], phase: str, activity: str, a
             activity, arg, result_type=result_type, task_queue=task_queue,
             start_to_close_timeout=timedelta(seconds=timeout_s), retry_policy=retry,
             heartbeat_timeout=timedelta(seconds=heartbeat_s) if heartbeat_s else None,
-            summary=activity,
+            summary=str(activity),
         )
     finally:
         seconds[phase] = round(seconds.get(phase, 0.0) + workflow.time() - began, 3)

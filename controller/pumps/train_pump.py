@@ -23,6 +23,7 @@ from primitives.audit_log import AuditLog
 from primitives.holds import HoldSet
 from schemas.audit import GroupsDiscarded, StepTrained
 from schemas.config import TrainConfig
+from schemas.names import REFIT_HOLDER
 
 log = logging.getLogger("turnkeep.train")
 
@@ -52,7 +53,7 @@ class TrainPump:
         stats: RunStats,
         on_groups_finished: Callable[[], None],
         write_checkpoint: Callable[[int, str], Awaitable[None]],
-        announce_checkpoint_again: Callable[[int, str], Awaitable[None]],
+        announce_checkpoint: Callable[[int, str, bool], Awaitable[None]],
         on_step: Callable[[StepReport], None],
         audit: AuditLog | None = None,
     ) -> None:
@@ -66,27 +67,32 @@ class TrainPump:
         self._stats = stats
         self._on_groups_finished = on_groups_finished
         self._write_checkpoint = write_checkpoint
-        self._announce_checkpoint_again = announce_checkpoint_again
+        self._announce_checkpoint = announce_checkpoint
+        """(step, trigger, repeat): ties a snapshot attempt to the checkpoint; `repeat` when it was announced before."""
         self._on_step = on_step
         self._audit = audit
         self._group_settled = asyncio.Event()
         self._untrainable: list[str] = []
         self._checkpoint_request: str | None = None
-        self._checkpointed_step: int | None = None
+        self.checkpointed_step: int | None = None
+        """Step of the newest trainer checkpoint written or restored: the anchor of every snapshot."""
         self.step = 0
+        self.policy_version = 0
+        """Policy version of the committed step (the trainer's, reported with each step)."""
 
     def group_settled(self, group_id: str, trainable: bool) -> None:
         if not trainable:
             self._untrainable.append(group_id)
         self._group_settled.set()
 
-    def restore(self, step: int) -> None:
+    def restore(self, step: int, policy_version: int) -> None:
         """Continue after a restore at `step`: its checkpoint exists, so none is written for it again."""
         self.step = step
-        self._checkpointed_step = step
+        self.policy_version = policy_version
+        self.checkpointed_step = step
 
     def has_checkpoint_of_current_step(self) -> bool:
-        return self._checkpointed_step == self.step
+        return self.checkpointed_step == self.step
 
     def request_checkpoint(self, trigger: str) -> None:
         """Write a trainer checkpoint at the current step as soon as no step is running.
@@ -101,7 +107,7 @@ class TrainPump:
         while max_steps is None or self.step < max_steps:
             await self._serve_checkpoint_request()
             await self.train_one_step()
-        if self._checkpointed_step != self.step:
+        if self.checkpointed_step != self.step:
             # A finished run can be extended later (`--steps` higher, same run directory) from where it ended.
             await self._checkpoint(self.step, "trainer_checkpoint")
 
@@ -109,16 +115,18 @@ class TrainPump:
         trigger, self._checkpoint_request = self._checkpoint_request, None
         if trigger is None:
             return
-        if self._checkpointed_step != self.step:
+        if self.checkpointed_step != self.step:
             await self._checkpoint(self.step, trigger)
         else:
             # The request raced a save_period checkpoint of this very step: the requester
             # (a preemption, an operator) still waits for an attempt under it, so announce it again.
-            await self._announce_checkpoint_again(self.step, trigger)
+            await self._announce_checkpoint(self.step, trigger, True)
 
     async def _checkpoint(self, step: int, trigger: str) -> None:
         await self._write_checkpoint(step, trigger)
-        self._checkpointed_step = step
+        # Recorded before the announcement: the attempt it starts reads its anchor from here.
+        self.checkpointed_step = step
+        await self._announce_checkpoint(step, trigger, False)
 
     async def train_one_step(self) -> StepReport:
         group_ids = await self._claim_batch()
@@ -143,6 +151,7 @@ class TrainPump:
             self._data_plane.delete(group_ids)
             self._ledger.finish(group_ids)
             self.step = target
+            self.policy_version = trainer_stats["policy_version"]
         self._on_groups_finished()
         refit_s = await self._refit(trainer_stats["policy_version"])
         if self.step % self._cfg.save_period == 0:
@@ -198,10 +207,10 @@ class TrainPump:
 
     async def _refit(self, version: int) -> float:
         started = time.monotonic()
-        self._admission.add("refit")
+        self._admission.add(REFIT_HOLDER)
         try:
             blob = self._trainer.weights_blob.remote()
             await self._policy.load_weights.remote(blob, version)
         finally:
-            self._admission.release("refit")
+            self._admission.release(REFIT_HOLDER)
         return time.monotonic() - started

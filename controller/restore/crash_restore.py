@@ -27,6 +27,7 @@ from primitives.audit_log import segments_digest
 from primitives.chaos_points import reached
 from schemas.audit import ContinuationRef, Restored, RowRef
 from schemas.config import TurnkeepConfig
+from schemas.names import recovery_holder, recovery_workflow_id
 from schemas.participant import SavedAgent
 from schemas.recovery import RecoverySource, RestoreResult, SourceKind
 
@@ -46,8 +47,8 @@ class CrashRestore:
         self._controller = controller
         self._identity = identity
         self._environments = {env.name: env for env in environments}
-        self.holder = f"recovery:{identity.incarnation}"
-        self.recovery_id = f"{identity.run_id}.recovery.{identity.incarnation}"
+        self.holder = recovery_holder(identity.incarnation)
+        self.recovery_id = recovery_workflow_id(identity.run_id, identity.incarnation)
         self._paused_at: float | None = None
 
     def choose(self) -> RecoverySource:
@@ -66,13 +67,13 @@ class CrashRestore:
             return RestoreResult(step=0, policy_version=0, data_plane_rows=0, unfinished_groups=0, continuations=0,
                                  restarted_siblings=0)
         trainer_dir = Path(source.checkpoint_dir or "") / "trainer"
-        version = await c.processes.trainer.load_checkpoint.remote(str(trainer_dir))
+        version = await c.processes.trainer.load_checkpoint.remote(str(trainer_dir), source.step)
         if version != source.policy_version:
             raise CrashRestoreError(f"{trainer_dir} holds policy version {version}, its manifest says "
                                 f"{source.policy_version}")
         await reached("restore", self._cfg.run.run_dir)
         state = orjson.loads(Path(source.controller_state or "").read_bytes())
-        c.load_state_dict(state)
+        c.load_state_dict(state, version)
         saved = read_saved_agents(Path(source.snapshot_dir)) if source.snapshot_dir else []
         # Only environments at the `turn` level continue saved agents; the others rerun those siblings.
         continuations = {key: cont for key, cont in self._continuations(saved).items()

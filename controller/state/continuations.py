@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from activities.errors import invariant_broken
+from controller.errors import InvariantBroken
 from controller.state.data_plane import DataPlane
 from controller.state.group_ledger import GroupLedger, SiblingState
 from schemas.participant import SavedAgent
@@ -36,14 +36,14 @@ def check_continuations(agents: list[SavedAgent], ledger: GroupLedger, data_plan
             continue  # its group was rerun whole between the commit and the cut: it never continues
         sibling = ledger.sibling(req.group_id, req.sibling)
         if sibling is None:
-            raise invariant_broken(f"saved agent {req.rollout_id} continues group {req.group_id}, which is not in the cut")
+            raise InvariantBroken(f"saved agent {req.rollout_id} continues group {req.group_id}, which is not in the cut")
         if sibling.state is not SiblingState.RUNNING or sibling.attempts != req.attempt + 1:
-            raise invariant_broken(
+            raise InvariantBroken(
                 f"saved agent {req.rollout_id} is attempt {req.attempt}, but the ledger has sibling "
                 f"{req.group_id}.{req.sibling} {sibling.state} after {sibling.attempts} attempts"
             )
         if (req.group_id, req.sibling) in sealed:
-            raise invariant_broken(f"saved agent {req.rollout_id} continues a sibling that already has a row")
+            raise InvariantBroken(f"saved agent {req.rollout_id} continues a sibling that already has a row")
         continuations.append(
             {"rollout_id": req.rollout_id, "group_id": req.group_id, "sibling": req.sibling,
              "attempt": req.attempt, "turn_index": agent.boundary.turn_index}

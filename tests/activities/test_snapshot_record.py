@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import orjson
 
 from activities.snapshot_activities import SnapshotActivities
-from activities.snapshot_context import SnapshotContext
+from controller.snapshot.coordinator import SnapshotCoordinator
 from controller.stores.metrics import MetricsSink
 from controller.state.run_stats import RunStats
 from schemas.snapshot import AttemptRecord, Outcome, SnapshotAttemptResult, Trigger
@@ -25,7 +25,7 @@ def _result(n: int, closed_s: float, outcome: Outcome = Outcome.PUBLISHED) -> Sn
 def test_every_attempt_is_a_metrics_line_and_a_long_closure_warns_once_with_the_fix(tmp_path):
     out = io.StringIO()
     controller = SimpleNamespace(metrics=MetricsSink(tmp_path, RunStats(), None, out=out))
-    ctx = SnapshotContext(
+    ctx = SnapshotCoordinator(
         run_id="run", incarnation=1, run_dir=tmp_path, fingerprint="f", controller=controller, trainer=None,
         environments=[], policy=None, interval_s=2.0,
     )

@@ -30,7 +30,7 @@ class StandIns:
     @activity.defn(name="snapshot.request_checkpoint")
     async def request_checkpoint(self, inp: CheckpointRequest) -> CheckpointRequestResult:
         self.requests.append(str(inp.trigger))
-        return CheckpointRequestResult(requested=True)
+        return CheckpointRequestResult()
 
     @activity.defn(name="snapshot.record")
     async def record(self, inp: AttemptRecord) -> RecordResult:

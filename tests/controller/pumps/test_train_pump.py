@@ -11,12 +11,14 @@ def _pump(written: list, announced: list) -> TrainPump:
     async def write(step: int, trigger: str) -> None:
         written.append((step, trigger))
 
-    async def announce(step: int, trigger: str) -> None:
-        announced.append((step, trigger))
+    async def announce(step: int, trigger: str, repeat: bool) -> None:
+        announced.append((step, trigger, repeat))
+        assert pump.checkpointed_step == step  # recorded before the attempt it starts can ask for the anchor
 
     # Serving a request touches only the checkpoint callbacks; the rest is never reached.
-    return TrainPump(None, None, None, None, None, None, None, None, on_groups_finished=lambda: None,
-                     write_checkpoint=write, announce_checkpoint_again=announce, on_step=lambda report: None)
+    pump = TrainPump(None, None, None, None, None, None, None, None, on_groups_finished=lambda: None,
+                     write_checkpoint=write, announce_checkpoint=announce, on_step=lambda report: None)
+    return pump
 
 
 def test_a_request_at_an_unsaved_step_writes_a_checkpoint_under_its_trigger():
@@ -25,16 +27,16 @@ def test_a_request_at_an_unsaved_step_writes_a_checkpoint_under_its_trigger():
     pump.step = 7
     pump.request_checkpoint("preemption")
     asyncio.run(pump._serve_checkpoint_request())
-    assert written == [(7, "preemption")] and announced == []
+    assert written == [(7, "preemption")] and announced == [(7, "preemption", False)]
     assert pump.has_checkpoint_of_current_step()
 
 
 def test_a_request_that_raced_a_checkpoint_of_the_same_step_is_announced_again():
     written, announced = [], []
     pump = _pump(written, announced)
-    pump.restore(12)  # step 12 is checkpointed already, as after a save_period checkpoint
+    pump.restore(12, policy_version=12)  # step 12 is checkpointed already, as after a save_period checkpoint
     pump.request_checkpoint("preemption")
     asyncio.run(pump._serve_checkpoint_request())
-    assert written == [] and announced == [(12, "preemption")]
+    assert written == [] and announced == [(12, "preemption", True)]
     asyncio.run(pump._serve_checkpoint_request())
-    assert announced == [(12, "preemption")]  # served once
+    assert announced == [(12, "preemption", True)]  # served once

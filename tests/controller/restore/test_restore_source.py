@@ -23,7 +23,7 @@ from primitives.atomic_files import atomic_write_json
 from schemas.recovery import SourceKind
 from schemas.snapshot import SnapshotManifest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 RUN_ID = "run-a"
 FIELDS = fingerprint_fields(load_config(REPO / "configs" / "tiny.toml", {}))
 FINGERPRINT = fingerprint_of(FIELDS)

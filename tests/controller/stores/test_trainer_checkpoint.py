@@ -20,7 +20,7 @@ from controller.stores.trainer_checkpoint import (
 from primitives.atomic_files import atomic_write_json
 from schemas.recovery import TrainerCheckpointManifest
 
-CFG = load_config(Path(__file__).resolve().parents[2] / "configs" / "tiny.toml", {})
+CFG = load_config(Path(__file__).resolve().parents[3] / "configs" / "tiny.toml", {})
 IDENTITY = CheckpointIdentity(run_id="run-a", fingerprint_fields=fingerprint_fields(CFG))
 
 

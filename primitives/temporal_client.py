@@ -1,5 +1,8 @@
-"""Temporal clients and workers, one task queue per process: `<run_id>.controller` (the
-workflows and the controller's activities), `<run_id>.trainer` (in the trainer process)."""
+"""A Temporal client and a worker, the same way in every process that runs one.
+
+Each process has its own task queue (`schemas.names`): the controller's runs the
+workflows and the control activities, the trainer's runs the hold.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +12,6 @@ from collections.abc import Sequence
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
-
-
-def controller_queue(run_id: str) -> str:
-    return f"{run_id}.controller"
-
-
-def trainer_queue(run_id: str) -> str:
-    return f"{run_id}.trainer"
 
 
 async def connect(address: str, namespace: str) -> Client:

@@ -1,0 +1,77 @@
+"""`data_plane.cut`: the controller's state at one moment, under the data-plane barrier.
+
+Under the barrier no row is stored and no receipt ACKed, so the data plane, the claim
+and group ledgers, the dataloader and the checked continuations are captured at once.
+First the train pump's step is checked against what the attempt expects: with the
+trainer hold it cannot have moved (if it did, that is a bug); without it a step that
+finished during the Gym phase makes the attempt worthless, as in the peer system.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from controller.errors import InvariantBroken, TrainerMoved
+from controller.state.continuations import read_saved_agents
+from controller.state.cut_state import write_cut_state
+from controller.stores import snapshot_store
+from schemas.participant import Artifact, SavedAgent
+from schemas.snapshot import TrainerHoldResult
+
+STATE_FILE = Path("controller") / "state.json"
+
+
+@dataclass(frozen=True)
+class Cut:
+    artifact: Artifact
+    data_plane_rows: int
+    unfinished_groups: int
+    continuations: int
+    cut_unix_s: float
+    policy_version: int
+    """The policy version of the committed step, as the train pump recorded it."""
+
+    def counts(self) -> dict[str, int]:
+        return {"data_plane_rows": self.data_plane_rows, "unfinished_groups": self.unfinished_groups,
+                "continuations": self.continuations}
+
+
+async def cut_data_plane(
+    controller, staging: Path, anchor_step: int, hold: TrainerHoldResult | None,
+    under_barrier: Callable[[], Awaitable[None]] | None = None,
+) -> Cut:
+    """Write `<staging>/controller/state.json`; `under_barrier` runs before the barrier opens again.
+
+    `hold` is what `trainer.hold` returned, None for an attempt without the trainer hold.
+    """
+    saved_agents = read_saved_agents(staging)
+    return await cut_under_barrier(controller, staging, saved_agents, anchor_step, hold, under_barrier)
+
+
+async def cut_under_barrier(
+    controller, staging: Path, saved_agents: list[SavedAgent], anchor_step: int, hold: TrainerHoldResult | None,
+    under_barrier: Callable[[], Awaitable[None]] | None = None,
+) -> Cut:
+    """Everything the cut does while no row is stored and no receipt ACKed."""
+    async with controller.data_plane.barrier:
+        training = controller.training
+        if hold is None and training.step != anchor_step:
+            raise TrainerMoved(anchor_step, training.step)
+        if hold is not None and (training.step, training.policy_version) != (hold.step, hold.policy_version):
+            raise InvariantBroken(
+                f"the trainer moved under the hold: the cut sees step {training.step} (policy version "
+                f"{training.policy_version}), the hold returned step {hold.step} (policy version {hold.policy_version})"
+            )
+        path = staging / STATE_FILE
+        state = write_cut_state(controller, saved_agents, path)
+        if controller.audit is not None:
+            controller.audit.flush()  # every row the cut saves is in the audit log first
+        if under_barrier is not None:
+            await under_barrier()
+    return Cut(
+        artifact=snapshot_store.artifact_for(staging, path), data_plane_rows=len(state["data_plane"]["rows"]),
+        unfinished_groups=len(state["group_ledger"]["groups"]), continuations=len(state["continuations"]),
+        cut_unix_s=state["cut_unix_s"], policy_version=training.policy_version,
+    )

@@ -1,0 +1,43 @@
+"""Every retry policy the workflows use, each named for what it is for.
+
+Error types come from `schemas.names`, so an activity that raises one and a policy that
+stops retrying on it cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+
+with workflow.unsafe.imports_passed_through():
+    from schemas.names import ErrorType
+
+ATTEMPT_FEW_TRIES = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=3)
+"""Attempt phases whose failure only costs this attempt (preflight, staging, prepare, resume)."""
+
+ATTEMPT_TRANSIENT = RetryPolicy(
+    initial_interval=timedelta(milliseconds=200), backoff_coefficient=2.0, maximum_attempts=5,
+    non_retryable_error_types=[ErrorType.INVARIANT_BROKEN, ErrorType.TRAINER_MOVED],
+)
+"""Attempt phases that may meet a transient participant or disk failure (hold, commit, cut, publish)."""
+
+ATTEMPT_PERSISTENT = RetryPolicy(
+    initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=5), maximum_attempts=20,
+    non_retryable_error_types=[ErrorType.INVARIANT_BROKEN],
+)
+"""Compensations and the trainer release: they must get through, or training stays held."""
+
+RUN_QUICK = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=5)
+"""The run workflow's short controller calls (anchor, checkpoint request, record)."""
+
+RUN_UNTIL_IT_WORKS = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30))
+"""A release left pending after publish: admission stays closed until it succeeds."""
+
+RECOVERY_FEW_TRIES = RetryPolicy(
+    initial_interval=timedelta(milliseconds=500), maximum_attempts=3,
+    non_retryable_error_types=[ErrorType.UNUSABLE_RUN_DIR, ErrorType.CRASH_RESTORE_FAILED,
+                               ErrorType.STALE_INCARNATION],
+)
+"""Recovery steps: an unusable run directory or a failed restore is final."""
