@@ -13,8 +13,8 @@ from temporalio.exceptions import ApplicationError
 from activities.errors import stale_incarnation
 from controller.restore.crash_restore import CrashRestore, CrashRestoreError
 from controller.restore.restore_source import UnusableRunDir
-from schemas.names import Activity, ErrorType, WorkflowType
 from schemas import search_attributes as sa
+from schemas.names import Activity, ErrorType, WorkflowType
 from schemas.recovery import (
     CancelStaleResult,
     ChooseSourceResult,

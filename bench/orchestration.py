@@ -18,8 +18,8 @@ from temporalio.client import Client, WorkflowExecutionStatus
 
 from bench.attempt_history import HistoryTimes, history_times
 from bench.report import BenchResult, markdown_table
-from schemas.names import WorkflowType
 from schemas import search_attributes as sa
+from schemas.names import WorkflowType
 
 ATTEMPT_TYPE = WorkflowType.SNAPSHOT_ATTEMPT
 
@@ -83,9 +83,9 @@ async def attempt_costs(client: Client, run_id: str, workflow_type: str = ATTEMP
 
 async def costs_of_run_dir(run_dir: Path, limit: int | None,
                            workflow_type: str = ATTEMPT_TYPE) -> list[AttemptCost]:
-    from workers.temporal_server import start_dev_server, stop_dev_server
-    from schemas.config import TemporalConfig
     from primitives.temporal_client import connect
+    from schemas.config import TemporalConfig
+    from workers.temporal_server import start_dev_server, stop_dev_server
 
     run_id = orjson.loads((run_dir / "run.json").read_bytes())["run_id"]
     temporal = orjson.loads((run_dir / "config.json").read_bytes()).get("temporal", {})

@@ -20,8 +20,8 @@ from envs.env_participant import EnvParticipant, env_capabilities
 from envs.kinds import environment_capabilities
 from envs.receipts import ReceiptBook
 from envs.turn_records import TurnRecords
-from primitives.holds import HoldSet
 from participants.core import ParticipantCore
+from primitives.holds import HoldSet
 from schemas.config import EnvironmentSpec
 from schemas.rollout import RolloutRequest, Segment, TurnBoundary
 

@@ -25,8 +25,8 @@ from pathlib import Path
 
 from bench.filled_controller import STEP, FilledController
 from bench.parked_gym import ParkedGym
-from bench.phase_growth import EXPECTED_GROWTH, phase_growth
 from bench.peak_rss import give_memory_back, peak_rss_bytes, reset_peak, rss_bytes
+from bench.phase_growth import EXPECTED_GROWTH, phase_growth
 from bench.report import BenchResult, markdown_table
 from bench.timed_attempt import AttemptTimes, timed_attempt
 from controller.stores import snapshot_store

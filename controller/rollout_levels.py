@@ -15,7 +15,11 @@ from dataclasses import dataclass
 from controller.config_file import ConfigError
 from schemas.config import TurnkeepConfig
 from schemas.environments import (
-    FINEST_LEVEL, EnvironmentCapabilities, RecoveryLevel, RecoveryMode, coarser,
+    FINEST_LEVEL,
+    EnvironmentCapabilities,
+    RecoveryLevel,
+    RecoveryMode,
+    coarser,
 )
 
 _WHY_LOWERED = {

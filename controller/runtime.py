@@ -16,17 +16,17 @@ from pathlib import Path
 
 import aiohttp
 
+from controller.processes import Processes
+from controller.pumps.env_client import EnvClient
+from controller.pumps.rollout_pump import RolloutPump
+from controller.pumps.train_pump import StepReport, TrainPump
+from controller.rollout_levels import RolloutLevelPlan, local_level_plans
 from controller.state.claim_ledger import ClaimLedger
 from controller.state.data_plane import DataPlane
 from controller.state.dataloader import PromptDataloader
-from controller.pumps.env_client import EnvClient
 from controller.state.group_ledger import GroupLedger
-from controller.stores.metrics import MetricsSink
-from workers.placement import Processes
-from controller.rollout_levels import RolloutLevelPlan, local_level_plans
-from controller.pumps.rollout_pump import RolloutPump
 from controller.state.run_stats import RunStats
-from controller.pumps.train_pump import StepReport, TrainPump
+from controller.stores.metrics import MetricsSink
 from controller.stores.trainer_checkpoint import CheckpointIdentity, write_trainer_checkpoint
 from primitives.audit_log import AuditLog
 from primitives.deadlines import DeadlineRegistry
@@ -56,7 +56,7 @@ class RunStopped(RuntimeError):
 class Controller:
     def __init__(
         self, cfg: TurnkeepConfig, processes: Processes, session: aiohttp.ClientSession, max_steps: int | None,
-        start_step: int = 0, audit: AuditLog | None = None, checkpoint_identity: CheckpointIdentity | None = None,
+        audit: AuditLog | None = None, checkpoint_identity: CheckpointIdentity | None = None,
         level_plans: dict[str, RolloutLevelPlan] | None = None,
     ):
         """`level_plans`: each environment's level from its server's report (default: from the kinds' own)."""
@@ -78,7 +78,8 @@ class Controller:
         self.stop_reason: str | None = None
         self.last_metrics: dict | None = None
         self.env_client = EnvClient(processes.env_url, session)
-        # Set by the snapshot wiring: runs after each trainer checkpoint (ties an attempt to it).
+        # Set by the controller's worker (`workers/controller_worker.py`): runs after each trainer
+        # checkpoint and ties an attempt to it.
         self.after_checkpoint: Callable[[int, str, bool], Awaitable[None]] | None = None
         self.rollouts = RolloutPump(
             cfg.rollout,
@@ -109,7 +110,6 @@ class Controller:
             on_step=self._on_step,
             audit=audit,
         )
-        self.training.step = start_step
 
     def _on_step(self, report: StepReport) -> None:
         self.last_metrics = self.metrics.step(report)

@@ -10,9 +10,9 @@ import ray
 
 from envs.agent_loop import LoopLimits
 from envs.server import EnvServer
+from participants.http_server import ControlAuth
 from primitives.audit_log import AUDIT_FILE, AuditLog
 from primitives.control_token import token_path
-from participants.http_server import ControlAuth
 from schemas.config import TurnkeepConfig
 
 

@@ -29,11 +29,11 @@ import orjson
 from envs.agent_registry import AgentPhase, AgentRegistry, LiveAgent
 from envs.receipts import ReceiptBook
 from envs.turn_records import TurnRecords
+from participants.core import Quiescence
 from primitives.atomic_files import atomic_write_bytes, fsync_dir
 from primitives.holds import HoldSet
-from participants.core import Quiescence
-from schemas.names import snapshot_holder
 from schemas.environments import EnvironmentCapabilities
+from schemas.names import snapshot_holder
 from schemas.participant import Capabilities, SavedAgent
 
 AGENTS_FILE = "agents.jsonl"

@@ -28,14 +28,14 @@ from envs.policy_client import PolicyCallError, PolicyClient
 from envs.receipts import ReceiptBook
 from envs.restored_agents import RestoredAgents, RestoreError
 from envs.turn_records import TurnRecords
-from primitives.audit_log import AuditLog
-from primitives.holds import HoldSet
 from participants.core import ParticipantCore, ParticipantFault
 from participants.faults import FaultInjector
 from participants.http_server import ControlAuth, add_participant_routes
+from primitives.audit_log import AuditLog
+from primitives.holds import HoldSet
+from schemas.audit import TurnCommitted
 from schemas.config import EnvironmentSpec, EnvServerConfig
 from schemas.environments import JudgeReply, JudgeRequest
-from schemas.audit import TurnCommitted
 from schemas.participant import RestoreReply, RestoreRequest, SavedAgent
 from schemas.rollout import AckRequest, RolloutOutcome, RolloutRequest, RolloutResult, Segment, TurnBoundary
 

@@ -24,8 +24,8 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from primitives.atomic_files import atomic_write_json, fsync_dir
 from participants.core import Quiescence
+from primitives.atomic_files import atomic_write_json, fsync_dir
 from schemas.names import snapshot_holder
 from schemas.participant import Capabilities
 

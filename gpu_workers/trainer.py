@@ -9,7 +9,6 @@ while it computes.
 from __future__ import annotations
 
 import asyncio
-import io
 import random
 import time
 from pathlib import Path
@@ -18,10 +17,10 @@ import orjson
 import torch
 from transformers import AutoModelForCausalLM
 
-from primitives.hold_wait_clock import HoldWaitClock
 from gpu_workers.grpo import build_batch, clipped_policy_loss, token_logprobs
 from gpu_workers.weights_blob import OPTIONAL_NAMES, pack_state_dict
 from primitives.atomic_files import atomic_write_bytes, atomic_write_json, fsync_tree
+from primitives.hold_wait_clock import HoldWaitClock
 from primitives.holds import HoldSet
 from schemas.config import TrainConfig
 from schemas.rollout import RolloutRow

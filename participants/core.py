@@ -1,6 +1,6 @@
 """The checkpoint participant's state machine, shared by the environment and policy servers.
 
-It knows nothing about HTTP (see `participant_http`) nor about agents or engines: a
+It knows nothing about HTTP (see `participants.http_server`) nor about agents or engines: a
 concrete participant supplies four hooks (`ParticipantHooks`). The core owns what
 must be identical everywhere:
 

@@ -47,7 +47,7 @@ from schemas.participant import (
     RestoreRequest,
 )
 
-logger = logging.getLogger("turnkeep.participant_http")
+logger = logging.getLogger("turnkeep.participants")
 
 M = TypeVar("M", bound=BaseModel)
 Handler = Callable[[web.Request], Awaitable[BaseModel]]

@@ -2,7 +2,7 @@
 
 An environment server reports one `EnvironmentCapabilities` per configured environment
 (`GET /environments`); the controller lowers `rollout_recovery.target_level` for each
-from that report (`controller/recovery_levels.py`).
+from that report (`controller/rollout_levels.py`).
 """
 
 from __future__ import annotations

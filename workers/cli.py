@@ -76,12 +76,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(cfg) -> int:
-    from controller.stores.run_dir import RunDirError
-    from workers.run_session import run_training
-    from controller.runtime import RunStopped
     from controller.restore.crash_restore import CrashRestoreError
     from controller.restore.restore_source import UnusableRunDir
+    from controller.runtime import RunStopped
+    from controller.stores.run_dir import RunDirError
     from workers.controller_worker import RecoveryFailed
+    from workers.run_session import run_training
 
     try:
         summary = asyncio.run(run_training(cfg, cfg.run.steps))

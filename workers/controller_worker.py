@@ -15,23 +15,27 @@ from temporalio.worker import Worker
 
 from activities.gym_activities import GymActivities
 from activities.recovery_activities import RecoveryActivities
-from participants.client import ParticipantClient
 from activities.snapshot_activities import SnapshotActivities
-from controller.stores import snapshot_store
 from controller.fingerprint import config_fingerprint
 from controller.restore.crash_restore import CrashRestore
 from controller.runtime import Controller
 from controller.snapshot.coordinator import SnapshotCoordinator
-from workers.temporal_server import register_search_attributes
+from controller.stores import snapshot_store
 from controller.stores.trainer_checkpoint import published_steps
+from participants.client import ParticipantClient
+from primitives.temporal_client import connect, start_worker
 from schemas import search_attributes as sa
 from schemas.config import TurnkeepConfig
 from schemas.names import (
-    CHECKPOINT_HOLDER_PREFIX, checkpoint_holder, controller_queue, recovery_workflow_id, run_workflow_id,
+    CHECKPOINT_HOLDER_PREFIX,
+    checkpoint_holder,
+    controller_queue,
+    recovery_workflow_id,
+    run_workflow_id,
 )
 from schemas.recovery import RecoveryInput, RecoveryResult
 from schemas.snapshot import RunCarryOver, RunWorkflowInput, SnapshotTimeouts, TrainerCheckpointSignal, Trigger
-from primitives.temporal_client import connect, start_worker
+from workers.temporal_server import register_search_attributes
 from workflows.recovery_workflow import RecoveryWorkflow
 from workflows.run_workflow import RunWorkflow
 from workflows.snapshot_attempt import SnapshotAttemptWorkflow

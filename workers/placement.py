@@ -9,25 +9,13 @@ server and the environment server, whose checkpoint routes require it.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import ray
 
+from controller.processes import Processes
 from primitives.control_token import create_control_token
 from schemas.config import TurnkeepConfig
-
-
-@dataclass
-class Processes:
-    trainer: object
-    policy: object
-    env: object
-    model_dir: Path
-    policy_url: str
-    env_url: str
-    control_token: str
-    """Bearer token of the participants' `/checkpoint/*` routes."""
 
 
 def start_ray(cfg: TurnkeepConfig, run_dir: Path) -> None:

@@ -17,8 +17,8 @@ import sys
 import psutil
 
 from controller.runtime import Controller
-from workers.controller_worker import SnapshotRuntime
 from schemas.snapshot import Outcome, SnapshotNowSignal
+from workers.controller_worker import SnapshotRuntime
 
 log = logging.getLogger("turnkeep.preemption")
 EXIT_AT_ONCE = 143

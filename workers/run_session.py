@@ -20,20 +20,20 @@ from pathlib import Path
 import aiohttp
 
 from controller.fingerprint import fingerprint_fields
-from workers.placement import launch, shutdown, start_ray
-from workers.preemption import PreemptionHandler
 from controller.restore.crash_restore import CrashRestore
 from controller.rollout_levels import RolloutLevelPlan, check_rollout_levels, plan_levels
-from controller.stores.run_dir import RunIdentity, open_run_dir
 from controller.runtime import Controller, RunSummary
-from workers.controller_worker import participant_clients, start_snapshots, stop_snapshots
-from workers.temporal_server import start_dev_server, stop_dev_server
+from controller.stores.run_dir import RunIdentity, open_run_dir
 from controller.stores.trainer_checkpoint import CheckpointIdentity
 from primitives.atomic_files import append_jsonl
 from primitives.audit_log import AUDIT_FILE, AuditLog
 from schemas.audit import RunEnded, RunStarted
 from schemas.config import TurnkeepConfig
 from schemas.recovery import RecoveryResult
+from workers.controller_worker import participant_clients, start_snapshots, stop_snapshots
+from workers.placement import launch, shutdown, start_ray
+from workers.preemption import PreemptionHandler
+from workers.temporal_server import start_dev_server, stop_dev_server
 
 log = logging.getLogger("turnkeep.run")
 

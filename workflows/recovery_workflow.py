@@ -8,7 +8,6 @@ Temporal UI answers "where did this run continue from?".
 
 from __future__ import annotations
 
-
 from temporalio import workflow
 
 from workflows.retry_policies import RECOVERY_FEW_TRIES

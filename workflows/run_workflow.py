@@ -11,13 +11,13 @@ before its history grows large.
 from __future__ import annotations
 
 from collections import deque
-from typing import NamedTuple
 from datetime import timedelta
+from typing import NamedTuple
 
 from temporalio import workflow
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import ApplicationError
 from temporalio.workflow import ParentClosePolicy
-from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
 with workflow.unsafe.imports_passed_through():
     from schemas import search_attributes as sa

@@ -16,10 +16,10 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 
-from controller.state.data_plane import DataPlane
 from controller.pumps.env_client import EnvClient, EnvServerError
-from controller.state.group_ledger import GroupLedger
 from controller.rollout_levels import RolloutLevelPlan
+from controller.state.data_plane import DataPlane
+from controller.state.group_ledger import GroupLedger
 from controller.state.run_stats import RunStats
 from primitives.audit_log import AuditLog
 from schemas.audit import GroupRerun

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from controller.state.data_plane import DataPlane
-from controller.state.dataloader import PromptDataloader
 from controller.pumps.env_client import EnvClient, EnvServerError
-from controller.state.group_ledger import GroupLedger
 from controller.pumps.group_reruns import GroupReruns
 from controller.rollout_levels import RolloutLevelPlan
+from controller.state.data_plane import DataPlane
+from controller.state.dataloader import PromptDataloader
+from controller.state.group_ledger import GroupLedger
 from controller.state.run_stats import RunStats
 from primitives.audit_log import AuditLog, segments_digest
 from primitives.deadlines import DeadlineExpired, DeadlineRegistry

@@ -85,10 +85,14 @@ class TrainPump:
             self._untrainable.append(group_id)
         self._group_settled.set()
 
-    def restore(self, step: int, policy_version: int) -> None:
-        """Continue after a restore at `step`: its checkpoint exists, so none is written for it again."""
+    def continue_from(self, step: int, policy_version: int) -> None:
+        """Go on training a trainer that is already at `step` (with no checkpoint of it in this run yet)."""
         self.step = step
         self.policy_version = policy_version
+
+    def restore(self, step: int, policy_version: int) -> None:
+        """Continue after a restore at `step`: its checkpoint exists, so none is written for it again."""
+        self.continue_from(step, policy_version)
         self.checkpointed_step = step
 
     def has_checkpoint_of_current_step(self) -> bool:

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import orjson
 
-from controller.state.continuations import read_saved_agents
-from participants.client import ParticipantClient
 from controller.fingerprint import fingerprint_fields
-from controller.state.group_ledger import SiblingState
-from controller.restore.restore_source import choose_source
 from controller.pumps.rollout_pump import Continuation
-from controller.stores.run_dir import RunIdentity
+from controller.restore.restore_source import choose_source
 from controller.runtime import Controller
+from controller.state.continuations import read_saved_agents
+from controller.state.group_ledger import SiblingState
+from controller.stores.run_dir import RunIdentity
+from participants.client import ParticipantClient
 from primitives.atomic_files import remove_stale_staging
 from primitives.audit_log import segments_digest
 from primitives.chaos_points import reached

@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from primitives.process_roles import rss_mib_by_role
-from controller.state.run_stats import RunStats
 from controller.pumps.train_pump import StepReport
+from controller.state.run_stats import RunStats
 from primitives.atomic_files import append_jsonl
+from primitives.process_roles import rss_mib_by_role
 
 
 class MetricsSink:

@@ -10,8 +10,8 @@ import orjson
 
 from activities.snapshot_activities import SnapshotActivities
 from controller.snapshot.coordinator import SnapshotCoordinator
-from controller.stores.metrics import MetricsSink
 from controller.state.run_stats import RunStats
+from controller.stores.metrics import MetricsSink
 from schemas.snapshot import AttemptRecord, Outcome, SnapshotAttemptResult, Trigger
 
 

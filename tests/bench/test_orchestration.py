@@ -10,10 +10,10 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from bench.attempt_history import HistoryTimes
 from bench.orchestration import AttemptCost, attempt_costs, costs_of_run_dir, percentile, result_of
-from workers.temporal_server import start_dev_server, stop_dev_server
+from primitives.temporal_client import connect
 from schemas import search_attributes as sa
 from schemas.config import TemporalConfig
-from primitives.temporal_client import connect
+from workers.temporal_server import start_dev_server, stop_dev_server
 
 NAP_S = 0.05
 

@@ -12,8 +12,8 @@ import pytest
 from aiohttp import web
 
 from participants.client import ParticipantClient
-from participants.errors import ParticipantInvariantBroken, ParticipantRefused, ParticipantUnavailable
 from participants.core import ParticipantCore, Quiescence
+from participants.errors import ParticipantInvariantBroken, ParticipantRefused, ParticipantUnavailable
 from participants.http_server import ControlAuth, add_participant_routes
 from schemas.participant import Capabilities, FaultPlan, ParticipantState
 

@@ -10,9 +10,9 @@ from collections import Counter
 import orjson
 import pytest
 
-from workers.chaos_invariants import check_run_dir
 from primitives.audit_log import AUDIT_FILE, read_audit
 from tests.run_command import short_run_dir, small_run_settings, turnkeep
+from workers.chaos_invariants import check_run_dir
 
 pytestmark = pytest.mark.integration
 

@@ -1,12 +1,22 @@
 import orjson
 
-from workers.chaos_invariants import check_invariants, check_run_dir
 from primitives.audit_log import AUDIT_FILE
 from schemas.audit import (
-    ContinuationRef, DeadlineExpired, GroupAdmitted, Restored, RowRef, RunEnded, RunStarted, SiblingSealed,
-    SiblingStarted, SnapshotPublished, StepTrained, TurnCommitted,
+    ContinuationRef,
+    DeadlineExpired,
+    GroupAdmitted,
+    Restored,
+    RowRef,
+    RunEnded,
+    RunStarted,
+    SiblingSealed,
+    SiblingStarted,
+    SnapshotPublished,
+    StepTrained,
+    TurnCommitted,
 )
 from schemas.recovery import SkippedCandidate, SourceKind
+from workers.chaos_invariants import check_invariants, check_run_dir
 
 TOKENS_PER_TURN = 10
 CUT_1 = 1020.0

@@ -6,13 +6,21 @@ from collections import Counter
 import orjson
 import pytest
 
-from workers.chaos_invariants import check_invariants
 from primitives.chaos_points import POINTS
 from schemas.audit import DeadlineExpired, RunEnded, RunStarted
 from workers.chaos import (
-    ALL_POINTS, Round, _one_round, add_chaos_parser, build_report, count_train_steps, format_report, parse_points,
-    point_schedule, run_chaos,
+    ALL_POINTS,
+    Round,
+    _one_round,
+    add_chaos_parser,
+    build_report,
+    count_train_steps,
+    format_report,
+    parse_points,
+    point_schedule,
+    run_chaos,
 )
+from workers.chaos_invariants import check_invariants
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -15,9 +15,9 @@ import aiohttp
 import orjson
 
 from controller.runtime import Controller, RunStopped
-from workers.controller_worker import SnapshotRuntime, participant_clients, start_snapshots, stop_snapshots
 from schemas.config import TurnkeepConfig
 from schemas.participant import FaultPlan
+from workers.controller_worker import SnapshotRuntime, participant_clients, start_snapshots, stop_snapshots
 
 HISTORY_DIR = Path(__file__).parent / "histories"
 
@@ -55,7 +55,8 @@ async def run_scenario(
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         start = await stack.trainer.version.remote()
         max_steps = None if steps is None else start + steps
-        controller = Controller(cfg, stack, session, max_steps, start_step=start)
+        controller = Controller(cfg, stack, session, max_steps)
+        controller.training.continue_from(start, policy_version=start)  # the shared trainer: one version per step
         (env,), policy = participant_clients(stack, session, 30)
         await env.set_faults(env_faults or FaultPlan())
         await policy.set_faults(policy_faults or FaultPlan())

@@ -3,36 +3,52 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
+from pathlib import Path
 
-from temporalio import activity
+from temporalio import activity, workflow
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from workers.temporal_server import UNTHROTTLED, temporal_binary
 from schemas import search_attributes as sa
+from schemas.names import Activity, WorkflowType
 from schemas.snapshot import (
-    AnchorQuery, AnchorResult, AttemptRecord, CheckpointRequest, CheckpointRequestResult, RecordResult,
-    RunWorkflowInput, SnapshotTimeouts,
+    AnchorQuery,
+    AnchorResult,
+    AttemptRecord,
+    CheckpointRequest,
+    CheckpointRequestResult,
+    Outcome,
+    RecordResult,
+    RunWorkflowInput,
+    SnapshotAttemptInput,
+    SnapshotAttemptResult,
+    SnapshotNowSignal,
+    SnapshotTimeouts,
+    Trigger,
 )
+from workers.temporal_server import UNTHROTTLED, temporal_binary
 from workflows.run_workflow import RunWorkflow
+
+HISTORY_DIR = Path(__file__).parent / "histories"
 
 
 class StandIns:
     def __init__(self):
         self.requests: list[str] = []
 
-    @activity.defn(name="snapshot.anchor")
+    @activity.defn(name=Activity.ANCHOR)
     async def anchor(self, inp: AnchorQuery) -> AnchorResult:
         return AnchorResult(current_step=5, newest_checkpoint_step=4)
 
-    @activity.defn(name="snapshot.request_checkpoint")
+    @activity.defn(name=Activity.REQUEST_CHECKPOINT)
     async def request_checkpoint(self, inp: CheckpointRequest) -> CheckpointRequestResult:
         self.requests.append(str(inp.trigger))
         return CheckpointRequestResult()
 
-    @activity.defn(name="snapshot.record")
+    @activity.defn(name=Activity.RECORD)
     async def record(self, inp: AttemptRecord) -> RecordResult:
         return RecordResult()
 
@@ -103,3 +119,55 @@ def test_a_repeat_announcement_nobody_waits_for_starts_no_attempt():
     run.trainer_checkpoint_saved(TrainerCheckpointSignal(step=7, trigger=Trigger.OPERATOR, repeat=True))
     assert [(t.trigger, t.step, t.held) for t in run._triggers] == [(Trigger.OPERATOR, 7, False)]
     assert run._requested is None
+
+
+@workflow.defn(name=WorkflowType.SNAPSHOT_ATTEMPT, sandboxed=False)
+class OutrunOnceAttempt:
+    """Stands in for an attempt: the first is skipped (the trainer outran its hold), the next publishes."""
+
+    @workflow.run
+    async def run(self, inp: SnapshotAttemptInput) -> SnapshotAttemptResult:
+        outcome = Outcome.SKIPPED if inp.number == 1 else Outcome.PUBLISHED
+        return SnapshotAttemptResult(checkpoint_id=inp.checkpoint_id, outcome=outcome, reason=f"attempt {inp.number}",
+                                     anchor_step=inp.anchor_step, trigger=inp.trigger,
+                                     snapshot_dir=f"snapshots/{inp.number}" if outcome is Outcome.PUBLISHED else None)
+
+
+def test_snapshot_and_wait_answers_what_was_saved_and_asks_again_after_a_skip():
+    class AtACheckpoint(StandIns):
+        @activity.defn(name=Activity.ANCHOR)
+        async def anchor(self, inp: AnchorQuery) -> AnchorResult:
+            return AnchorResult(current_step=5, newest_checkpoint_step=5)
+
+    async def scenario():
+        env = await WorkflowEnvironment.start_local(
+            dev_server_existing_path=temporal_binary(), data_converter=pydantic_data_converter,
+            search_attributes=sa.ALL,
+            dev_server_extra_args=[arg for value in UNTHROTTLED for arg in ("--dynamic-config-value", value)],
+        )
+        async with env:
+            stand_ins = AtACheckpoint()
+            queue = f"q-{uuid.uuid4().hex[:6]}"
+            async with Worker(env.client, task_queue=queue, workflows=[RunWorkflow, OutrunOnceAttempt],
+                              activities=[stand_ins.anchor, stand_ins.request_checkpoint, stand_ins.record]):
+                handle = await env.client.start_workflow(
+                    RunWorkflow.run,
+                    RunWorkflowInput(run_id="r", incarnation=1, attempt_interval_s=600, max_consecutive_failures=3,
+                                     keep_latest_k=2, timeouts=SnapshotTimeouts(prepare_s=5, phase_s=5, lease_s=5)),
+                    id=f"r.run.{queue}", task_queue=queue,
+                )
+                saved = await handle.execute_update(
+                    RunWorkflow.snapshot_and_wait, SnapshotNowSignal(reason="SIGTERM", preemption=True)
+                )
+                status = await handle.query(RunWorkflow.status)
+                await handle.signal(RunWorkflow.stop, "test over")
+                await handle.result()
+                if os.environ.get("TURNKEEP_RECORD_HISTORIES"):
+                    history = await handle.fetch_history()
+                    (HISTORY_DIR / f"TurnkeepRun-{handle.id}.json").write_text(history.to_json())
+        return saved, status
+
+    saved, status = asyncio.run(scenario())
+    assert saved.outcome is Outcome.PUBLISHED and saved.trigger is Trigger.PREEMPTION
+    assert saved.checkpoint_id == "r.snapshot.5.2" and saved.snapshot_dir == "snapshots/2"
+    assert status.attempts_by_outcome == {"skipped": 1, "published": 1}

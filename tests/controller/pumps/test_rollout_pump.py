@@ -6,16 +6,16 @@ import asyncio
 
 import pytest
 
+from controller.pumps.rollout_pump import RolloutPump
+from controller.rollout_levels import RolloutLevelPlan
 from controller.state.data_plane import DataPlane
 from controller.state.dataloader import PromptDataloader
 from controller.state.group_ledger import GroupLedger
-from controller.rollout_levels import RolloutLevelPlan
-from schemas.environments import FINEST_LEVEL, coarser
-from controller.pumps.rollout_pump import RolloutPump
 from controller.state.run_stats import RunStats
 from primitives.deadlines import DeadlineRegistry
 from primitives.holds import HoldSet
 from schemas.config import RolloutConfig, TaskConfig
+from schemas.environments import FINEST_LEVEL, coarser
 from schemas.rollout import RolloutOutcome, RolloutRequest, RolloutResult, RolloutRow, Segment
 
 

@@ -8,7 +8,6 @@ from pathlib import Path
 import orjson
 import pytest
 
-from controller.stores import snapshot_store
 from controller.config_file import load_config
 from controller.fingerprint import fingerprint_fields
 from controller.restore.restore_source import (
@@ -18,6 +17,7 @@ from controller.restore.restore_source import (
     verify_snapshot,
     verify_trainer_checkpoint,
 )
+from controller.stores import snapshot_store
 from controller.stores.trainer_checkpoint import CheckpointIdentity, fingerprint_of, write_checkpoint_manifest
 from primitives.atomic_files import atomic_write_json
 from schemas.recovery import SourceKind
