@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from controller.errors import InvariantBroken, TrainerMoved
-from participants.errors import ParticipantInvariantBroken, ParticipantRefused, ParticipantUnavailable
+from participants.errors import ParticipantInvariantBroken, ParticipantRefused
 from schemas.names import ErrorType
 
 
@@ -30,24 +30,17 @@ def check_incarnation(got: int, current: int) -> None:
 
 
 @contextmanager
-def controller_errors() -> Iterator[None]:
-    """The controller's refusals as the error types the workflows match on."""
+def translated_errors() -> Iterator[None]:
+    """Controller and participant refusals as the error types the workflows match on.
+
+    A broken invariant is never retried and stops the run; a participant's refusal fails
+    the attempt; a participant that is unavailable stays retryable.
+    """
     try:
         yield
-    except InvariantBroken as err:
+    except (InvariantBroken, ParticipantInvariantBroken) as err:
         raise invariant_broken(str(err)) from err
     except TrainerMoved as err:
         raise ApplicationError(str(err), type=ErrorType.TRAINER_MOVED, non_retryable=True) from err
-
-
-@contextmanager
-def participant_errors() -> Iterator[None]:
-    """Transient participant failures stay retryable; a refusal or a broken invariant does not."""
-    try:
-        yield
-    except ParticipantInvariantBroken as err:
-        raise invariant_broken(str(err)) from err
     except ParticipantRefused as err:
         raise ApplicationError(str(err), type=ErrorType.PARTICIPANT_REFUSED, non_retryable=True) from err
-    except ParticipantUnavailable:
-        raise

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from temporalio import activity
 
-from activities.errors import check_incarnation, participant_errors
+from activities.errors import check_incarnation, translated_errors
 from controller.snapshot.coordinator import SnapshotCoordinator
 from controller.snapshot.gym_phase import commit_participants, prepare_participants, release_participants
 from primitives.chaos_points import reached
@@ -52,7 +52,7 @@ class GymActivities:
         # Rows being stored hold the barrier until their ACK is sent: passing it flushes them.
         async with snapshots.controller.data_plane.barrier:
             pass
-        with participant_errors(), heartbeating("preparing participants"):
+        with translated_errors(), heartbeating("preparing participants"):
             prepared = await prepare_participants(
                 snapshots.environments, snapshots.policy, inp.checkpoint_id, inp.lease_s,
                 renew_others=lambda: snapshots.renew_leases(inp.checkpoint_id, inp.lease_s, participants=False),
@@ -64,7 +64,7 @@ class GymActivities:
     async def commit(self, inp: GymInput) -> GymCommitResult:
         snapshots = self._snapshots
         check_incarnation(inp.incarnation, snapshots.incarnation)
-        with participant_errors(), heartbeating("committing participants"):
+        with translated_errors(), heartbeating("committing participants"):
             await snapshots.renew_leases(inp.checkpoint_id, inp.lease_s)
             committed = await commit_participants(
                 snapshots.participants(), inp.checkpoint_id, Path(inp.staging_dir),
@@ -91,7 +91,7 @@ class GymActivities:
         check_incarnation(inp.incarnation, snapshots.incarnation)
         if not abort:
             await reached("resume", snapshots.run_dir)
-        with participant_errors():
+        with translated_errors():
             participant_s = await release_participants(snapshots.environments, snapshots.policy, inp.checkpoint_id,
                                                        abort)
         closed_s = snapshots.reopen_admission(inp.checkpoint_id)

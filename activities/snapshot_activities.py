@@ -10,7 +10,7 @@ from pathlib import Path
 
 from temporalio import activity
 
-from activities.errors import check_incarnation, controller_errors
+from activities.errors import check_incarnation, translated_errors
 from controller.snapshot.coordinator import SnapshotCoordinator
 from controller.snapshot.cut import cut_data_plane
 from controller.snapshot.publish import publish_snapshot
@@ -86,7 +86,7 @@ class SnapshotActivities:
             await reached("cut", snapshots.run_dir)
             await snapshots.mark_cut(inp.checkpoint_id)
 
-        with controller_errors():
+        with translated_errors():
             cut = await cut_data_plane(snapshots.controller, staging, inp.anchor_step, inp.hold, at_the_cut)
         snapshots.cut_times[inp.checkpoint_id] = cut.cut_unix_s
         return CutResult(artifacts=[cut.artifact], policy_version=cut.policy_version, **cut.counts())

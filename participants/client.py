@@ -4,7 +4,7 @@ The `gym.*` activities drive participants through this. It checks every reply th
 the protocol promises: the reply validates as the expected model, comes from the
 participant it was sent to, and is about the checkpoint id that was asked about (a
 reply for another id means two coordinators or a fencing bug). Failures come out as
-the three error kinds of `participant_errors`, so the activity only decides what to
+the three error kinds of `participants.errors`, so the activity only decides what to
 retry.
 
 `commit` passes the participant's own directory, `<snapshot root>/<name>`; the

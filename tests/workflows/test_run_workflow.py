@@ -35,6 +35,19 @@ from workflows.run_workflow import RunWorkflow
 HISTORY_DIR = Path(__file__).parent / "histories"
 
 
+async def _dev_server() -> WorkflowEnvironment:
+    return await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_binary(), data_converter=pydantic_data_converter,
+        search_attributes=sa.ALL,
+        dev_server_extra_args=[arg for value in UNTHROTTLED for arg in ("--dynamic-config-value", value)],
+    )
+
+
+def _run_input(attempt_interval_s: float) -> RunWorkflowInput:
+    return RunWorkflowInput(run_id="r", incarnation=1, attempt_interval_s=attempt_interval_s, max_consecutive_failures=3,
+                            keep_latest_k=2, timeouts=SnapshotTimeouts(prepare_s=5, phase_s=5, lease_s=5))
+
+
 class StandIns:
     def __init__(self):
         self.requests: list[str] = []
@@ -55,20 +68,14 @@ class StandIns:
 
 def test_pause_stops_periodic_attempts_and_the_status_query_shows_it():
     async def scenario():
-        env = await WorkflowEnvironment.start_local(
-            dev_server_existing_path=temporal_binary(), data_converter=pydantic_data_converter,
-            search_attributes=sa.ALL,
-            dev_server_extra_args=[arg for value in UNTHROTTLED for arg in ("--dynamic-config-value", value)],
-        )
-        async with env:
+        async with await _dev_server() as env:
             stand_ins = StandIns()
             queue = f"q-{uuid.uuid4().hex[:6]}"
             async with Worker(env.client, task_queue=queue, workflows=[RunWorkflow],
                               activities=[stand_ins.anchor, stand_ins.request_checkpoint, stand_ins.record]):
                 handle = await env.client.start_workflow(
                     RunWorkflow.run,
-                    RunWorkflowInput(run_id="r", incarnation=1, attempt_interval_s=0.3, max_consecutive_failures=3,
-                                     keep_latest_k=2, timeouts=SnapshotTimeouts(prepare_s=5, phase_s=5, lease_s=5)),
+                    _run_input(attempt_interval_s=0.3),
                     id=f"r.run.{queue}", task_queue=queue,
                 )
                 while not stand_ins.requests:
@@ -95,8 +102,7 @@ def test_pause_stops_periodic_attempts_and_the_status_query_shows_it():
 
 def _run_workflow_state() -> RunWorkflow:
     # The signal handlers are plain methods over the workflow's queue: check them without a server.
-    return RunWorkflow(RunWorkflowInput(run_id="r", incarnation=1, attempt_interval_s=20, max_consecutive_failures=3,
-                                        keep_latest_k=2, timeouts=SnapshotTimeouts(prepare_s=5, phase_s=5, lease_s=5)))
+    return RunWorkflow(_run_input(attempt_interval_s=20))
 
 
 def test_a_checkpoint_announced_again_for_a_waiting_request_upgrades_the_queued_attempt():
@@ -140,20 +146,14 @@ def test_snapshot_and_wait_answers_what_was_saved_and_asks_again_after_a_skip():
             return AnchorResult(current_step=5, newest_checkpoint_step=5)
 
     async def scenario():
-        env = await WorkflowEnvironment.start_local(
-            dev_server_existing_path=temporal_binary(), data_converter=pydantic_data_converter,
-            search_attributes=sa.ALL,
-            dev_server_extra_args=[arg for value in UNTHROTTLED for arg in ("--dynamic-config-value", value)],
-        )
-        async with env:
+        async with await _dev_server() as env:
             stand_ins = AtACheckpoint()
             queue = f"q-{uuid.uuid4().hex[:6]}"
             async with Worker(env.client, task_queue=queue, workflows=[RunWorkflow, OutrunOnceAttempt],
                               activities=[stand_ins.anchor, stand_ins.request_checkpoint, stand_ins.record]):
                 handle = await env.client.start_workflow(
                     RunWorkflow.run,
-                    RunWorkflowInput(run_id="r", incarnation=1, attempt_interval_s=600, max_consecutive_failures=3,
-                                     keep_latest_k=2, timeouts=SnapshotTimeouts(prepare_s=5, phase_s=5, lease_s=5)),
+                    _run_input(attempt_interval_s=600),
                     id=f"r.run.{queue}", task_queue=queue,
                 )
                 saved = await handle.execute_update(
