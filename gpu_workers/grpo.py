@@ -193,6 +193,16 @@ class PackedBatch:
         """Generated tokens the loss covers."""
         return int(self.loss_mask.sum().item())
 
+    def rows(self, start: int, stop: int) -> PackedBatch:
+        """Rows `start:stop` as a batch of their own (a micro-batch), cut to its longest row."""
+        width = int(self.attention_mask[start:stop].sum(dim=1).max().item())
+        return PackedBatch(
+            input_ids=self.input_ids[start:stop, :width], attention_mask=self.attention_mask[start:stop, :width],
+            loss_mask=self.loss_mask[start:stop, : width - 1], gen_logprobs=self.gen_logprobs[start:stop, : width - 1],
+            advantages=self.advantages[start:stop], rewards=self.rewards[start:stop],
+            group_ids=self.group_ids[start:stop],
+        )
+
     def to(self, device: torch.device | str) -> PackedBatch:
         """The same batch with every tensor moved to `device`."""
         moved = {

@@ -32,9 +32,10 @@ class PolicyActor:
         cfg = PolicyServerConfig.model_validate_json(cfg_json)
         return await self._server.start(model_dir, cfg, seed=seed, control_token=control_token)
 
-    async def load_weights(self, blob: bytes, version: int) -> float:
-        """Load safetensors bytes as `version`; return seconds admission was closed."""
-        return await self._server.load_weights(blob, version)
+    async def load_weights(self, blob: bytes, version: int) -> dict[str, float]:
+        """Load safetensors bytes as `version`; the seconds admission was closed and the bytes loaded."""
+        closed_s = await self._server.load_weights(blob, version)
+        return {"admission_closed_s": closed_s, "bytes": len(blob)}
 
     async def health(self) -> dict[str, Any]:
         return self._server.health()

@@ -27,6 +27,7 @@ class TrainerActor:
         self._trainer = Trainer(
             Path(model_dir), cfg.train, cfg.model.dtype, cfg.run.seed, cfg.rollout.temperature, self.hold
         )
+        self._policy_dtype = cfg.policy.dtype or cfg.model.dtype
         return self._trainer.policy_version
 
     async def train_step(self, rows: list[dict], step: int) -> dict:
@@ -43,7 +44,8 @@ class TrainerActor:
             return self._trainer.policy_version
 
     async def weights_blob(self) -> bytes:
-        return self._trainer.weights_blob()
+        """The weights as the policy server loads them (its dtype), serialised on the trainer's device."""
+        return self._trainer.weights_blob(self._policy_dtype)
 
     async def load_checkpoint(self, directory: str, step: int) -> int:
         """Restore the `trainer/` folder of the checkpoint of train step `step`; returns the policy version."""

@@ -96,14 +96,24 @@ def _patched_env(values: dict[str, str]) -> Iterator[None]:
 
 
 def build_engine(model_dir: str | Path, cfg: PolicyServerConfig, seed: int = 0, dtype: str = "float32") -> AsyncLLM:
-    """Start an `AsyncLLM` for the model directory (about 20 s on 2 cores)."""
+    """Start an `AsyncLLM` for the model directory (about 20 s on 2 cores).
+
+    On a GPU, `gpu_memory_utilization` (when set) sizes the KV cache from the device's
+    free memory; otherwise `kv_cache_memory_bytes` does, as on the CPU backend.
+    """
+    memory = (
+        {"gpu_memory_utilization": cfg.gpu_memory_utilization}
+        if cfg.gpu_memory_utilization is not None
+        else {"kv_cache_memory_bytes": cfg.kv_cache_memory_bytes}
+    )
     args = AsyncEngineArgs(
         model=str(model_dir),
-        dtype=dtype,
-        kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
+        dtype=cfg.dtype or dtype,
+        **memory,
         max_model_len=cfg.max_model_len,
         max_num_seqs=cfg.max_num_seqs,
-        enforce_eager=True,
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        enforce_eager=cfg.enforce_eager,
         seed=seed,
         logprobs_mode=LOGPROBS_MODE,
         # Agents resend the whole conversation each turn, so prefix caching saves

@@ -21,8 +21,8 @@ Shapes = dict[str, tuple[int, ...]]
 OPTIONAL_NAMES = frozenset({"lm_head.weight"})
 
 
-def pack_state_dict(state_dict: Mapping[str, torch.Tensor]) -> bytes:
-    """Serialize a state dict, keeping one name per shared tensor.
+def pack_state_dict(state_dict: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None) -> bytes:
+    """Serialize a state dict (cast to `dtype` where given), keeping one name per shared tensor.
 
     safetensors refuses aliased tensors; tied models alias `lm_head.weight` to
     `model.embed_tokens.weight`, and vLLM loads the tie from the embedding name
@@ -35,7 +35,7 @@ def pack_state_dict(state_dict: Mapping[str, torch.Tensor]) -> bytes:
         if key in seen:
             continue
         seen.add(key)
-        out[name] = tensor.detach().to("cpu").contiguous()
+        out[name] = tensor.detach().to(dtype=dtype or tensor.dtype).to("cpu").contiguous()
     return st_save(out)
 
 

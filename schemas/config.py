@@ -33,7 +33,9 @@ class TinyModelConfig(StrictModel):
     num_layers: int = Field(default=2, ge=1)
     """Decoder layers."""
     num_heads: int = Field(default=4, ge=1)
-    """Attention heads (key/value heads are the same number)."""
+    """Attention (query) heads."""
+    num_kv_heads: int | None = Field(default=None, ge=1)
+    """Key/value heads (grouped-query attention, as Qwen-style models have); None: as many as num_heads."""
     head_dim: int = Field(default=32, ge=32)
     """Per-head width; vLLM's CPU attention needs 32 or more."""
     intermediate_size: int = Field(default=512, ge=32)
@@ -56,6 +58,8 @@ class TinyModelConfig(StrictModel):
                 f"num_heads * head_dim must equal hidden_size "
                 f"({self.num_heads} * {self.head_dim} != {self.hidden_size})"
             )
+        if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads must be a multiple of num_kv_heads ({self.num_heads} % {self.num_kv_heads} != 0)")
         return self
 
 
@@ -149,6 +153,16 @@ class TrainConfig(StrictModel):
     """Trainer checkpoints kept on disk (oldest pruned)."""
     torch_threads: int = Field(default=1, ge=1)
     """torch intra-op threads in the trainer (the policy server needs the other cores)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the trainer computes: auto = CUDA when the trainer's process sees a GPU (placement.trainer_gpus),
+    else the CPU. cuda without a visible GPU is refused at start."""
+    autocast_bf16: bool = True
+    """On CUDA, run forward and backward under bfloat16 autocast when the weights are float32 (the weights and
+    the optimizer state stay float32). No effect on the CPU or for bfloat16/float16 weights."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass instead of keeping them (less memory, about a third more compute)."""
+    micro_batch_rows: int | None = Field(default=None, ge=1)
+    """Rows per forward/backward; gradients accumulate over the step's batch (None: the whole batch at once)."""
 
 
 class PolicyServerConfig(StrictModel):
@@ -164,6 +178,15 @@ class PolicyServerConfig(StrictModel):
     """Sequences vLLM batches together."""
     cpu_threads: int = Field(default=1, ge=1)
     """OpenMP threads for vLLM's CPU backend."""
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """Weights dtype in the engine (None: model.dtype). A refit casts the trainer's weights to it before sending."""
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    """On a GPU: the share of the device's memory vLLM may take (weights, activations, KV cache). None: size the
+    KV cache by kv_cache_memory_bytes instead (the CPU backend always does)."""
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    """GPUs the engine shards the model over (placement.policy_gpus must be at least this)."""
+    enforce_eager: bool = True
+    """Run the model eagerly; false lets vLLM capture CUDA graphs on a GPU (faster decoding, slower start)."""
     fault_injection: bool = False
     """Serve `/checkpoint/faults` so tests and benchmarks can make checkpoint calls fail or lag."""
 
@@ -186,6 +209,21 @@ class EnvServerConfig(StrictModel):
         if self.startup_faults is not None and not self.fault_injection:
             raise ValueError("env.startup_faults needs env.fault_injection = true")
         return self
+
+
+class PlacementConfig(StrictModel):
+    trainer_gpus: int = Field(default=0, ge=0)
+    """GPUs Ray reserves for the trainer (0: it runs on the CPU)."""
+    policy_gpus: int = Field(default=0, ge=0)
+    """GPUs Ray reserves for the vLLM policy server (0: vLLM's CPU backend)."""
+    share_gpus: bool = False
+    """Trainer and policy server share one GPU, half each (fractional GPUs; set policy.gpu_memory_utilization
+    below 0.5 so vLLM leaves the trainer room). Needs trainer_gpus = policy_gpus = 1. False: separate GPUs."""
+
+    def gpus_needed(self) -> int:
+        if self.share_gpus:
+            return max(self.trainer_gpus, self.policy_gpus)
+        return self.trainer_gpus + self.policy_gpus
 
 
 class RayConfig(StrictModel):
@@ -252,12 +290,28 @@ class TurnkeepConfig(StrictModel):
     """The vLLM policy server."""
     env: EnvServerConfig = EnvServerConfig()
     """The environment server."""
+    placement: PlacementConfig = PlacementConfig()
+    """GPUs for the trainer and the policy server (environment servers always run on CPUs)."""
     ray: RayConfig = RayConfig()
-    """Process placement."""
+    """The Ray cluster the processes are placed on."""
     temporal: TemporalConfig = TemporalConfig()
     """Where snapshot workflows run."""
     snapshot: SnapshotConfig = SnapshotConfig()
     """Rollout snapshots."""
+
+    @model_validator(mode="after")
+    def _gpus_fit(self) -> "TurnkeepConfig":
+        placement = self.placement
+        if self.train.device == "cuda" and placement.trainer_gpus == 0:
+            raise ValueError('train.device = "cuda" needs placement.trainer_gpus >= 1 (Ray hides GPUs from an actor '
+                             'that reserved none); set placement.trainer_gpus or train.device = "auto"')
+        if placement.policy_gpus and self.policy.tensor_parallel_size > placement.policy_gpus:
+            raise ValueError(f"policy.tensor_parallel_size = {self.policy.tensor_parallel_size} needs as many GPUs, "
+                             f"but placement.policy_gpus = {placement.policy_gpus}; raise policy_gpus or lower it")
+        if placement.share_gpus and (placement.trainer_gpus, placement.policy_gpus) != (1, 1):
+            raise ValueError("placement.share_gpus = true puts the trainer and the policy server on one GPU, half "
+                             "each: set placement.trainer_gpus = 1 and placement.policy_gpus = 1, or turn it off")
+        return self
 
     def inflight_group_limit(self) -> int:
         if self.rollout.max_inflight_groups is not None:

@@ -16,6 +16,7 @@ import ray
 from controller.processes import Processes
 from primitives.control_token import create_control_token
 from schemas.config import TurnkeepConfig
+from workers.gpu_placement import PlacementError, actor_options, reserve
 
 
 def start_ray(cfg: TurnkeepConfig, run_dir: Path) -> None:
@@ -39,6 +40,18 @@ def start_ray(cfg: TurnkeepConfig, run_dir: Path) -> None:
     )
 
 
+def reserve_gpus(cfg: TurnkeepConfig):
+    """The placement group of the trainer's and the policy server's GPUs (None: no GPUs asked for).
+
+    Refused with the numbers when the cluster has too few; Ray is shut down again then.
+    """
+    try:
+        return reserve(cfg.placement)
+    except PlacementError:
+        ray.shutdown()
+        raise
+
+
 @ray.remote(num_cpus=0)
 def _make_model(cfg_json: str) -> str:
     from gpu_workers.tiny_model.build import ensure_tiny_model
@@ -47,7 +60,7 @@ def _make_model(cfg_json: str) -> str:
     return str(ensure_tiny_model(cfg.model, cfg.task, cfg.run.seed))
 
 
-async def launch(cfg: TurnkeepConfig, incarnation: int | None = None) -> Processes:
+async def launch(cfg: TurnkeepConfig, incarnation: int | None = None, gpus=None) -> Processes:
     """Start the three processes; with `incarnation`, the environment server writes turn commits to the audit log."""
     from envs.env_actor import EnvServerActor
     from gpu_workers.policy_actor import PolicyActor
@@ -56,10 +69,11 @@ async def launch(cfg: TurnkeepConfig, incarnation: int | None = None) -> Process
     cfg_json = cfg.model_dump_json()
     token = create_control_token(cfg.run.run_dir)
     model_dir = await _make_model.remote(cfg_json)
-    trainer = TrainerActor.options(name="trainer").remote()
-    policy = PolicyActor.options(name="policy", num_cpus=0).remote()
+    trainer = TrainerActor.options(name="trainer", **actor_options(cfg.placement, gpus, "trainer")).remote()
+    policy = PolicyActor.options(name="policy", num_cpus=0, **actor_options(cfg.placement, gpus, "policy")).remote()
     env = EnvServerActor.options(name="env").remote()
-    policy_url = await policy.start.remote(model_dir, cfg.policy.model_dump_json(), cfg.run.seed, token)
+    policy_cfg = cfg.policy.model_copy(update={"dtype": cfg.policy.dtype or cfg.model.dtype})
+    policy_url = await policy.start.remote(model_dir, policy_cfg.model_dump_json(), cfg.run.seed, token)
     await trainer.setup.remote(model_dir, cfg_json)
     env_url = await env.start.remote(model_dir, policy_url, cfg_json, token, incarnation)
     return Processes(trainer, policy, env, Path(model_dir), policy_url, env_url, token)

@@ -31,7 +31,7 @@ from schemas.audit import RunEnded, RunStarted
 from schemas.config import TurnkeepConfig
 from schemas.recovery import RecoveryResult
 from workers.controller_worker import participant_clients, start_snapshots, stop_snapshots
-from workers.placement import launch, shutdown, start_ray
+from workers.placement import launch, reserve_gpus, shutdown, start_ray
 from workers.preemption import PreemptionHandler
 from workers.temporal_server import start_dev_server, stop_dev_server
 
@@ -55,7 +55,7 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
         stack.push_async_callback(audit.close)
         temporal_address = await _start_temporal(cfg, stack)
         start_ray(cfg, run_dir)
-        processes = await launch(cfg, identity.incarnation)
+        processes = await launch(cfg, identity.incarnation, reserve_gpus(cfg))
         stack.push_async_callback(shutdown, processes)
         log.info("policy server %s, environment server %s, model %s", processes.policy_url, processes.env_url,
                  processes.model_dir)

@@ -37,6 +37,8 @@ class StepReport:
     staleness_max: int
     train_step_s: float
     refit_s: float
+    """Serialising on the trainer, moving through Ray and loading into vLLM, end to end."""
+    refit_bytes: int
     trainer: dict
 
 
@@ -157,7 +159,7 @@ class TrainPump:
             self.step = target
             self.policy_version = trainer_stats["policy_version"]
         self._on_groups_finished()
-        refit_s = await self._refit(trainer_stats["policy_version"])
+        refit_s, refit_bytes = await self._refit(trainer_stats["policy_version"])
         if self.step % self._cfg.save_period == 0:
             # A pending request (a preemption, an operator) is served by this checkpoint: keep its trigger.
             trigger, self._checkpoint_request = self._checkpoint_request or "trainer_checkpoint", None
@@ -170,6 +172,7 @@ class TrainPump:
             staleness_max=staleness,
             train_step_s=train_step_s,
             refit_s=refit_s,
+            refit_bytes=refit_bytes,
             trainer=trainer_stats,
         )
         self._on_step(report)
@@ -209,12 +212,14 @@ class TrainPump:
         self._stats.groups_discarded[reason] += len(group_ids)
         self._on_groups_finished()
 
-    async def _refit(self, version: int) -> float:
+    async def _refit(self, version: int) -> tuple[float, int]:
+        """Trainer weights into the policy server, in place: (seconds, bytes). The bytes go from the
+        trainer's process to the policy server's through Ray, never through this one."""
         started = time.monotonic()
         self._admission.add(REFIT_HOLDER)
         try:
             blob = self._trainer.weights_blob.remote()
-            await self._policy.load_weights.remote(blob, version)
+            loaded = await self._policy.load_weights.remote(blob, version)
         finally:
             self._admission.release(REFIT_HOLDER)
-        return time.monotonic() - started
+        return time.monotonic() - started, int(loaded["bytes"])

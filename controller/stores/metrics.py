@@ -33,6 +33,8 @@ class MetricsSink:
             "rollout_tokens_per_s": round(self._stats.take_generated_tokens() / max(now - self._last, 1e-6), 1),
             "train_step_s": round(report.train_step_s, 3),
             "refit_s": round(report.refit_s, 3),
+            "refit_bytes": report.refit_bytes,
+            "refit_gb_per_s": round(report.refit_bytes / max(report.refit_s, 1e-9) / 1e9, 3),
             "groups_trained": report.groups_trained,
             "policy_version": report.policy_version,
             "staleness_max": report.staleness_max,

@@ -61,9 +61,13 @@ class Recipe:
     seed: int
 
     def as_json(self) -> dict:
+        tiny = self.tiny.model_dump(mode="json")
+        if tiny["num_kv_heads"] is None:
+            # Added later: an unset one keeps the keys (and so the caches) of models made before it existed.
+            del tiny["num_kv_heads"]
         return {
             "format": FORMAT_VERSION,
-            "tiny": self.tiny.model_dump(mode="json"),
+            "tiny": tiny,
             "task": self.task.model_dump(mode="json"),
             "seed": self.seed,
         }
@@ -165,7 +169,7 @@ def _init_model(tiny: TinyModelConfig, tok: Tokenizer, seed: int) -> LlamaForCau
         intermediate_size=tiny.intermediate_size,
         num_hidden_layers=tiny.num_layers,
         num_attention_heads=tiny.num_heads,
-        num_key_value_heads=tiny.num_heads,
+        num_key_value_heads=tiny.num_kv_heads or tiny.num_heads,
         head_dim=tiny.head_dim,
         max_position_embeddings=tiny.max_position_embeddings,
         tie_word_embeddings=False,

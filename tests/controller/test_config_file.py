@@ -80,3 +80,25 @@ def test_the_run_command_refuses_an_override_of_an_unknown_environment_before_st
     assert done.returncode == 2, done.stderr
     assert "rollout_recovery.overrides names environment 'jduge'" in done.stderr
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize(("settings", "named"), [
+    ({"train": {"device": "cuda"}}, "placement.trainer_gpus"),
+    ({"placement": {"policy_gpus": 1}, "policy": {"tensor_parallel_size": 2}}, "tensor_parallel_size = 2"),
+    ({"placement": {"share_gpus": True, "trainer_gpus": 1}}, "share_gpus"),
+    ({"model": {"tiny": {"num_heads": 4, "num_kv_heads": 3}}}, "num_kv_heads"),
+    ({"policy": {"gpu_memory_utilization": 1.5}}, "policy.gpu_memory_utilization"),
+])
+def test_gpu_settings_that_cannot_work_are_refused_with_the_setting_named(settings, named):
+    with pytest.raises(ConfigError, match=named):
+        parse_config(settings)
+
+
+def test_the_gpu_config_places_the_trainer_and_vllm_on_their_own_gpus():
+    cfg = load_config(REPO / "configs" / "gpu.toml")
+    assert (cfg.placement.trainer_gpus, cfg.placement.policy_gpus, cfg.placement.gpus_needed()) == (1, 1, 2)
+    tiny = cfg.model.tiny
+    body = tiny.num_layers * (  # attention (GQA) plus the gated MLP, per layer
+        tiny.hidden_size * tiny.head_dim * (2 * tiny.num_heads + 2 * tiny.num_kv_heads)
+        + 3 * tiny.hidden_size * tiny.intermediate_size)
+    assert 300e6 < body < 600e6  # the shape of a 0.5B model

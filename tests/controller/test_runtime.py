@@ -43,6 +43,9 @@ def test_real_steps_train_refit_checkpoint_and_report(stack, stack_config):
         assert line["groups_trained"] == stack_config.train.prompts_per_step
         assert 0 <= line["staleness_max"] <= stack_config.train.max_staleness
         assert line["trainer_tokens"] > 0
+        # Every refit carried the whole model: its bytes and rate are measured.
+        assert line["refit_bytes"] > 100_000 and line["refit_gb_per_s"] > 0
+        assert line["trainer_nonfinite_steps_skipped"] == 0
     assert [line["policy_version"] for line in lines] == steps
     # A step can land with no new rows since the previous one; over the run, generation happened.
     assert sum(line["rollout_tokens_per_s"] for line in lines) > 0

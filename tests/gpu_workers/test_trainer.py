@@ -1,0 +1,96 @@
+"""The trainer on whatever device this machine has (the CPU here): micro-batches add up to
+the whole batch, a non-finite gradient never reaches the weights, checkpoints round-trip."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+import torch
+
+from gpu_workers.grpo import build_batch
+from gpu_workers.tiny_model.build import ensure_tiny_model
+from gpu_workers.trainer import Trainer, resolve_device
+from primitives.holds import HoldSet
+from schemas.config import ModelConfig, TaskConfig, TinyModelConfig, TrainConfig
+from schemas.rollout import RolloutRow, Segment
+
+TINY = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32,
+                       intermediate_size=128, max_position_embeddings=64, warm_start_steps=0)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    cfg = ModelConfig(cache_dir=tmp_path_factory.mktemp("models"), tiny=TINY)
+    return ensure_tiny_model(cfg, TaskConfig(), seed=0, eval_rollouts=0)
+
+
+def _trainer(model_dir, **train) -> Trainer:
+    return Trainer(model_dir, TrainConfig(**train), "float32", seed=0, temperature=1.0, hold=HoldSet("trainer"))
+
+
+def _rows(count: int = 4, length: int = 24) -> list[RolloutRow]:
+    rows = []
+    for i in range(count):
+        width = length - 3 * (i % 3)  # unequal lengths: the batch is padded, micro-batches are cut
+        rows.append(RolloutRow(
+            group_id=f"g{i // 2}", sibling=i % 2, attempt=0, reward=float(i % 2), num_turns=1,
+            segments=[Segment(kind="prompt", token_ids=[1] + [3 + (i + t) % 20 for t in range(7)]),
+                      Segment(kind="policy", token_ids=[3 + (i * t) % 20 for t in range(width - 8)],
+                              logprobs=[-1.5] * (width - 8), policy_version=0)],
+        ))
+    return rows
+
+
+def _gradients(trainer: Trainer, rows: list[RolloutRow]) -> dict[str, torch.Tensor]:
+    trainer._backward(build_batch(rows, 0).to(trainer.device))
+    grads = {name: p.grad.clone() for name, p in trainer.model.named_parameters()}
+    trainer.model.zero_grad(set_to_none=True)
+    return grads
+
+
+def test_micro_batches_accumulate_to_the_whole_batch_gradient(model_dir):
+    whole = _gradients(_trainer(model_dir), _rows())
+    split = _gradients(_trainer(model_dir, micro_batch_rows=1), _rows())
+    for name, grad in whole.items():
+        torch.testing.assert_close(split[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_non_finite_gradient_skips_the_optimizer_step_and_leaves_the_weights(model_dir):
+    trainer = _trainer(model_dir)
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    trainer._backward(build_batch(_rows(), 0))
+    next(trainer.model.parameters()).grad[0, 0] = math.nan
+    norm, stepped = trainer._optimizer_step()
+    assert not stepped and norm == 0.0
+    for name, p in trainer.model.named_parameters():
+        assert torch.equal(p.detach(), before[name]), name
+    stats = asyncio.run(trainer.train_step(_rows(), 1))  # the next, finite step trains again
+    assert stats["nonfinite_steps_skipped"] == 0 and stats["grad_norm"] > 0
+
+
+def test_a_checkpoint_loads_back_weights_optimizer_and_rng_with_weights_only(model_dir, tmp_path):
+    trainer = _trainer(model_dir)
+    asyncio.run(trainer.train_step(_rows(), 1))
+    trainer.save_checkpoint(tmp_path / "trainer")
+    saved = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    moments = {k: v.clone() for k, v in trainer.optimizer.state_dict()["state"][0].items() if torch.is_tensor(v)}
+    expected_draw = torch.rand(3)
+
+    other = _trainer(model_dir)
+    assert other.load_checkpoint(tmp_path / "trainer", step=1) == 1 and other.step == 1
+    for name, p in other.model.named_parameters():
+        assert torch.equal(p.detach(), saved[name]), name
+    for key, value in other.optimizer.state_dict()["state"][0].items():
+        if torch.is_tensor(value):
+            assert torch.equal(value, moments[key]), key
+    assert torch.equal(torch.rand(3), expected_draw)  # the RNG continues where the checkpoint left it
+
+
+def test_cuda_is_refused_where_no_gpu_is_visible():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")  # not counted: the CPU machines that run the suite have none
+    with pytest.raises(RuntimeError, match="placement.trainer_gpus"):
+        resolve_device("cuda")
+    assert resolve_device("auto").type == "cpu"

@@ -1,0 +1,26 @@
+"""The device check runs end to end on the CPU with a small shape and reports every figure."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_gpu_check_reports_step_checkpoint_refit_and_the_hold(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--small", "--out", str(tmp_path), "--steps", "1"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = orjson.loads((tmp_path / "gpu_check.json").read_bytes())
+    assert report["device"] == "cpu" and report["parameters"] > 0
+    assert report["train_step"]["tokens_per_s"] > 0 and report["train_step"]["nonfinite_steps_skipped"] == 0
+    assert report["checkpoint"]["round_trip_equal"] and report["checkpoint"]["load_s"] > 0
+    assert report["refit_serialisation"]["gb_per_s"] > 0 and report["refit_serialisation"]["dtype"] == "bfloat16"
+    hold = report["hold_check"]
+    assert hold["held"] and hold["step_waited_s"] >= 1.0 and hold["changed_after_release"]

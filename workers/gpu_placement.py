@@ -1,0 +1,87 @@
+"""GPUs for the trainer and the policy server, reserved through Ray.
+
+`[placement]` says how many GPUs each gets and whether the two share devices. Ray
+reserves them in one placement group (bundles packed onto as few nodes as it can), so
+both land on GPU nodes and nothing else takes those GPUs; the environment servers ask
+for none and stay on CPU nodes. A start that asks for more GPUs than the cluster has is
+refused with both numbers before any process starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from controller.config_file import ConfigError
+from schemas.config import PlacementConfig
+
+SHARED_FRACTION = 0.5
+"""Each process's share of a GPU when `share_gpus` puts both on one device."""
+READY_TIMEOUT_S = 120.0
+
+
+class PlacementError(ConfigError):
+    """The configured GPUs cannot be had; the message names the numbers and the fix."""
+
+
+@dataclass(frozen=True)
+class Seat:
+    bundle: int
+    """Index of the placement-group bundle the process runs in."""
+    num_gpus: float
+    """What the process asks Ray for (a fraction when it shares its GPU)."""
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    bundles: list[dict[str, float]]
+    trainer: Seat | None
+    policy: Seat | None
+
+
+def plan_gpus(placement: PlacementConfig) -> GpuPlan:
+    if placement.share_gpus:
+        return GpuPlan([{"GPU": 1.0}], Seat(0, SHARED_FRACTION), Seat(0, SHARED_FRACTION))
+    bundles: list[dict[str, float]] = []
+    seats: dict[str, Seat | None] = {"trainer": None, "policy": None}
+    for role, gpus in (("trainer", placement.trainer_gpus), ("policy", placement.policy_gpus)):
+        if gpus:
+            seats[role] = Seat(len(bundles), float(gpus))
+            bundles.append({"GPU": float(gpus)})
+    return GpuPlan(bundles, seats["trainer"], seats["policy"])
+
+
+def check_gpus(placement: PlacementConfig, cluster_gpus: float) -> None:
+    needed = placement.gpus_needed()
+    if needed > cluster_gpus:
+        how = ("shared by the trainer and the policy server" if placement.share_gpus else
+               f"trainer {placement.trainer_gpus} + policy server {placement.policy_gpus}")
+        raise PlacementError(
+            f"[placement] asks for {needed} GPU(s) ({how}), but the Ray cluster has {cluster_gpus:g}; lower "
+            "placement.trainer_gpus / placement.policy_gpus (0 runs that process on the CPU), or join a cluster "
+            "with more GPUs (ray.address)"
+        )
+
+
+def reserve(placement: PlacementConfig):
+    """Check the cluster, then reserve the plan's bundles; None when nothing asks for a GPU."""
+    import ray
+    from ray.util.placement_group import placement_group
+
+    check_gpus(placement, ray.cluster_resources().get("GPU", 0.0))
+    plan = plan_gpus(placement)
+    if not plan.bundles:
+        return None
+    group = placement_group(plan.bundles, strategy="PACK", name="turnkeep-gpus")
+    ray.get(group.ready(), timeout=READY_TIMEOUT_S)
+    return group
+
+
+def actor_options(placement: PlacementConfig, group, role: str) -> dict:
+    """Ray options of the trainer (`role="trainer"`) or the policy server (`"policy"`)."""
+    seat = getattr(plan_gpus(placement), role)
+    if seat is None or group is None:
+        return {"num_gpus": 0}
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    strategy = PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=seat.bundle)
+    return {"num_gpus": seat.num_gpus, "scheduling_strategy": strategy}
