@@ -1,8 +1,10 @@
-"""`gym.*`: the Gym phase of an attempt, from the controller's worker.
+"""`gym.*`: the Gym phase of an attempt over the environment servers, from the controller's worker.
 
 prepare closes admission and suspends the rollout deadlines (one holder, in both hold
-sets), flushes pending ACKs, then prepares the participants
+sets), flushes pending ACKs, then parks every environment server's agents
 (`controller.snapshot.gym_phase`); resume and abort release them and reopen admission.
+The policy server is fenced after this and resumed before it, by its own activities
+(`policy.*`, in its process).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ class GymActivities:
             pass
         with translated_errors(), heartbeating("preparing participants"):
             prepared = await prepare_participants(
-                snapshots.environments, snapshots.policy, inp.checkpoint_id, inp.lease_s,
+                snapshots.environments, None, inp.checkpoint_id, inp.lease_s,
                 renew_others=lambda: snapshots.renew_leases(inp.checkpoint_id, inp.lease_s, participants=False),
                 agents_parked=lambda: reached("gym_prepare", snapshots.run_dir),
             )
@@ -67,7 +69,7 @@ class GymActivities:
         with translated_errors(), heartbeating("committing participants"):
             await snapshots.renew_leases(inp.checkpoint_id, inp.lease_s)
             committed = await commit_participants(
-                snapshots.participants(), inp.checkpoint_id, Path(inp.staging_dir),
+                snapshots.environments, inp.checkpoint_id, Path(inp.staging_dir),
                 after_each=lambda: reached("gym_commit", snapshots.run_dir),
             )
         return GymCommitResult(participant_s=committed.participant_s, artifacts=committed.artifacts,
@@ -92,7 +94,6 @@ class GymActivities:
         if not abort:
             await reached("resume", snapshots.run_dir)
         with translated_errors():
-            participant_s = await release_participants(snapshots.environments, snapshots.policy, inp.checkpoint_id,
-                                                       abort)
+            participant_s = await release_participants(snapshots.environments, None, inp.checkpoint_id, abort)
         closed_s = snapshots.reopen_admission(inp.checkpoint_id)
         return GymReleaseResult(participant_s=participant_s, admission_closed_s=round(closed_s, 3))

@@ -23,6 +23,7 @@ class PolicyActor:
 
     def __init__(self) -> None:
         self._server = PolicyServer()
+        self._worker = None
 
     async def start(self, model_dir: str, cfg_json: str, seed: int = 0, control_token: str | None = None) -> str:
         """Start engine and endpoint; return the base URL agents call.
@@ -49,5 +50,25 @@ class PolicyActor:
     async def drain(self, timeout_s: float | None = None) -> int:
         return await self._server.drain(timeout_s)
 
+    async def start_temporal_worker(self, address: str, namespace: str, run_id: str, incarnation: int = 1) -> None:
+        """The policy server's own worker on `<run_id>.policy`: its fence, drain, resume and weight loads."""
+        from activities.policy_activities import PolicyActivities
+        from primitives.temporal_client import connect, start_worker
+        from schemas.names import policy_queue
+
+        client = await connect(address, namespace)
+        trainer = ray.get_actor("trainer")
+        acts = PolicyActivities(self._server, self._server.faults, incarnation, trainer.weights_blob.remote)
+        self._worker, _task = start_worker(
+            client, policy_queue(run_id),
+            activities=[acts.prepare, acts.commit, acts.resume, acts.abort, acts.load_weights],
+        )
+
+    async def stop_temporal_worker(self) -> None:
+        if self._worker is not None:
+            await self._worker.shutdown()
+            self._worker = None
+
     async def stop(self) -> None:
+        await self.stop_temporal_worker()
         await self._server.stop()

@@ -38,7 +38,8 @@ def build_app(
     app[SERVER_KEY] = server
     app.router.add_post("/v1/completions", _completions)
     app.router.add_get("/health", _health)
-    add_participant_routes(app, server.participant, control, fault_injection=fault_injection)
+    # One fault plan for the participant, whichever way its protocol is called (HTTP or Temporal).
+    server.faults = add_participant_routes(app, server.participant, control, fault_injection=fault_injection)
     return app
 
 

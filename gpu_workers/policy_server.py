@@ -28,6 +28,7 @@ from gpu_workers.vllm_engine import build_engine, generate
 from gpu_workers.vllm_refit import refit_engine
 from gpu_workers.weights_blob import Shapes, check_blob, checkpoint_shapes
 from participants.core import ParticipantCore
+from participants.faults import FaultInjector
 from participants.http_server import ControlAuth
 from schemas.config import PolicyServerConfig
 from schemas.names import REFIT_HOLDER
@@ -52,6 +53,8 @@ class PolicyServer:
         self._runner: web.AppRunner | None = None
         self._refit_lock = asyncio.Lock()
         self.participant = ParticipantCore(POLICY_CAPABILITIES, PolicyParticipant(self))
+        self.faults = FaultInjector()
+        """Injected checkpoint faults (served with `policy.fault_injection`; empty otherwise)."""
         self.url = ""
 
     async def start(

@@ -24,6 +24,11 @@ def trainer_queue(run_id: str) -> str:
     return f"{run_id}.trainer"
 
 
+def policy_queue(run_id: str) -> str:
+    """Activities that change the policy server's own state (its gate, its weights), in its process."""
+    return f"{run_id}.policy"
+
+
 # -- workflows ---------------------------------------------------------------------------
 
 
@@ -70,6 +75,12 @@ class Activity(StrEnum):
     # the trainer's queue
     TRAINER_HOLD = "trainer.hold"
     TRAINER_RELEASE = "trainer.release"
+    # the policy server's queue
+    POLICY_PREPARE = "policy.prepare"
+    POLICY_COMMIT = "policy.commit"
+    POLICY_RESUME = "policy.resume"
+    POLICY_ABORT = "policy.abort"
+    POLICY_LOAD_WEIGHTS = "policy.load_weights"
 
 
 # -- holders of the hold sets (admission, deadlines, the trainer hold, the policy gate) --

@@ -127,6 +127,20 @@ class RestoreResult(Wire):
     """Unfinished siblings that start over from scratch."""
 
 
+class PolicyLoadInput(Wire):
+    run_id: str
+    incarnation: int
+    policy_version: int
+    """The version the restored trainer holds; the policy server loads the trainer's weights as this version."""
+
+
+class PolicyLoadResult(Wire):
+    bytes: int
+    """Size of the weights loaded."""
+    seconds: float
+    """Fetching the weights from the trainer (through Ray) and loading them into the engine in place."""
+
+
 class ResumeAfterRestoreResult(Wire):
     admission_closed_s: float
     """Seconds new rollouts were held while the run was restored."""

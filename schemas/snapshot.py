@@ -188,6 +188,13 @@ class GymPrepareResult(Wire):
     (the time the slowest in-flight turn still needed to reach its boundary)."""
 
 
+class PolicyPrepareResult(Wire):
+    participant_s: float
+    """Seconds until the policy server was fenced and drained."""
+    drained: int = 0
+    """Accepted completion calls that were still running when the fence went up."""
+
+
 class GymCommitResult(Wire):
     participant_s: float
     artifacts: list[Artifact]

@@ -98,11 +98,13 @@ async def start_snapshots(
     client = await connect(address, cfg.temporal.namespace)
     if cfg.temporal.address is not None:
         await register_search_attributes(client, cfg.temporal.namespace)
-    await processes.trainer.start_temporal_worker.remote(address, cfg.temporal.namespace, run_id, incarnation)
-    environments, policy = participant_clients(processes, session, cfg.snapshot.phase_timeout_s)
+    # The GPU-side processes run their own workers, so an attempt's history shows which process did what.
+    for gpu_process in (processes.trainer, processes.policy):
+        await gpu_process.start_temporal_worker.remote(address, cfg.temporal.namespace, run_id, incarnation)
+    environments, _policy = participant_clients(processes, session, cfg.snapshot.phase_timeout_s)
     ctx = SnapshotCoordinator(
         run_id=run_id, incarnation=incarnation, run_dir=cfg.run.run_dir, fingerprint=config_fingerprint(cfg),
-        controller=controller, trainer=processes.trainer, environments=environments, policy=policy,
+        controller=controller, trainer=processes.trainer, environments=environments,
         interval_s=cfg.snapshot.attempt_interval_s,
     )
     recovery_acts = None
@@ -191,4 +193,5 @@ async def stop_snapshots(runtime: SnapshotRuntime | None, reason: str, grace_s: 
         if holder.startswith(CHECKPOINT_HOLDER_PREFIX):
             await runtime.ctx.trainer.hold_release.remote(holder)
     await runtime.ctx.trainer.stop_temporal_worker.remote()
+    await runtime.ctx.controller.processes.policy.stop_temporal_worker.remote()
     await runtime.worker.shutdown()

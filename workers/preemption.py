@@ -55,6 +55,7 @@ class PreemptionHandler:
         self._task = asyncio.get_running_loop().create_task(self._save_and_stop(name))
 
     async def _save_and_stop(self, name: str) -> None:
+        self._controller.training.freeze()
         try:
             self.saved = await asyncio.wait_for(self._final_save(), self._grace_s)
         except TimeoutError:

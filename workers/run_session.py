@@ -29,7 +29,7 @@ from primitives.atomic_files import append_jsonl
 from primitives.audit_log import AUDIT_FILE, AuditLog
 from schemas.audit import RunEnded, RunStarted
 from schemas.config import TurnkeepConfig
-from schemas.recovery import RecoveryResult
+from schemas.recovery import RecoveryResult, SourceKind
 from workers.controller_worker import participant_clients, start_snapshots, stop_snapshots
 from workers.placement import launch, reserve_gpus, shutdown, start_ray
 from workers.preemption import PreemptionHandler
@@ -116,6 +116,8 @@ async def _recover_without_temporal(recovery: CrashRestore) -> RecoveryResult:
     began = time.monotonic()
     source = recovery.choose()
     restored = await recovery.restore(source)
+    if source.kind is not SourceKind.FRESH:
+        await recovery.load_policy_weights(restored.policy_version)
     await recovery.resume()
     return RecoveryResult(source=source, restore=restored, cancelled=[],
                           seconds={"total": round(time.monotonic() - began, 3)})

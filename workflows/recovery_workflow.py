@@ -2,7 +2,8 @@
 
 cancel what the previous incarnation left open -> choose the source (newest verified
 snapshot, an older one, or the trainer checkpoint's own data plane) -> restore while
-paused -> resume. Its summary and details say which source was used and why, so the
+paused -> load the restored weights into the policy server (its own activity, in its
+process) -> resume. Its summary and details say which source was used and why, so the
 Temporal UI answers "where did this run continue from?".
 """
 
@@ -14,16 +15,19 @@ from workflows.retry_policies import RECOVERY_FEW_TRIES
 from workflows.timed_activity import timed_activity
 
 with workflow.unsafe.imports_passed_through():
-    from schemas.names import Activity, WorkflowType
+    from schemas.names import Activity, WorkflowType, policy_queue
     from schemas.recovery import (
         CancelStaleResult,
         ChooseSourceResult,
+        PolicyLoadInput,
+        PolicyLoadResult,
         RecoveryInput,
         RecoveryResult,
         RecoveryStepInput,
         RestoreInput,
         RestoreResult,
         ResumeAfterRestoreResult,
+        SourceKind,
     )
 
 
@@ -48,6 +52,10 @@ class RecoveryWorkflow:
         restored = await self._call("restore", Activity.RECOVERY_RESTORE,
                                     RestoreInput(run_id=inp.run_id, incarnation=inp.incarnation, source=source),
                                     RestoreResult, inp, seconds)
+        if source.kind is not SourceKind.FRESH:
+            await self._call("load_weights", Activity.POLICY_LOAD_WEIGHTS, PolicyLoadInput(
+                run_id=inp.run_id, incarnation=inp.incarnation, policy_version=restored.policy_version),
+                PolicyLoadResult, inp, seconds, heartbeat_s=30, task_queue=policy_queue(inp.run_id))
         await self._call("resume", Activity.RECOVERY_RESUME, step, ResumeAfterRestoreResult, inp, seconds)
         workflow.set_current_details(
             f"restored from {source.kind} (step {source.step}, policy version {restored.policy_version}): "
@@ -57,7 +65,8 @@ class RecoveryWorkflow:
         return RecoveryResult(source=source, restore=restored, cancelled=cancelled.cancelled + cancelled.terminated,
                               seconds=seconds)
 
-    async def _call(self, phase, activity, arg, result_type, inp: RecoveryInput, seconds, *, heartbeat_s=None):
+    async def _call(self, phase, activity, arg, result_type, inp: RecoveryInput, seconds, *, heartbeat_s=None,
+                    task_queue=None):
         self._phase = phase
         return await timed_activity(seconds, phase, activity, arg, result_type, inp.phase_timeout_s, RECOVERY_FEW_TRIES,
-                                    heartbeat_s=heartbeat_s)
+                                    heartbeat_s=heartbeat_s, task_queue=task_queue)

@@ -21,7 +21,14 @@ from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from schemas import search_attributes as sa
-    from schemas.names import Activity, WorkflowType, checkpoint_holder, checkpoint_id, trainer_queue
+    from schemas.names import (
+        Activity,
+        WorkflowType,
+        checkpoint_holder,
+        checkpoint_id,
+        policy_queue,
+        trainer_queue,
+    )
     from schemas.snapshot import (
         AnchorQuery,
         AnchorResult,
@@ -266,12 +273,14 @@ class RunWorkflow:
         pending = self._state.release_pending
         if pending is None:
             return
-        released = await workflow.execute_activity(
-            Activity.GYM_RESUME, GymInput(run_id=inp.run_id, checkpoint_id=pending, incarnation=inp.incarnation,
-                                   lease_s=inp.timeouts.lease_s),
-            result_type=GymReleaseResult, start_to_close_timeout=timedelta(seconds=inp.timeouts.phase_s),
-            retry_policy=RUN_UNTIL_IT_WORKS, summary=f"finish the release of {pending}",
-        )
+        gym = GymInput(run_id=inp.run_id, checkpoint_id=pending, incarnation=inp.incarnation,
+                       lease_s=inp.timeouts.lease_s)
+        for activity, queue in ((Activity.POLICY_RESUME, policy_queue(inp.run_id)), (Activity.GYM_RESUME, None)):
+            released = await workflow.execute_activity(
+                activity, gym, result_type=GymReleaseResult, task_queue=queue,
+                start_to_close_timeout=timedelta(seconds=inp.timeouts.phase_s), retry_policy=RUN_UNTIL_IT_WORKS,
+                summary=f"finish the release of {pending}",
+            )
         workflow.logger.info("pending release of %s finished after %.1fs closed", pending,
                              released.admission_closed_s)
         self._state.release_pending = None

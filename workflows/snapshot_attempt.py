@@ -1,7 +1,9 @@
 """One rollout snapshot attempt, top to bottom.
 
-preflight -> trainer.hold -> gym.prepare -> gym.commit -> data_plane.cut -> (release the
-hold) -> publish -> resume. Any failure or cancellation before publish runs the
+preflight -> trainer.hold -> gym.prepare -> policy.prepare -> gym.commit + policy.commit
+-> data_plane.cut -> (release the hold) -> publish -> policy.resume + gym.resume. The
+trainer's and the policy server's activities run on their own task queues, in their own
+processes. Any failure or cancellation before publish runs the
 compensations in one place (`_compensate`): abort the participants, release the hold,
 delete the staging directory; the previous snapshot stays authoritative. A resume that
 keeps failing after publish ends as `published_release_pending`: the snapshot is valid,
@@ -20,7 +22,7 @@ from workflows.timed_activity import timed_activity
 
 with workflow.unsafe.imports_passed_through():
     from schemas import search_attributes as sa
-    from schemas.names import Activity, ErrorType, WorkflowType, snapshot_holder, trainer_queue
+    from schemas.names import Activity, ErrorType, WorkflowType, policy_queue, snapshot_holder, trainer_queue
     from schemas.snapshot import (
         CutInput,
         CutResult,
@@ -30,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
         GymPrepareResult,
         GymReleaseResult,
         Outcome,
+        PolicyPrepareResult,
         PreflightInput,
         PreflightResult,
         PublishInput,
@@ -120,9 +123,16 @@ class SnapshotAttemptWorkflow:
                                     budget.prepare_s, ATTEMPT_FEW_TRIES, heartbeat_s=10)
         progress.participant_s += prepared.participant_s
         progress.agents_parked_s = prepared.agents_parked_s
+        # Only now: a mid-turn agent needs its policy call answered to reach its boundary.
+        fenced = await self._call(progress, "gym_prepare", Activity.POLICY_PREPARE, gym, PolicyPrepareResult,
+                                  budget.prepare_s, ATTEMPT_FEW_TRIES, task_queue=policy_queue(inp.run_id),
+                                  heartbeat_s=10)
+        progress.participant_s += fenced.participant_s
         committed = await self._call(progress, "gym_commit", Activity.GYM_COMMIT, gym, GymCommitResult,
                                      budget.phase_s, ATTEMPT_TRANSIENT, heartbeat_s=10)
-        progress.participant_s += committed.participant_s
+        policy_committed = await self._call(progress, "gym_commit", Activity.POLICY_COMMIT, gym, GymCommitResult,
+                                            budget.phase_s, ATTEMPT_TRANSIENT, task_queue=policy_queue(inp.run_id))
+        progress.participant_s += committed.participant_s + policy_committed.participant_s
         cut = await self._call(progress, "cut", Activity.CUT, CutInput(
             run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
             staging_dir=staging.staging_dir, anchor_step=inp.anchor_step, hold=hold), CutResult, budget.phase_s,
@@ -130,21 +140,19 @@ class SnapshotAttemptWorkflow:
         if progress.trainer_held:
             await self._release_trainer(inp, progress)
 
-        counts = {**committed.counts, "data_plane_rows": cut.data_plane_rows,
+        counts = {**committed.counts, **policy_committed.counts, "data_plane_rows": cut.data_plane_rows,
                   "unfinished_groups": cut.unfinished_groups, "continuations": cut.continuations}
         published = await self._call(progress, "publish", Activity.PUBLISH, PublishInput(
             run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
             staging_dir=staging.staging_dir, anchor_step=inp.anchor_step, number=inp.number,
-            policy_version=cut.policy_version, artifacts=committed.artifacts + cut.artifacts,
+            policy_version=cut.policy_version,
+            artifacts=committed.artifacts + policy_committed.artifacts + cut.artifacts,
             counts=counts, keep_latest_k=inp.keep_latest_k), PublishResult, budget.phase_s, ATTEMPT_TRANSIENT)
         progress.staging_dir = None  # renamed into place: nothing to discard any more
 
         outcome, reason = Outcome.PUBLISHED, f"published {published.snapshot_dir}"
         try:
-            released = await self._call(progress, "resume", Activity.GYM_RESUME, gym, GymReleaseResult,
-                                        budget.phase_s, ATTEMPT_FEW_TRIES)
-            progress.participant_s += released.participant_s
-            progress.admission_closed_s = released.admission_closed_s
+            await self._release(progress, gym, budget.phase_s, ATTEMPT_FEW_TRIES, abort=False)
         except ActivityError as err:
             outcome = Outcome.PUBLISHED_RELEASE_PENDING
             reason = f"published {published.snapshot_dir}; release failed and is retried: {_cause(err)}"
@@ -170,8 +178,7 @@ class SnapshotAttemptWorkflow:
         if progress.gym_started:
             gym = GymInput(run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
                            lease_s=inp.timeouts.lease_s)
-            aborted = await self._call(progress, "compensate", Activity.GYM_ABORT, gym, GymReleaseResult, budget, ATTEMPT_PERSISTENT)
-            progress.admission_closed_s = aborted.admission_closed_s
+            await self._release(progress, gym, budget, ATTEMPT_PERSISTENT, abort=True)
             progress.gym_started = False
         holders = [progress.holder] if progress.trainer_held else []
         if inp.checkpoint_hold:
@@ -184,6 +191,17 @@ class SnapshotAttemptWorkflow:
                 checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation, staging_dir=progress.staging_dir),
                 type(None), budget, ATTEMPT_PERSISTENT)
             progress.staging_dir = None
+
+    async def _release(self, progress: AttemptProgress, gym: GymInput, timeout_s: float, retry, abort: bool) -> None:
+        """The policy server first, then the agents, then admission (reopened by the last)."""
+        phase = "compensate" if abort else "resume"
+        policy_call, gym_call = ((Activity.POLICY_ABORT, Activity.GYM_ABORT) if abort else
+                                 (Activity.POLICY_RESUME, Activity.GYM_RESUME))
+        policy = await self._call(progress, phase, policy_call, gym, GymReleaseResult, timeout_s, retry,
+                                  task_queue=policy_queue(gym.run_id))
+        released = await self._call(progress, phase, gym_call, gym, GymReleaseResult, timeout_s, retry)
+        progress.participant_s += policy.participant_s + released.participant_s
+        progress.admission_closed_s = released.admission_closed_s
 
     async def _call(self, progress, phase, activity, arg, result_type, timeout_s, retry, *, task_queue=None,
                     heartbeat_s=None):

@@ -81,6 +81,7 @@ class TrainPump:
         self.step = 0
         self.policy_version = 0
         """Policy version of the committed step (the trainer's, reported with each step)."""
+        self._frozen = False
 
     def group_settled(self, group_id: str, trainable: bool) -> None:
         if not trainable:
@@ -99,6 +100,15 @@ class TrainPump:
 
     def has_checkpoint_of_current_step(self) -> bool:
         return self.checkpointed_step == self.step
+
+    def freeze(self) -> None:
+        """Start no new step; the running one finishes and checkpoint requests are still served.
+
+        A preemption freezes training before it asks for the final snapshot, so no later
+        step (and no later checkpoint without a snapshot) can supersede what it saves.
+        """
+        self._frozen = True
+        self._group_settled.set()
 
     def request_checkpoint(self, trigger: str) -> None:
         """Write a trainer checkpoint at the current step as soon as no step is running.
@@ -181,6 +191,10 @@ class TrainPump:
     async def _claim_batch(self) -> list[str]:
         while True:
             await self._serve_checkpoint_request()
+            if self._frozen:
+                self._group_settled.clear()
+                await self._group_settled.wait()  # a checkpoint request wakes it; a new group only re-checks
+                continue
             fresh = await self._drop_unusable_groups()
             if len(fresh) >= self._cfg.prompts_per_step:
                 return fresh[: self._cfg.prompts_per_step]

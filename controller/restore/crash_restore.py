@@ -87,14 +87,18 @@ class CrashRestore:
         queued, settled = c.rollouts.restore(continuations)
         for group_id in settled:
             c.training.group_settled(group_id, bool(c.rollouts.settle(group_id)))
-        blob = c.processes.trainer.weights_blob.remote()
-        await c.processes.policy.load_weights.remote(blob, version)
         restarted = queued - len(continuations)
         log.info("restored step %d (policy version %d) from %s: %s", source.step, version, source.kind, source.reason)
         return RestoreResult(
             step=source.step, policy_version=version, data_plane_rows=c.data_plane.num_rows(),
             unfinished_groups=c.ledger.inflight(), continuations=len(continuations), restarted_siblings=restarted,
         )
+
+    async def load_policy_weights(self, version: int) -> None:
+        """The restored trainer's weights into the policy server, through Ray (a run without Temporal;
+        with it, the recovery workflow's `policy.load_weights` does this in the policy server's process)."""
+        c = self._controller
+        await c.processes.policy.load_weights.remote(c.processes.trainer.weights_blob.remote(), version)
 
     async def resume(self) -> float:
         """Policy first, then agents (the controller's admission gate); seconds the run was paused."""

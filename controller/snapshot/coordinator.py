@@ -37,9 +37,7 @@ class SnapshotCoordinator:
     trainer: object
     """Ray handle of the trainer actor (renews its hold lease)."""
     environments: list[ParticipantClient]
-    """Participants that park agents; prepared first."""
-    policy: ParticipantClient
-    """The policy server; prepared after every agent is parked."""
+    """Participants that park agents (the policy server is driven by its own activities, after them)."""
     interval_s: float
     admission_closed_at: dict[str, float] = field(default_factory=dict)
     last_published_marker: tuple | None = None
@@ -54,9 +52,6 @@ class SnapshotCoordinator:
     def is_stale(self, incarnation: int) -> bool:
         """An activity of an earlier controller incarnation (left open by a crash)."""
         return incarnation < self.incarnation
-
-    def participants(self) -> list[ParticipantClient]:
-        return [*self.environments, self.policy]
 
     async def progress_marker(self) -> tuple:
         """Changes whenever anything a snapshot would save has changed."""
@@ -86,7 +81,7 @@ class SnapshotCoordinator:
                 holds.renew(holder, lease_s)
         await self.trainer.hold_renew.remote(holder, lease_s)
         if participants:
-            for participant in self.participants():
+            for participant in self.environments:
                 await participant.renew(checkpoint_id, lease_s)
 
     async def skip_reason(self, anchor_step: int) -> str | None:

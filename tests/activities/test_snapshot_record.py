@@ -27,7 +27,7 @@ def test_every_attempt_is_a_metrics_line_and_a_long_closure_warns_once_with_the_
     controller = SimpleNamespace(metrics=MetricsSink(tmp_path, RunStats(), None, out=out))
     ctx = SnapshotCoordinator(
         run_id="run", incarnation=1, run_dir=tmp_path, fingerprint="f", controller=controller, trainer=None,
-        environments=[], policy=None, interval_s=2.0,
+        environments=[], interval_s=2.0,
     )
     record = SnapshotActivities(ctx).record
 

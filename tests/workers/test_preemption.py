@@ -43,7 +43,7 @@ def test_sigterm_saves_a_final_snapshot_and_the_restart_continues_from_it(stack_
     assert restored.inc == 2
     [recovery] = metrics(run_dir, "recovery")
     assert recovery["source"]["kind"] == "snapshot" and recovery["restore"]["step"] == stopped_at
-    assert set(recovery["seconds"]) == {"cancel_stale", "choose_source", "restore", "resume"}
+    assert set(recovery["seconds"]) == {"cancel_stale", "choose_source", "restore", "load_weights", "resume"}
 
 
 def test_a_second_signal_exits_at_once_and_leaves_no_process_behind(stack_config) -> None:

@@ -40,3 +40,24 @@ def test_a_request_that_raced_a_checkpoint_of_the_same_step_is_announced_again()
     assert written == [] and announced == [(12, "preemption", True)]
     asyncio.run(pump._serve_checkpoint_request())
     assert announced == [(12, "preemption", True)]  # served once
+
+
+def test_a_frozen_pump_starts_no_step_but_still_writes_a_requested_checkpoint():
+    written, announced = [], []
+    pump = _pump(written, announced)
+    pump.step = 9
+
+    async def scenario():
+        pump.freeze()
+        claim = asyncio.create_task(pump._claim_batch())  # a step would start once it returned groups
+        await asyncio.sleep(0.05)
+        pump.request_checkpoint("preemption")
+        await asyncio.sleep(0.05)
+        pump.group_settled("g1", True)  # a group that completes meanwhile starts nothing either
+        await asyncio.sleep(0.05)
+        still_waiting = not claim.done()
+        claim.cancel()
+        return still_waiting
+
+    assert asyncio.run(scenario())
+    assert written == [(9, "preemption")] and announced == [(9, "preemption", False)]

@@ -25,7 +25,7 @@ def _coordinator(tmp_path) -> tuple[SnapshotCoordinator, SimpleNamespace]:
     controller = SimpleNamespace(training=training, dataloader=SimpleNamespace(next_index=0), stats=RunStats(),
                                  data_plane=DataPlane(), env_client=Health(), audit_snapshot=lambda *a: None)
     coordinator = SnapshotCoordinator(run_id="r", incarnation=1, run_dir=tmp_path, fingerprint="f",
-                                      controller=controller, trainer=None, environments=[], policy=None, interval_s=5)
+                                      controller=controller, trainer=None, environments=[], interval_s=5)
     return coordinator, controller
 
 

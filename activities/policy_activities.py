@@ -1,0 +1,129 @@
+"""Policy server activities: they run in the policy server's process, on `<run_id>.policy`,
+because the gate they close, the engine they drain and the weights they load live there.
+
+`policy.prepare` fences new completion calls (the gate's holder `snapshot:<id>`, with the
+attempt's lease) and drains the accepted ones, heartbeating until the participant core
+says it is ready, so a dead policy process shows in the attempt's history as this
+activity's heartbeat timeout. `policy.commit` writes the version it serves;
+`policy.resume` and `policy.abort` reopen the gate. `policy.load_weights` (a restore)
+fetches the restored trainer's weights through Ray and loads them into the engine in
+place. The checkpoint protocol is the same participant core the HTTP routes serve, and
+so is its fault injection (tests make these calls fail on cue).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.errors import check_incarnation, translated_errors
+from participants.core import ParticipantFault
+from participants.errors import ParticipantInvariantBroken, ParticipantRefused
+from participants.faults import FaultInjector
+from schemas.names import Activity
+from schemas.recovery import PolicyLoadInput, PolicyLoadResult
+from schemas.snapshot import GymCommitResult, GymInput, GymReleaseResult, PolicyPrepareResult
+
+if TYPE_CHECKING:
+    from gpu_workers.policy_server import PolicyServer
+
+POLL_S = 0.02
+T = TypeVar("T")
+
+
+class PolicyActivities:
+    def __init__(self, server: "PolicyServer", faults: FaultInjector, incarnation: int,
+                 trainer_weights: Callable[[], object]) -> None:
+        """`trainer_weights()` returns the restored trainer's weights (a Ray object ref of safetensors bytes)."""
+        self._server = server
+        self._core = server.participant
+        self._faults = faults
+        self._incarnation = incarnation
+        self._trainer_weights = trainer_weights
+
+    @activity.defn(name=Activity.POLICY_PREPARE)
+    async def prepare(self, inp: GymInput) -> PolicyPrepareResult:
+        check_incarnation(inp.incarnation, self._incarnation)
+        started = time.monotonic()
+        drained = self._server.inflight()
+        with self._protocol("prepare"):
+            status = self._core.prepare(inp.checkpoint_id, inp.lease_s)
+            renewed = time.monotonic()
+            while not status.ready:
+                activity.heartbeat(status.detail)
+                await asyncio.sleep(POLL_S)
+                if time.monotonic() - renewed > inp.lease_s / 3:
+                    self._core.renew(inp.checkpoint_id, inp.lease_s)
+                    renewed = time.monotonic()
+                status = self._core.status(inp.checkpoint_id)
+            await self._delay("prepare")
+        return PolicyPrepareResult(participant_s=round(time.monotonic() - started, 3), drained=drained)
+
+    @activity.defn(name=Activity.POLICY_COMMIT)
+    async def commit(self, inp: GymInput) -> GymCommitResult:
+        check_incarnation(inp.incarnation, self._incarnation)
+        started = time.monotonic()
+        with self._protocol("commit"):
+            self._core.renew(inp.checkpoint_id, inp.lease_s)  # the attempt is alive: keep the fence up
+            directory = Path(inp.staging_dir or "") / self._core.name
+            result = await self._core.commit(inp.checkpoint_id, directory,
+                                             before_write=lambda: self._faults.enospc("commit"))
+            await self._delay("commit")
+        return GymCommitResult(participant_s=round(time.monotonic() - started, 3), artifacts=result.artifacts,
+                               counts=result.counts)
+
+    @activity.defn(name=Activity.POLICY_RESUME)
+    async def resume(self, inp: GymInput) -> GymReleaseResult:
+        return await self._release(inp, "resume", self._core.resume)
+
+    @activity.defn(name=Activity.POLICY_ABORT)
+    async def abort(self, inp: GymInput) -> GymReleaseResult:
+        return await self._release(inp, "abort", self._core.abort)
+
+    @activity.defn(name=Activity.POLICY_LOAD_WEIGHTS)
+    async def load_weights(self, inp: PolicyLoadInput) -> PolicyLoadResult:
+        check_incarnation(inp.incarnation, self._incarnation)
+        started = time.monotonic()
+        activity.heartbeat("fetching the trainer's weights")
+        blob = await self._trainer_weights()
+        activity.heartbeat(f"loading {len(blob)} bytes as version {inp.policy_version}")
+        await self._server.load_weights(blob, inp.policy_version)
+        return PolicyLoadResult(bytes=len(blob), seconds=round(time.monotonic() - started, 3))
+
+    async def _release(self, inp: GymInput, route: str, end: Callable) -> GymReleaseResult:
+        if inp.incarnation < self._incarnation:
+            # That incarnation's fence ended with its processes: nothing of it is up here.
+            return GymReleaseResult(participant_s=0.0, admission_closed_s=0.0)
+        check_incarnation(inp.incarnation, self._incarnation)
+        started = time.monotonic()
+        with self._protocol(route):
+            end(inp.checkpoint_id)
+            await self._delay(route)
+        return GymReleaseResult(participant_s=round(time.monotonic() - started, 3), admission_closed_s=0.0)
+
+    @contextmanager
+    def _protocol(self, route: str) -> Iterator[None]:
+        """The participant core's refusals as the workflows' error types; injected faults as transient ones."""
+        if (status := self._faults.take_failure(route)) is not None:
+            raise ApplicationError(f"participant policy {route}: injected failure (as HTTP {status})")
+        with translated_errors():
+            try:
+                yield
+            except ParticipantFault as fault:
+                raise _as_call_error(route, fault) from None
+
+    async def _delay(self, route: str) -> None:
+        if delay := self._faults.delay_s(route):
+            await asyncio.sleep(delay)
+
+
+def _as_call_error(route: str, fault: ParticipantFault) -> ParticipantRefused:
+    kind = ParticipantInvariantBroken if fault.code == "wrong_checkpoint" else ParticipantRefused
+    return kind("policy", route, fault.message, fault.code)

@@ -1,0 +1,73 @@
+"""The policy server's own Temporal activities, run in its process against the real engine:
+fence and drain, commit, resume, weight loads, and their refusals."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+from transformers import AutoModelForCausalLM
+
+from activities.policy_activities import PolicyActivities
+from gpu_workers.weights_blob import pack_state_dict
+from schemas.names import ErrorType, snapshot_holder
+from schemas.participant import FaultPlan
+from schemas.recovery import PolicyLoadInput
+from schemas.snapshot import GymInput
+
+INCARNATION = 3
+
+
+def _activities(policy_server, tiny_model_dir) -> PolicyActivities:
+    async def trainer_weights() -> bytes:
+        return pack_state_dict(AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict())
+
+    return PolicyActivities(policy_server, policy_server.faults, INCARNATION, trainer_weights)
+
+
+def _call(loop, fn, arg):
+    async def run():
+        return await ActivityEnvironment().run(fn, arg)
+
+    return loop.run(run(), timeout=60)
+
+
+def test_prepare_fences_commit_records_the_version_and_resume_reopens(loop, policy_server, tiny_model_dir, tmp_path):
+    acts = _activities(policy_server, tiny_model_dir)
+    ck = f"r.snapshot.1.{uuid.uuid4().hex[:6]}"
+    gym = GymInput(run_id="r", checkpoint_id=ck, incarnation=INCARNATION, lease_s=30, staging_dir=str(tmp_path))
+    prepared = _call(loop, acts.prepare, gym)
+    assert prepared.participant_s >= 0 and snapshot_holder(ck) in policy_server.gate.holders()
+    committed = _call(loop, acts.commit, gym)
+    assert [a.path for a in committed.artifacts] == ["policy/state.json"]
+    assert committed.counts == {"policy_version": policy_server.policy_version}
+
+    other = gym.model_copy(update={"checkpoint_id": f"{ck}-other"})
+    with pytest.raises(ApplicationError) as err:  # a second coordinator: a bug, never retried
+        _call(loop, acts.prepare, other)
+    assert err.value.type == ErrorType.INVARIANT_BROKEN and err.value.non_retryable
+    with pytest.raises(ApplicationError) as err:  # a dead controller's attempt
+        _call(loop, acts.prepare, gym.model_copy(update={"incarnation": INCARNATION - 1}))
+    assert err.value.type == ErrorType.STALE_INCARNATION
+
+    policy_server.faults.set(FaultPlan(fail={"resume": 1}))
+    with pytest.raises(ApplicationError) as err:  # an injected transient failure: retried by the workflow
+        _call(loop, acts.resume, gym)
+    assert not err.value.non_retryable and snapshot_holder(ck) in policy_server.gate.holders()
+    assert _call(loop, acts.resume, gym).participant_s >= 0
+    assert snapshot_holder(ck) not in policy_server.gate.holders()
+    # Idempotent, and a stale incarnation's release is a no-op.
+    _call(loop, acts.resume, gym)
+    _call(loop, acts.abort, gym.model_copy(update={"incarnation": INCARNATION - 1}))
+
+
+def test_load_weights_fetches_the_trainers_weights_and_serves_them_as_the_restored_version(
+    loop, policy_server, tiny_model_dir
+):
+    acts = _activities(policy_server, tiny_model_dir)
+    version = policy_server.policy_version + 1
+    loaded = _call(loop, acts.load_weights, PolicyLoadInput(run_id="r", incarnation=INCARNATION,
+                                                             policy_version=version))
+    assert loaded.bytes > 100_000 and policy_server.policy_version == version and policy_server.weights_ok
