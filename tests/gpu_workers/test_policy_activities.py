@@ -67,7 +67,14 @@ def test_load_weights_fetches_the_trainers_weights_and_serves_them_as_the_restor
     loop, policy_server, tiny_model_dir
 ):
     acts = _activities(policy_server, tiny_model_dir)
-    version = policy_server.policy_version + 1
+    # The version it serves, with the weights it started from: a restore at the step it is at, and the
+    # shared server stays as the other tests expect it.
+    version = policy_server.policy_version
+    expected = len(pack_state_dict(AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()))
     loaded = _call(loop, acts.load_weights, PolicyLoadInput(run_id="r", incarnation=INCARNATION,
                                                              policy_version=version))
-    assert loaded.bytes > 100_000 and policy_server.policy_version == version and policy_server.weights_ok
+    assert loaded.bytes == expected and loaded.seconds > 0
+    assert policy_server.policy_version == version and policy_server.weights_ok
+    with pytest.raises(ValueError, match="refusing weights"):  # a late retry never rolls the policy back
+        _call(loop, acts.load_weights, PolicyLoadInput(run_id="r", incarnation=INCARNATION,
+                                                        policy_version=version - 1))
