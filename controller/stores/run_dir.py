@@ -8,6 +8,7 @@ new run; anything else is refused untouched.
 
 from __future__ import annotations
 
+import os
 import uuid
 from dataclasses import dataclass
 
@@ -32,7 +33,14 @@ class RunIdentity:
     resumed: bool
 
 
+PRIVATE_UMASK = 0o077
+"""Everything the run and its child processes create is readable by the run's user only."""
+
+
 def open_run_dir(cfg: TurnkeepConfig) -> RunIdentity:
+    # Before anything is written or started: Temporal's database, Ray's session files,
+    # checkpoints and snapshots inherit it (0700 directories, 0600 files).
+    os.umask(PRIVATE_UMASK)
     run_dir = cfg.run.run_dir
     run_file = run_dir / RUN_FILE
     if run_file.exists():
@@ -46,6 +54,7 @@ def open_run_dir(cfg: TurnkeepConfig) -> RunIdentity:
             ) from None
         # A settings change that no checkpoint fits is refused before anything is written.
         refuse_config_change(run_dir, fingerprint_fields(cfg))
+        run_dir.chmod(0o700)
         identity = RunIdentity(run_id, incarnation + 1, resumed=True)
     elif run_dir.exists() and any(run_dir.iterdir()):
         raise RunDirError(

@@ -44,6 +44,12 @@ def test_sigterm_saves_a_final_snapshot_and_the_restart_continues_from_it(stack_
     [recovery] = metrics(run_dir, "recovery")
     assert recovery["source"]["kind"] == "snapshot" and recovery["restore"]["step"] == stopped_at
     assert set(recovery["seconds"]) == {"cancel_stale", "choose_source", "restore", "load_weights", "resume"}
+    # Only the run's user can read what it wrote: the directory, Temporal's database, checkpoints and
+    # snapshots. (Ray makes its own folders 0777; they are inside the 0700 run directory.)
+    assert run_dir.stat().st_mode & 0o777 == 0o700
+    opened = [f"{oct(p.stat().st_mode & 0o777)} {p}" for p in run_dir.rglob("*")
+              if p.relative_to(run_dir).parts[0] != "ray" and p.stat().st_mode & 0o077]
+    assert not opened, opened
 
 
 def test_a_second_signal_exits_at_once_and_leaves_no_process_behind(stack_config) -> None:

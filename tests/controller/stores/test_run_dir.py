@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import orjson
 import pytest
 
@@ -67,3 +69,23 @@ def test_a_settings_change_no_checkpoint_fits_is_refused_before_anything_is_writ
     assert "config.json" in message and "--run-dir" in message
     assert snapshot_of(tmp_path / "run") == before  # the incarnation did not move
     assert open_run_dir(cfg).incarnation == 2  # the saved settings still resume
+
+
+@pytest.fixture
+def restored_umask():
+    before = os.umask(0o022)
+    os.umask(before)
+    yield
+    os.umask(before)
+
+
+def test_the_run_directory_and_what_the_run_writes_are_private(tmp_path, restored_umask) -> None:
+    run_dir = tmp_path / "run"
+    open_run_dir(config(run_dir))
+    assert run_dir.stat().st_mode & 0o777 == 0o700
+    assert (run_dir / "run.json").stat().st_mode & 0o777 == 0o600
+    (run_dir / "later.log").write_text("a child process writes")  # what the run's processes create
+    assert (run_dir / "later.log").stat().st_mode & 0o077 == 0
+    run_dir.chmod(0o755)  # a directory made open by hand (or by an older turnkeep) is closed on restart
+    open_run_dir(config(run_dir))
+    assert run_dir.stat().st_mode & 0o777 == 0o700
