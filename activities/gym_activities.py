@@ -56,7 +56,7 @@ class GymActivities:
             pass
         with translated_errors(), heartbeating("preparing participants"):
             prepared = await prepare_participants(
-                snapshots.environments, None, inp.checkpoint_id, inp.lease_s,
+                snapshots.environments, inp.checkpoint_id, inp.lease_s,
                 renew_others=lambda: snapshots.renew_leases(inp.checkpoint_id, inp.lease_s, participants=False),
                 agents_parked=lambda: reached("gym_prepare", snapshots.run_dir),
             )
@@ -94,6 +94,6 @@ class GymActivities:
         if not abort:
             await reached("resume", snapshots.run_dir)
         with translated_errors():
-            participant_s = await release_participants(snapshots.environments, None, inp.checkpoint_id, abort)
+            participant_s = await release_participants(snapshots.environments, inp.checkpoint_id, abort)
         closed_s = snapshots.reopen_admission(inp.checkpoint_id)
         return GymReleaseResult(participant_s=participant_s, admission_closed_s=round(closed_s, 3))

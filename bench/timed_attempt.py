@@ -90,7 +90,7 @@ async def timed_attempt(gym: ParkedGym, controller: FilledController, run_dir: P
     try:
         with GcClock() as gc_clock:
             started = time.perf_counter()
-            await prepare_participants([env], None, checkpoint_id, LEASE_S, _no_other_leases)
+            await prepare_participants([env], checkpoint_id, LEASE_S, _no_other_leases)
             prepared, gc_at["prepare"] = time.perf_counter(), gc_clock.seconds
             committed = await commit_participants([env], checkpoint_id, staging)
             commit_done, gc_at["commit"] = time.perf_counter(), gc_clock.seconds

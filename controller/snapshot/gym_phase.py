@@ -1,11 +1,10 @@
-"""The Gym phase of an attempt across checkpoint participants: prepare, commit, release.
+"""The Gym phase of an attempt across the environment servers: prepare, commit, release.
 
-prepare: park the environment servers' agents, then fence and drain the policy server.
-The order matters: an agent that is mid-turn needs its policy call answered to reach its
-boundary, so the policy server closes only after every agent is parked. Release runs the
-other way round: policy first, then agents. A participant is anything with the
-participant client's methods (`participants.client.ParticipantClient` over HTTP, or a
-participant core in the same process, as `turnkeep bench scaling` drives one).
+prepare parks every environment server's agents (the policy server is fenced after
+this, by its own activity, because a mid-turn agent needs its policy call answered to
+reach its boundary). A participant is anything with the participant client's methods
+(`participants.client.ParticipantClient` over HTTP, or a participant core in the same
+process, as `turnkeep bench scaling` drives one).
 """
 
 from __future__ import annotations
@@ -52,8 +51,8 @@ class Committed:
 
 
 async def prepare_participants(
-    environments: Sequence[Participant], policy: Participant | None, checkpoint_id: str, lease_s: float,
-    renew_others: Renew, agents_parked: Renew | None = None,
+    environments: Sequence[Participant], checkpoint_id: str, lease_s: float, renew_others: Renew,
+    agents_parked: Renew | None = None,
 ) -> Prepared:
     started = time.monotonic()
     for env in environments:
@@ -61,8 +60,6 @@ async def prepare_participants(
     agents_parked_s = time.monotonic() - started
     if agents_parked is not None:
         await agents_parked()
-    if policy is not None:
-        await until_ready(policy, checkpoint_id, lease_s, renew_others)
     return Prepared(participant_s=round(time.monotonic() - started, 3), agents_parked_s=round(agents_parked_s, 4))
 
 
@@ -97,12 +94,10 @@ async def commit_participants(
     return Committed(participant_s=round(time.monotonic() - started, 3), artifacts=artifacts, counts=counts)
 
 
-async def release_participants(
-    environments: Sequence[Participant], policy: Participant | None, checkpoint_id: str, abort: bool
-) -> float:
-    """Resume (or abort) policy first, then agents; every call is idempotent. Returns the seconds it took."""
+async def release_participants(environments: Sequence[Participant], checkpoint_id: str, abort: bool) -> float:
+    """Resume (or abort) every environment server; each call is idempotent. Returns the seconds it took."""
     started = time.monotonic()
-    for participant in [*([policy] if policy is not None else []), *environments]:
+    for participant in environments:
         if abort:
             await participant.abort(checkpoint_id)
         else:
