@@ -9,37 +9,17 @@ The policy server is fenced after this and resumed before it, by its own activit
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from temporalio import activity
 
 from activities.errors import check_incarnation, translated_errors
+from activities.heartbeat import heartbeating
 from controller.snapshot.coordinator import SnapshotCoordinator
 from controller.snapshot.gym_phase import commit_participants, prepare_participants, release_participants
 from primitives.chaos_points import reached
 from schemas.names import Activity
 from schemas.snapshot import GymCommitResult, GymInput, GymPrepareResult, GymReleaseResult
-
-HEARTBEAT_S = 1.0
-
-
-@contextmanager
-def heartbeating(detail: str) -> Iterator[None]:
-    """Heartbeat while a slow participant call is awaited, so a cancel reaches us promptly."""
-
-    async def beat() -> None:
-        while True:
-            activity.heartbeat(detail)
-            await asyncio.sleep(HEARTBEAT_S)
-
-    task = asyncio.get_running_loop().create_task(beat())
-    try:
-        yield
-    finally:
-        task.cancel()
 
 
 class GymActivities:

@@ -18,15 +18,18 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.errors import check_incarnation, translated_errors
+from activities.heartbeat import heartbeating
+from controller.snapshot.gym_phase import until_ready
 from participants.core import ParticipantFault
 from participants.errors import ParticipantInvariantBroken, ParticipantRefused
 from participants.faults import FaultInjector
+from participants.in_process import InProcessParticipant
 from schemas.names import Activity
 from schemas.recovery import PolicyLoadInput, PolicyLoadResult
 from schemas.snapshot import GymCommitResult, GymInput, GymReleaseResult, PolicyPrepareResult
@@ -34,8 +37,6 @@ from schemas.snapshot import GymCommitResult, GymInput, GymReleaseResult, Policy
 if TYPE_CHECKING:
     from gpu_workers.policy_server import PolicyServer
 
-POLL_S = 0.02
-T = TypeVar("T")
 
 
 class PolicyActivities:
@@ -44,6 +45,7 @@ class PolicyActivities:
         """`trainer_weights()` returns the restored trainer's weights (a Ray object ref of safetensors bytes)."""
         self._server = server
         self._core = server.participant
+        self._participant = InProcessParticipant(self._core, before_write=lambda: faults.enospc("commit"))
         self._faults = faults
         self._incarnation = incarnation
         self._trainer_weights = trainer_weights
@@ -53,16 +55,8 @@ class PolicyActivities:
         check_incarnation(inp.incarnation, self._incarnation)
         started = time.monotonic()
         drained = self._server.inflight()
-        with self._protocol("prepare"):
-            status = self._core.prepare(inp.checkpoint_id, inp.lease_s)
-            renewed = time.monotonic()
-            while not status.ready:
-                activity.heartbeat(status.detail)
-                await asyncio.sleep(POLL_S)
-                if time.monotonic() - renewed > inp.lease_s / 3:
-                    self._core.renew(inp.checkpoint_id, inp.lease_s)
-                    renewed = time.monotonic()
-                status = self._core.status(inp.checkpoint_id)
+        with self._protocol("prepare"), heartbeating("fencing and draining the policy server"):
+            await until_ready(self._participant, inp.checkpoint_id, inp.lease_s, renew_others=_nothing_else)
             await self._delay("prepare")
         return PolicyPrepareResult(participant_s=round(time.monotonic() - started, 3), drained=drained)
 
@@ -71,10 +65,8 @@ class PolicyActivities:
         check_incarnation(inp.incarnation, self._incarnation)
         started = time.monotonic()
         with self._protocol("commit"):
-            self._core.renew(inp.checkpoint_id, inp.lease_s)  # the attempt is alive: keep the fence up
-            directory = Path(inp.staging_dir or "") / self._core.name
-            result = await self._core.commit(inp.checkpoint_id, directory,
-                                             before_write=lambda: self._faults.enospc("commit"))
+            await self._participant.renew(inp.checkpoint_id, inp.lease_s)  # the attempt is alive: keep the fence up
+            result = await self._participant.commit(inp.checkpoint_id, Path(inp.staging_dir or "") / self._core.name)
             await self._delay("commit")
         return GymCommitResult(participant_s=round(time.monotonic() - started, 3), artifacts=result.artifacts,
                                counts=result.counts)
@@ -122,6 +114,10 @@ class PolicyActivities:
     async def _delay(self, route: str) -> None:
         if delay := self._faults.delay_s(route):
             await asyncio.sleep(delay)
+
+
+async def _nothing_else() -> None:
+    """The policy server's fence holds no lease elsewhere: the controller renews its own."""
 
 
 def _as_call_error(route: str, fault: ParticipantFault) -> ParticipantRefused:

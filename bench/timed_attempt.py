@@ -23,7 +23,7 @@ from controller.snapshot.gym_phase import commit_participants, prepare_participa
 from controller.snapshot.publish import publish_snapshot
 from controller.state.continuations import read_saved_agents
 from controller.stores import snapshot_store
-from participants.core import ParticipantCore
+from participants.in_process import InProcessParticipant
 from schemas.names import checkpoint_id as attempt_id
 from schemas.snapshot import TrainerHoldResult
 
@@ -49,32 +49,6 @@ class AttemptTimes:
     """Of each phase's seconds (and the barrier's), how many the cyclic garbage collector took."""
     bytes_written: int
     snapshot_dir: str
-
-
-class InProcessParticipant:
-    """A participant core behind the participant client's async methods, without HTTP."""
-
-    def __init__(self, core: ParticipantCore) -> None:
-        self.name = core.name
-        self._core = core
-
-    async def prepare(self, checkpoint_id: str, lease_s: float):
-        return self._core.prepare(checkpoint_id, lease_s)
-
-    async def status(self, checkpoint_id: str):
-        return self._core.status(checkpoint_id)
-
-    async def renew(self, checkpoint_id: str, lease_s: float):
-        return self._core.renew(checkpoint_id, lease_s)
-
-    async def commit(self, checkpoint_id: str, directory: str | Path):
-        return await self._core.commit(checkpoint_id, Path(directory))
-
-    async def resume(self, checkpoint_id: str):
-        return self._core.resume(checkpoint_id)
-
-    async def abort(self, checkpoint_id: str):
-        return self._core.abort(checkpoint_id)
 
 
 async def _no_other_leases() -> None:
