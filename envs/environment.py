@@ -1,22 +1,81 @@
-"""The small interface every environment implements: the agent loop drives it turn by turn."""
+"""The public environment API: what you implement to train on your own environment.
+
+An environment is one class; the run's environment server builds one instance per
+episode (one sibling of a prompt group) and drives it turn by turn:
+
+    env = YourEnv(problem, ctx)        # problem: the prompt's record; ctx.options: your validated Options
+    env.prompt()                       # the first user message
+    env.step(turn_text)  -> StepResult # once per policy turn: call tools, say whether the episode is over
+    ...                                # (observation: the tool's reply, fed back to the policy)
+    env.reward()                       # the verifier's reward, after the last step
+    env.close()                        # always called once, however the episode ended
+
+Load it with `[environments.<name>] kind = "python"`, `entry = "package.module:Class"`,
+`options = {...}` (checked by the class's `Options` pydantic model at start-up), or
+serve it from its own process with `turnkeep env-server --entry package.module:Class`
+and `kind = "remote"`. The built-in kinds (`envs/calc_env.py` and its variants) are
+written against this module exactly as your class would be.
+
+Text: `prompt()` and every observation are message contents; the model's chat
+template renders them (`envs/codec.py`), and a policy turn is the text the model
+generated up to its end-of-turn token. A tool call inside a turn is parsed by the
+environment (`envs.tool_calls.parse_tool_calls` reads the JSON `<tool_call>` format
+of Qwen-style templates).
+
+Recovery: every class declares `recovery_mode`, which decides what a crash keeps of an
+unfinished episode:
+
+- `stateless`: `step` is a deterministic function of the turns so far, so a fresh
+  instance `replay()`s the saved policy turns and must give back the same observations
+  (checked on restore: a mismatch reruns the sibling from scratch, with the reason).
+- `exported`: `export_state()` returns a JSON-ready dict at a turn boundary (a snapshot
+  saves it with the turn record: only dict/list/str/int/float/bool/None, no bytes, no
+  objects); `restore_state(state)` takes it back on a fresh instance. restore_state
+  must validate what it is given (it comes from disk) and raise ValueError naming the
+  problem; the restore then refuses the snapshot's agent instead of continuing a
+  broken episode.
+- `restart_only`: the state cannot be saved (a live process, a remote session); after a
+  crash the episode starts over (its sealed siblings are still kept).
+
+Group scoring: with `group_scored = True` the reward of every sibling of a group comes
+from `score_group(problem, sibling_turns)` over all siblings at once (a pairwise judge);
+`reward()` is then only a per-sibling preliminary, and a failed sibling reruns its group.
+
+Warm start: a class may offer `demonstrations(rng, count)`: whole conversations in its
+own text, which the made-up tiny model (`[model.tiny] demonstrations = "<env name>"`)
+learns the format from before RL.
+"""
 
 from __future__ import annotations
 
+import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from schemas.environments import RecoveryMode
 from schemas.rollout import Problem
+
+__all__ = ["EnvContext", "Environment", "NoOptions", "Problem", "RecoveryMode", "StepResult"]
 
 
 @dataclass(frozen=True)
 class StepResult:
     observation: str | None
-    """Text fed back to the policy (a tool result), or None when the episode is over."""
+    """Text fed back to the policy (a tool's reply), or None when nothing is fed back."""
     done: bool
-    """True after a final answer or a malformed turn."""
+    """True after a final answer or a turn that ends the episode."""
+    role: Literal["tool", "user"] = "tool"
+    """The chat role the observation is rendered as."""
+
+
+class NoOptions(BaseModel):
+    """The options of a class that takes none: any key is refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 @dataclass(frozen=True)
@@ -27,32 +86,28 @@ class EnvContext:
     """Added latency of each tool call (to mimic slow tools)."""
     workspace_root: Path | None = None
     """Folder under which environments with files on disk make their own workspace (None: the system's temp)."""
+    options: BaseModel = NoOptions()
+    """The class's `Options`, validated from `[environments.<name>] options` once at start-up."""
 
 
 class Environment(ABC):
-    """One episode: `prompt()`, then `step(turn_text)` per policy turn, then `reward()`, then `close()`.
-
-    How an episode comes back after a restore is the class's `recovery_mode`:
-    - `stateless`: a fresh environment `replay()`s the saved policy turns (its tools are
-      deterministic, so the replayed tool results equal the saved ones);
-    - `exported`: a snapshot saves `export_state()` at a turn boundary and a fresh
-      environment takes it back with `restore_state()`;
-    - `restart_only`: the state cannot be saved (a live process, a remote session); the
-      episode can only start over.
-    A `group_scored` environment's reward comes from `score_group` over all siblings of a
-    group together; `reward()` is then only a per-sibling preliminary.
-    """
+    """One episode. Subclass it, set `kind` and `recovery_mode`, implement the abstract methods."""
 
     kind: ClassVar[str]
+    """A short name for logs and capability reports."""
     recovery_mode: ClassVar[RecoveryMode]
+    """How an unfinished episode comes back after a crash (see the module docstring)."""
     group_scored: ClassVar[bool] = False
+    """True when `score_group` decides the rewards of all siblings of a group together."""
+    Options: ClassVar[type[BaseModel]] = NoOptions
+    """A pydantic model of the class's options; a config whose options it refuses stops the run at start-up."""
 
     @abstractmethod
     def __init__(self, problem: Problem, ctx: EnvContext) -> None: ...
 
     @abstractmethod
     def prompt(self) -> str:
-        """The first line the policy sees, newline included."""
+        """The first user message (for the tiny model's line protocol, one line with its newline)."""
 
     @abstractmethod
     async def step(self, turn_text: str) -> StepResult:
@@ -83,3 +138,9 @@ class Environment(ABC):
     def score_group(cls, problem: Problem, sibling_turns: list[list[str]]) -> list[float]:
         """Rewards of all siblings of a group, scored together (`group_scored` environments only)."""
         raise NotImplementedError(f"{cls.kind} environments are not group-scored")
+
+    @classmethod
+    def demonstrations(cls, rng: random.Random, count: int, options: BaseModel) -> list[str]:
+        """`count` whole conversations (prompt, turns, observations, concatenated as the tiny model's line
+        protocol renders them) for a made-up model's supervised warm start; some may be deliberately wrong."""
+        raise NotImplementedError(f"{cls.kind} environments offer no demonstrations")

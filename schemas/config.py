@@ -7,7 +7,7 @@ instead of silently falling back to a default.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -50,6 +50,9 @@ class TinyModelConfig(StrictModel):
     """Learning rate of the supervised warm start."""
     warm_start_error_rate: float = Field(default=0.5, ge=0, le=1)
     """Share of warm-start transcripts with a deliberate mistake, so RL starts often wrong."""
+    demonstrations: str | None = None
+    """Name of an [environments] entry whose class offers `demonstrations()`: the tokenizer and the warm start
+    learn from its conversations instead of the calculator's (None: the generated calculator transcripts)."""
 
     @model_validator(mode="after")
     def _heads_fit(self) -> "TinyModelConfig":
@@ -85,24 +88,60 @@ class TaskConfig(StrictModel):
     """Operators questions may use."""
 
 
-EnvironmentKind = Literal["calc", "workspace", "lab", "judge"]
+EnvironmentKind = Literal["calc", "workspace", "lab", "judge", "python", "remote"]
+BUILT_IN_KINDS = ("calc", "workspace", "lab", "judge")
+RESERVED_ENVIRONMENT_NAMES = ("env", "policy", "trainer")
+"""Participant names of the run's own processes: a remote environment server is a participant under its name."""
 
 
 class EnvironmentSpec(StrictModel):
     kind: EnvironmentKind = "calc"
     """calc: the stateless calculator task; workspace: a calculator that keeps a tape file in a workspace folder
     (its state is exported and restored); lab: a calculator in a live subprocess whose state cannot be saved
-    (restart_only); judge: the calculator scored by a pairwise judge over all siblings of a group (group-scored)."""
+    (restart_only); judge: the calculator scored by a pairwise judge over all siblings of a group (group-scored);
+    python: your own environment class, loaded by `entry` in the run's environment server; remote: an
+    environment server you run yourself (`turnkeep env-server`), reached at `url`."""
     weight: float = Field(default=1.0, gt=0)
     """Share of prompt groups that go to this environment (relative to the other environments' weights)."""
     group_size: int | None = Field(default=None, ge=2)
-    """judge only: how many siblings it scores together (None: rollout.group_size; any other value is refused)."""
+    """Group-scored environments only: how many siblings it scores together (None: rollout.group_size; any other
+    value is refused)."""
+    entry: str | None = None
+    """python only: `package.module:ClassName` of an `envs.environment.Environment` subclass, importable where the
+    environment server runs."""
+    options: dict[str, Any] = {}
+    """python only: keyword options handed to the class (checked by its `Options` model at start-up)."""
+    url: str | None = None
+    """remote only: `http://host:port` of a `turnkeep env-server`."""
+    token_file: Path | None = None
+    """remote only: file holding the bearer token the server was started with (`--token-file`); keep it 0600."""
 
     @model_validator(mode="after")
-    def _group_size_only_for_judges(self) -> "EnvironmentSpec":
-        if self.group_size is not None and self.kind != "judge":
-            raise ValueError(f"group_size applies to group-scored environments (kind = \"judge\"), not {self.kind!r}")
+    def _fields_fit_kind(self) -> "EnvironmentSpec":
+        if self.group_size is not None and self.kind not in ("judge", "python", "remote"):
+            raise ValueError(f"group_size applies to group-scored environments (kind = \"judge\", or your own), "
+                             f"not {self.kind!r}")
+        if self.kind == "python" and not self.entry:
+            raise ValueError('kind = "python" needs entry = "package.module:ClassName"')
+        if self.kind != "python" and (self.entry is not None or self.options):
+            raise ValueError(f"entry and options apply to kind = \"python\", not {self.kind!r}")
+        if self.kind == "remote" and (not self.url or self.token_file is None):
+            raise ValueError('kind = "remote" needs url = "http://host:port" and token_file = "<the token the '
+                             'server was started with>"')
+        if self.kind != "remote" and (self.url is not None or self.token_file is not None):
+            raise ValueError(f"url and token_file apply to kind = \"remote\", not {self.kind!r}")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url = {self.url!r}: use http://host:port")
         return self
+
+
+class DataConfig(StrictModel):
+    train: Path | None = None
+    """Prompts file (`.jsonl`, or `.parquet`), one record per prompt: `prompt` (text), optional `answer`, optional
+    `env` (an [environments] name), any other fields go to the environment as `problem.metadata`. Relative paths
+    are relative to the working directory. None: generated calculator problems ([task])."""
+    shuffle: bool = True
+    """Shuffle the prompts each epoch by run.seed (the order is reproducible and survives restores)."""
 
 
 class RolloutRecoveryConfig(StrictModel):
@@ -277,7 +316,9 @@ class TurnkeepConfig(StrictModel):
     model: ModelConfig = ModelConfig()
     """Which policy model to train."""
     task: TaskConfig = TaskConfig()
-    """The environment's task."""
+    """The generated calculator problems (used when data.train is not set)."""
+    data: DataConfig = DataConfig()
+    """Prompts from a file instead of generated problems."""
     environments: dict[str, EnvironmentSpec] = {"calc": EnvironmentSpec()}
     """The environments prompt groups are spread over, by name (`[environments.<name>]`); a run can mix kinds."""
     rollout: RolloutConfig = RolloutConfig()
@@ -298,6 +339,16 @@ class TurnkeepConfig(StrictModel):
     """Where snapshot workflows run."""
     snapshot: SnapshotConfig = SnapshotConfig()
     """Rollout snapshots."""
+
+    @model_validator(mode="after")
+    def _environment_names(self) -> "TurnkeepConfig":
+        for name, spec in self.environments.items():
+            if spec.kind == "remote" and name in RESERVED_ENVIRONMENT_NAMES:
+                raise ValueError(f"[environments.{name}]: a remote environment may not be called {name!r} (the run's "
+                                 f"own processes use {list(RESERVED_ENVIRONMENT_NAMES)}); rename it")
+            if not name.replace("_", "").replace("-", "").isalnum():
+                raise ValueError(f"[environments.{name}]: use letters, digits, '-' and '_' in environment names")
+        return self
 
     @model_validator(mode="after")
     def _gpus_fit(self) -> "TurnkeepConfig":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -24,10 +24,12 @@ class Segment(Wire):
 class Problem(Wire):
     question: str
     """Prompt text shown to the agent (for example `Q 37+48-12`)."""
-    answer: int
-    """The verifier's expected answer."""
+    answer: int | float | str | None = None
+    """The verifier's expected answer (None: the environment judges without one)."""
     env: str = "calc"
     """Name of the configured environment (`[environments.<name>]`) that runs this problem."""
+    metadata: dict[str, Any] = {}
+    """Any other fields of the prompt's record (a prompts file), for the environment."""
 
 
 class RolloutRequest(Wire):

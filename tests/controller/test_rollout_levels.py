@@ -75,5 +75,5 @@ def test_a_judge_reporting_another_group_size_is_refused():
 def test_an_unknown_key_in_an_environment_names_the_allowed_ones():
     from controller.config_file import ConfigError
 
-    with pytest.raises(ConfigError, match="unknown key 'environments.calc.kynd'.*group_size, kind, weight"):
+    with pytest.raises(ConfigError, match="unknown key 'environments.calc.kynd'.*entry, group_size, kind, options, token_file, url, weight"):
         parse_config({"environments": {"calc": {"kynd": "calc"}}})
