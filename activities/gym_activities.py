@@ -12,14 +12,24 @@ from __future__ import annotations
 from pathlib import Path
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities.errors import check_incarnation, translated_errors
 from activities.heartbeat import heartbeating
 from controller.snapshot.coordinator import SnapshotCoordinator
-from controller.snapshot.gym_phase import commit_participants, prepare_participants, release_participants
+from controller.snapshot.gym_phase import (
+    commit_participants,
+    prepare_participants,
+    release_participants,
+)
 from primitives.chaos_points import reached
-from schemas.names import Activity
-from schemas.snapshot import GymCommitResult, GymInput, GymPrepareResult, GymReleaseResult
+from schemas.names import Activity, ErrorType
+from schemas.snapshot import (
+    GymCommitResult,
+    GymInput,
+    GymPrepareResult,
+    GymReleaseResult,
+)
 
 
 class GymActivities:
@@ -30,6 +40,10 @@ class GymActivities:
     async def prepare(self, inp: GymInput) -> GymPrepareResult:
         snapshots = self._snapshots
         check_incarnation(inp.incarnation, snapshots.incarnation)
+        if away := snapshots.controller.env_client.away():
+            # Its agents cannot be saved, and waiting for it would hold admission for nothing.
+            raise ApplicationError("; ".join(away) + "; this attempt fails, the previous snapshot stays the restore "
+                                   "point", type=ErrorType.PARTICIPANT_REFUSED, non_retryable=True)
         snapshots.close_admission(inp.checkpoint_id, inp.lease_s)
         # Rows being stored hold the barrier until their ACK is sent: passing it flushes them.
         async with snapshots.controller.data_plane.barrier:

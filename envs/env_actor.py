@@ -1,4 +1,4 @@
-"""Ray actor that hosts the environment server in its own process."""
+"""Ray actor that hosts the run's own environment server in its own process."""
 
 from __future__ import annotations
 
@@ -9,11 +9,22 @@ from pathlib import Path
 import ray
 
 from envs.agent_loop import LoopLimits
+from envs.environment import EnvContext
+from envs.kinds import EnvironmentFactory
 from envs.server import EnvServer
 from participants.http_server import ControlAuth
 from primitives.audit_log import AUDIT_FILE, AuditLog
 from primitives.control_token import token_path
 from schemas.config import TurnkeepConfig
+
+
+def loop_limits(cfg: TurnkeepConfig) -> LoopLimits:
+    return LoopLimits(
+        max_turns=cfg.rollout.max_turns,
+        max_tokens_per_turn=cfg.rollout.max_tokens_per_turn,
+        max_model_len=cfg.policy.max_model_len,
+        temperature=cfg.rollout.temperature,
+    )
 
 
 @ray.remote(num_cpus=0)
@@ -22,28 +33,22 @@ class EnvServerActor:
         self, model_dir: str, policy_url: str, cfg_json: str, control_token: str | None = None,
         incarnation: int | None = None,
     ) -> str:
-        """Start the server; `control_token` guards its checkpoint routes (None: they refuse every call).
+        """Start the server; `control_token` guards its routes (None: they refuse every call).
 
         With `incarnation`, turn commits go to the run's audit log under that incarnation.
         """
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         cfg = TurnkeepConfig.model_validate_json(cfg_json)
-        limits = LoopLimits(
-            max_turns=cfg.rollout.max_turns,
-            max_tokens_per_turn=cfg.rollout.max_tokens_per_turn,
-            max_model_len=cfg.policy.max_model_len,
-            temperature=cfg.rollout.temperature,
-        )
         control = ControlAuth(control_token, where=str(token_path(cfg.run.run_dir)))
         audit = None if incarnation is None else AuditLog(cfg.run.run_dir / AUDIT_FILE, incarnation)
         # Workspaces of a previous incarnation's episodes died with it: start from an empty folder.
         workspaces = cfg.run.run_dir / "env_workspaces"
         shutil.rmtree(workspaces, ignore_errors=True)
-        self._server = EnvServer(
-            Path(model_dir), policy_url, cfg.env, limits, control, audit,
-            environments=cfg.environments, group_size=cfg.rollout.group_size, workspace_root=workspaces,
-        )
-        return await self._server.start()
+        factory = EnvironmentFactory.from_specs(cfg.environments, EnvContext(cfg.env.tool_latency_s, workspaces))
+        self._server = EnvServer(factory, cfg.env, control, audit, group_size=cfg.rollout.group_size)
+        url = await self._server.start()
+        self._server.attach_local(Path(model_dir), policy_url, loop_limits(cfg), f"local:{incarnation}")
+        return url
 
     async def stop(self) -> None:
         await self._server.stop()

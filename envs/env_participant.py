@@ -40,8 +40,8 @@ AGENTS_FILE = "agents.jsonl"
 
 
 
-def env_capabilities(environments: list[EnvironmentCapabilities]) -> Capabilities:
-    return Capabilities(name="env", kind="environment", saves_state=True, environments=environments)
+def env_capabilities(environments: list[EnvironmentCapabilities], name: str = "env") -> Capabilities:
+    return Capabilities(name=name, kind="environment", saves_state=True, environments=environments)
 
 
 class EnvParticipant:

@@ -1,8 +1,10 @@
-"""The environment kinds a run can configure, and what each reports about itself.
+"""The environment classes a server runs, resolved from the run's `[environments]` table.
 
-`[environments.<name>]` picks a kind per name; the server builds an episode's
-environment from its problem's `env` name, and reports every configured environment's
-recovery capabilities (`GET /environments`) for the controller to lower its level.
+A built-in kind (`calc`, `workspace`, `lab`, `judge`) and a `python` entry resolve the
+same way, to a class of the public API (`envs/environment.py`) and its validated
+options; `remote` environments are served elsewhere (`turnkeep env-server`) and are
+skipped here. The server reports every environment it runs (`GET /environments` via
+its capabilities) for the controller to lower its recovery level.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from envs.calc_env import CalcEnvironment
 from envs.environment import EnvContext, Environment
 from envs.judge_env import JudgeEnvironment
 from envs.lab_env import LabEnvironment
+from envs.loading import LoadedEnvironment, check_options, load_environment
 from envs.workspace_env import WorkspaceEnvironment
 from schemas.config import EnvironmentSpec
 from schemas.environments import EnvironmentCapabilities
@@ -21,34 +24,72 @@ ENV_KINDS: dict[str, type[Environment]] = {
 }
 
 
+def resolve(name: str, spec: EnvironmentSpec) -> LoadedEnvironment:
+    """The class and options of one local environment; EnvironmentLoadError names what is wrong."""
+    if spec.kind == "python":
+        assert spec.entry is not None  # the config refuses a python environment without one
+        return load_environment(spec.entry, spec.options, where=f"environments.{name}.entry")
+    cls = ENV_KINDS[spec.kind]
+    return LoadedEnvironment(cls, check_options(cls, spec.options, where=f"environments.{name}"))
+
+
+def local_environments(environments: dict[str, EnvironmentSpec]) -> dict[str, EnvironmentSpec]:
+    """The environments the run's own environment server runs (every kind but `remote`)."""
+    return {name: spec for name, spec in environments.items() if spec.kind != "remote"}
+
+
+def capabilities_of(name: str, loaded: LoadedEnvironment, group_size: int | None) -> EnvironmentCapabilities:
+    cls = loaded.cls
+    return EnvironmentCapabilities(
+        name=name, kind=cls.kind, recovery_mode=cls.recovery_mode, group_scored=cls.group_scored,
+        group_size=group_size if cls.group_scored else None,
+    )
+
+
 def environment_capabilities(
     environments: dict[str, EnvironmentSpec], group_size: int
 ) -> list[EnvironmentCapabilities]:
-    reports = []
-    for name, spec in sorted(environments.items()):
-        cls = ENV_KINDS[spec.kind]
-        reports.append(EnvironmentCapabilities(
-            name=name, kind=spec.kind, recovery_mode=cls.recovery_mode, group_scored=cls.group_scored,
-            group_size=(spec.group_size or group_size) if cls.group_scored else None,
-        ))
-    return reports
+    return [
+        capabilities_of(name, resolve(name, spec), spec.group_size or group_size)
+        for name, spec in sorted(local_environments(environments).items())
+    ]
 
 
 class EnvironmentFactory:
-    """Builds the environment a problem names."""
+    """Builds the environment a problem names; every class is resolved (and checked) once, at construction."""
 
-    def __init__(self, environments: dict[str, EnvironmentSpec], ctx: EnvContext) -> None:
-        self._environments = environments
+    def __init__(self, loaded: dict[str, LoadedEnvironment], ctx: EnvContext, answer_any_name: bool = False) -> None:
+        """`answer_any_name`: a stand-alone server runs one environment, whatever name the run gives it."""
+        self._loaded = loaded
         self._ctx = ctx
+        self._answer_any_name = answer_any_name and len(loaded) == 1
 
-    def kind_of(self, env_name: str) -> type[Environment]:
-        spec = self._environments.get(env_name)
-        if spec is None:
+    @classmethod
+    def from_specs(cls, environments: dict[str, EnvironmentSpec], ctx: EnvContext) -> "EnvironmentFactory":
+        return cls({name: resolve(name, spec) for name, spec in local_environments(environments).items()}, ctx)
+
+    @property
+    def answers_any_name(self) -> bool:
+        return self._answer_any_name
+
+    def names(self) -> list[str]:
+        return sorted(self._loaded)
+
+    def loaded(self, env_name: str) -> LoadedEnvironment:
+        found = self._loaded.get(env_name)
+        if found is None and self._answer_any_name:
+            [found] = self._loaded.values()
+        if found is None:
             raise ValueError(
                 f"problem names environment {env_name!r}, which this server does not run "
-                f"(configured: {sorted(self._environments)}); start it with the run's [environments] table"
+                f"(configured: {sorted(self._loaded)}); start it with the run's [environments] table"
             )
-        return ENV_KINDS[spec.kind]
+        return found
+
+    def kind_of(self, env_name: str) -> type[Environment]:
+        return self.loaded(env_name).cls
 
     def make(self, problem: Problem) -> Environment:
-        return self.kind_of(problem.env)(problem, self._ctx)
+        loaded = self.loaded(problem.env)
+        ctx = EnvContext(self._ctx.tool_latency_s, self._ctx.workspace_root, loaded.options)
+        return loaded.cls(problem, ctx)

@@ -1,8 +1,13 @@
 """The environment server: runs agent loops over HTTP for the controller.
 
-Routes: `POST /run` (a RolloutRequest; answers with a RolloutResult whose receipt must
-be ACKed), `POST /ack`, `POST /cancel`, `GET /health`, and the checkpoint participant
-routes `/checkpoint/*` (see `env_participant` and `participants.http_server`). A
+Routes: `POST /attach` (the run hands over its policy URL, limits and tokenizer files),
+`POST /run` (a RolloutRequest; answers with a RolloutResult whose receipt must be
+ACKed), `POST /ack`, `POST /cancel`, `POST /cancel_all`, `POST /judge`, `GET /health`,
+and the checkpoint participant routes `/checkpoint/*` (see `env_participant` and
+`participants.http_server`). Every route but `/health` needs the bearer token the
+server was started with. The same server runs inside the run (the `env` Ray actor,
+attached in-process) and stand-alone (`turnkeep env-server`, attached over HTTP by
+every run or incarnation that uses it). A
 rollout runs as its own task, so a cancel (or a controller that went away) stops
 exactly that agent; a /run that arrives while a checkpoint holds the door waits in
 that task before it starts, so it can be cancelled too.
@@ -12,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
+import tempfile
 from pathlib import Path
 
 import aiohttp
@@ -22,8 +29,8 @@ from envs.agent_loop import LoopLimits, run_agent
 from envs.agent_registry import AgentRegistry
 from envs.codec import TurnCodec
 from envs.env_participant import EnvParticipant, env_capabilities
-from envs.environment import EnvContext, Environment
-from envs.kinds import EnvironmentFactory, environment_capabilities
+from envs.environment import Environment
+from envs.kinds import EnvironmentFactory, capabilities_of
 from envs.policy_client import PolicyCallError, PolicyClient
 from envs.receipts import ReceiptBook
 from envs.restored_agents import RestoredAgents, RestoreError
@@ -34,10 +41,23 @@ from participants.http_server import ControlAuth, add_participant_routes
 from primitives.audit_log import AuditLog
 from primitives.holds import HoldSet
 from schemas.audit import TurnCommitted
-from schemas.config import EnvironmentSpec, EnvServerConfig
-from schemas.environments import JudgeReply, JudgeRequest
+from schemas.config import EnvServerConfig
+from schemas.environments import (
+    AttachReply,
+    AttachRequest,
+    EnvironmentCapabilities,
+    JudgeReply,
+    JudgeRequest,
+)
 from schemas.participant import RestoreReply, RestoreRequest, SavedAgent
-from schemas.rollout import AckRequest, RolloutOutcome, RolloutRequest, RolloutResult, Segment, TurnBoundary
+from schemas.rollout import (
+    AckRequest,
+    RolloutOutcome,
+    RolloutRequest,
+    RolloutResult,
+    Segment,
+    TurnBoundary,
+)
 
 log = logging.getLogger("turnkeep.env")
 
@@ -45,31 +65,31 @@ log = logging.getLogger("turnkeep.env")
 class EnvServer:
     def __init__(
         self,
-        model_dir: Path,
-        policy_url: str,
+        factory: EnvironmentFactory,
         cfg: EnvServerConfig,
-        limits: LoopLimits,
         control: ControlAuth = ControlAuth(None),
         audit: AuditLog | None = None,
-        environments: dict[str, EnvironmentSpec] | None = None,
+        name: str = "env",
         group_size: int = 8,
-        workspace_root: Path | None = None,
     ) -> None:
-        environments = environments if environments is not None else {"calc": EnvironmentSpec()}
-        self._codec = TurnCodec(model_dir)
-        self._policy_url = policy_url
+        self.factory = factory
         self._cfg = cfg
-        self._limits = limits
         self._control = control
+        self._group_size = group_size
+        # Set by attach: a server runs no agent before a run has told it its policy and tokenizer.
+        self._codec: TurnCodec | None = None
+        self._policy: PolicyClient | None = None
+        self._limits: LoopLimits | None = None
+        self.attachment: str | None = None
+        self._model_files_dir: Path | None = None
         self.records = TurnRecords()
         self.receipts = ReceiptBook()
         self.door = HoldSet("env-door")
         self.boundary_gate = HoldSet("env-boundary")
         self.agents = AgentRegistry(self.door, self.boundary_gate)
-        self.environments = environment_capabilities(environments, group_size)
-        self.factory = EnvironmentFactory(environments, EnvContext(cfg.tool_latency_s, workspace_root))
+        self.environments = self._capabilities(factory.names(), group_size)
         self.participant = ParticipantCore(
-            env_capabilities(self.environments),
+            env_capabilities(self.environments, name),
             EnvParticipant(self.agents, self.records, self.receipts, self.door, self.boundary_gate,
                            before_write=audit.flush if audit is not None else None),
         )
@@ -80,22 +100,33 @@ class EnvServer:
         self._faults = FaultInjector()
         self._session: aiohttp.ClientSession | None = None
 
+    def _capabilities(self, names: list[str], group_size: int) -> list[EnvironmentCapabilities]:
+        return [capabilities_of(name, self.factory.loaded(name), group_size) for name in names]
+
+    def attach_local(self, model_dir: Path, policy_url: str, limits: LoopLimits, attachment: str) -> None:
+        """Attach in-process (the run's own environment server shares the model directory)."""
+        self._attach(TurnCodec(model_dir), policy_url, limits, attachment)
+
+    def _attach(self, codec: TurnCodec, policy_url: str, limits: LoopLimits, attachment: str) -> None:
+        assert self._session is not None, "start() the server before attaching it"
+        self._codec, self._limits, self.attachment = codec, limits, attachment
+        self._policy = PolicyClient(policy_url, self._session)
+
     async def start(self) -> str:
         # The default connector allows 100 connections; every running agent needs one.
         connector = aiohttp.TCPConnector(limit=0)
         self._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
-        self._policy = PolicyClient(self._policy_url, self._session)
         app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.add_routes(
-            [
-                web.post("/run", self._handle_run),
-                web.post("/ack", self._handle_ack),
-                web.post("/cancel", self._handle_cancel),
-                web.post("/cancel_all", self._handle_cancel_all),
-                web.post("/judge", self._handle_judge),
-                web.get("/health", self._handle_health),
-            ]
-        )
+        guarded = {
+            "/attach": self._handle_attach,
+            "/run": self._handle_run,
+            "/ack": self._handle_ack,
+            "/cancel": self._handle_cancel,
+            "/cancel_all": self._handle_cancel_all,
+            "/judge": self._handle_judge,
+        }
+        app.add_routes([web.post(path, self._guarded(handler)) for path, handler in guarded.items()])
+        app.add_routes([web.get("/health", self._handle_health)])
         self._faults = add_participant_routes(
             app, self.participant, self._control, fault_injection=self._cfg.fault_injection, restore=self._restore
         )
@@ -119,6 +150,52 @@ class EnvServer:
             await self._session.close()
         if self._audit is not None:
             await self._audit.close()
+        if self._model_files_dir is not None:
+            shutil.rmtree(self._model_files_dir, ignore_errors=True)
+
+    def _guarded(self, handler):
+        async def serve(http: web.Request) -> web.Response:
+            if not self._control.allows(http):
+                return web.json_response({"error": self._control.refusal()}, status=401)
+            return await handler(http)
+
+        return serve
+
+    async def _handle_attach(self, http: web.Request) -> web.Response:
+        try:
+            request = AttachRequest.model_validate_json(await http.read())
+        except ValidationError as err:
+            return _bad_request(f"not an AttachRequest: {err}")
+        if self.participant.current is not None:
+            return web.json_response({"error": f"prepared for checkpoint {self.participant.current}; attach after "
+                                               "it is resumed or aborted"}, status=409)
+        attachment = f"{request.run_id}:{request.incarnation}"
+        try:
+            codec = await asyncio.to_thread(self._codec_from_files, request.model_files)
+        except (OSError, ValueError) as err:
+            return _bad_request(f"the model files do not make a tokenizer: {err}")
+        if attachment != self.attachment:
+            # Another run, or a new incarnation: the previous controller's agents and results are orphans.
+            dropped = await self._stop_all_agents()
+            log.info("attached to %s as %r (was %s; dropped %s)", attachment, request.name, self.attachment, dropped)
+        self._attach(codec, request.policy_url, LoopLimits(**request.limits.model_dump()), attachment)
+        if self.factory.answers_any_name:
+            self.environments = self._capabilities([request.name], request.group_size)
+            self.participant.rename(env_capabilities(self.environments, request.name))
+        reply = AttachReply(name=self.participant.name, attachment=attachment, environments=self.environments)
+        return web.Response(body=reply.model_dump_json(), content_type="application/json")
+
+    def _codec_from_files(self, files: dict[str, str]) -> TurnCodec:
+        folder = Path(tempfile.mkdtemp(prefix="turnkeep-model-files-"))
+        for name, text in files.items():
+            if "/" in name or name.startswith("."):
+                raise ValueError(f"model file name {name!r} must be a plain file name")
+            (folder / name).write_text(text, encoding="utf-8")
+        codec = TurnCodec(folder)
+        if self._model_files_dir is not None:
+            shutil.rmtree(self._model_files_dir, ignore_errors=True)
+        self._model_files_dir = folder
+        return codec
 
     async def _restore(self, request: RestoreRequest) -> RestoreReply:
         """Hold the snapshot's saved agents until `/run` continues each one (`resume_from`)."""
@@ -136,6 +213,9 @@ class EnvServer:
             request = RolloutRequest.model_validate_json(await http.read())
         except ValidationError as err:
             return _bad_request(f"not a RolloutRequest: {err}")
+        if self.attachment is None:
+            return web.json_response({"error": "no run is attached to this server yet; the run attaches it at "
+                                               "start (POST /attach)"}, status=503)
         if request.rollout_id in self._running:
             return _bad_request(f"rollout {request.rollout_id} is already running; use a new attempt number")
         task = asyncio.get_running_loop().create_task(self._run(request))
@@ -187,14 +267,14 @@ class EnvServer:
         if env.recovery_mode == "exported":
             env.restore_state(saved.env_state or {})
         else:
-            turns = [self._codec.decode(seg.token_ids) for seg in boundary.segments if seg.kind == "policy"]
-            replayed = [obs for obs in await env.replay(turns) if obs is not None]
-            saved_tools = [seg.token_ids for seg in boundary.segments if seg.kind == "tool"]
-            if [self._codec.encode(obs) for obs in replayed] != saved_tools:
+            # The turns as the environment saw them, then the template glue each observation must give back.
+            turns = [self._codec.turn_text(seg.token_ids) for seg in boundary.segments if seg.kind == "policy"]
+            replayed = await env.replay(turns)
+            if not self._codec.replay_matches(boundary.segments, replayed):
+                saved_glue = [self._codec.decode(glue) for _, glue in self._codec.turns_with_glue(boundary.segments)]
                 raise ContinuationError(
                     f"replaying {request.resume_from}'s {len(turns)} turns gave tool replies {replayed!r}, not the "
-                    f"{[self._codec.decode(t) for t in saved_tools]!r} the snapshot saved: the {env.kind} "
-                    "environment is not stateless"
+                    f"{saved_glue!r} the snapshot saved: the {env.kind} environment is not stateless"
                 )
         return boundary.model_copy(update={"rollout_id": request.rollout_id})
 
@@ -231,6 +311,9 @@ class EnvServer:
         return web.json_response({"cancelled": task is not None})
 
     async def _handle_cancel_all(self, http: web.Request) -> web.Response:
+        return web.json_response(await self._stop_all_agents())
+
+    async def _stop_all_agents(self) -> dict[str, int]:
         tasks = list(self._running.values())
         self._running.clear()
         for task in tasks:
@@ -238,7 +321,7 @@ class EnvServer:
         await asyncio.gather(*tasks, return_exceptions=True)
         # The controller is going away: results it never stored will never be ACKed.
         discarded = self.receipts.discard_all()
-        return web.json_response({"cancelled": len(tasks), "discarded_results": discarded})
+        return {"cancelled": len(tasks), "discarded_results": discarded}
 
     async def _handle_health(self, http: web.Request) -> web.Response:
         return web.json_response(
@@ -249,6 +332,8 @@ class EnvServer:
                 "boundary_holders": sorted(self.boundary_gate.holders()),
                 "door_holders": sorted(self.door.holders()),
                 "checkpoint_id": self.participant.current,
+                "name": self.participant.name,
+                "attachment": self.attachment,
             }
         )
 

@@ -14,6 +14,7 @@ participant answers with artifact paths relative to the snapshot root
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path, PurePosixPath
 from typing import TypeVar
 
@@ -26,6 +27,7 @@ from participants.errors import (
     ParticipantRefused,
     ParticipantUnavailable,
 )
+from participants.inline_files import InlineFilesError, pack_folder, write_artifacts
 from schemas.participant import (
     Capabilities,
     CheckpointRef,
@@ -46,9 +48,12 @@ M = TypeVar("M", bound=BaseModel)
 
 class ParticipantClient:
     def __init__(
-        self, name: str, base_url: str, token: str, session: aiohttp.ClientSession, timeout_s: float = 30.0
+        self, name: str, base_url: str, token: str, session: aiohttp.ClientSession, timeout_s: float = 30.0,
+        inline_files: bool = False,
     ) -> None:
+        """`inline_files`: the participant may run on another machine, so its files travel in the calls."""
         self.name = name
+        self.inline_files = inline_files
         self.base_url = base_url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}"}
         self._session = session
@@ -72,10 +77,19 @@ class ParticipantClient:
 
     async def commit(self, checkpoint_id: str, directory: str | Path) -> CommitResult:
         """Have the participant write into `directory` (its own folder, `<snapshot root>/<name>`)."""
-        body = CommitRequest(checkpoint_id=checkpoint_id, directory=str(directory))
+        if not self.inline_files:
+            body = CommitRequest(checkpoint_id=checkpoint_id, directory=str(directory))
+            result = await self._call("POST", "commit", CommitResult, checkpoint_id, body)
+            self._check_artifacts(result)
+            return result
+        body = CommitRequest(checkpoint_id=checkpoint_id, inline=True)
         result = await self._call("POST", "commit", CommitResult, checkpoint_id, body)
         self._check_artifacts(result)
-        return result
+        try:
+            await asyncio.to_thread(write_artifacts, self.name, Path(directory), result.files, result.artifacts)
+        except (InlineFilesError, ValueError) as err:
+            raise ParticipantInvariantBroken(self.name, "commit", str(err)) from None
+        return result.model_copy(update={"files": {}})
 
     async def resume(self, checkpoint_id: str) -> ControlReply:
         body = CheckpointRef(checkpoint_id=checkpoint_id)
@@ -87,7 +101,10 @@ class ParticipantClient:
 
     async def restore(self, checkpoint_id: str, directory: str | Path) -> RestoreReply:
         """Have the participant load its folder of a snapshot and hold it until continued."""
-        body = RestoreRequest(checkpoint_id=checkpoint_id, directory=str(directory))
+        if self.inline_files:
+            body = RestoreRequest(checkpoint_id=checkpoint_id, files=await asyncio.to_thread(pack_folder, Path(directory)))
+        else:
+            body = RestoreRequest(checkpoint_id=checkpoint_id, directory=str(directory))
         return await self._call("POST", "restore", RestoreReply, checkpoint_id, body)
 
     async def set_faults(self, plan: FaultPlan) -> FaultPlan:

@@ -95,6 +95,13 @@ class ParticipantCore:
         self._lease.on_change(self._on_lease_change)
         self._commit_lock = asyncio.Lock()
 
+    def rename(self, capabilities: Capabilities) -> None:
+        """Answer under a new name (a stand-alone environment server takes the name a run gives it)."""
+        if self.current is not None:
+            raise ParticipantFault("wrong_checkpoint", f"{self.name} is prepared for {self.current}; cannot rename")
+        self.capabilities = capabilities
+        self.name = capabilities.name
+
     @property
     def current(self) -> str | None:
         """The checkpoint id the participant is prepared for (None while running)."""

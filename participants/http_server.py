@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ from pydantic import BaseModel, ValidationError
 
 from participants.core import ParticipantCore, ParticipantFault
 from participants.faults import FaultInjector
+from participants.inline_files import InlineFilesError, pack_artifacts, unpack_into
 from schemas.participant import (
     CheckpointRef,
     CommitRequest,
@@ -78,7 +80,7 @@ class ControlAuth:
     def refusal(self) -> str:
         if not self.token:
             return "this server was started without a control token, so checkpoint control is disabled"
-        return f"checkpoint routes need 'Authorization: Bearer <token>' with the run's token from {self.where}"
+        return f"this route needs 'Authorization: Bearer <token>' with the token from {self.where}"
 
 
 def add_participant_routes(
@@ -134,9 +136,15 @@ class _Routes:
 
     async def commit(self, request: web.Request) -> BaseModel:
         body = await _parse(request, CommitRequest)
-        return await self._core.commit(
-            body.checkpoint_id, Path(body.directory), before_write=lambda: self._faults.enospc("commit")
-        )
+        before_write = lambda: self._faults.enospc("commit")  # noqa: E731
+        if body.directory is not None:
+            return await self._core.commit(body.checkpoint_id, Path(body.directory), before_write=before_write)
+        # Inline: write into a private scratch folder, answer with the files, keep nothing.
+        with tempfile.TemporaryDirectory(prefix="turnkeep-commit-") as scratch:
+            folder = Path(scratch) / self._core.name
+            result = await self._core.commit(body.checkpoint_id, folder, before_write=before_write)
+            files = await asyncio.to_thread(pack_artifacts, self._core.name, folder, result.artifacts)
+        return result.model_copy(update={"files": files})
 
     async def resume(self, request: web.Request) -> BaseModel:
         return self._core.resume((await _parse(request, CheckpointRef)).checkpoint_id)
@@ -145,7 +153,16 @@ class _Routes:
         return self._core.abort((await _parse(request, CheckpointRef)).checkpoint_id)
 
     async def restore(self, request: web.Request) -> BaseModel:
-        return await self._restore(await _parse(request, RestoreRequest))
+        body = await _parse(request, RestoreRequest)
+        if body.directory is not None:
+            return await self._restore(body)
+        with tempfile.TemporaryDirectory(prefix="turnkeep-restore-") as scratch:
+            folder = Path(scratch) / self._core.name
+            try:
+                await asyncio.to_thread(unpack_into, folder, body.files)
+            except (InlineFilesError, ValueError) as err:
+                raise ParticipantFault("bad_request", f"files: {err}") from None
+            return await self._restore(body.model_copy(update={"directory": str(folder), "files": {}}))
 
     async def set_faults(self, request: web.Request) -> BaseModel:
         plan = await _parse(request, FaultPlan)

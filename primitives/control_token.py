@@ -29,11 +29,20 @@ def token_path(run_dir: PathLike) -> Path:
 
 def create_control_token(run_dir: PathLike) -> str:
     """Return the run's token, creating `<run_dir>/control_token` (mode 0600) if absent."""
-    path = token_path(run_dir)
+    return create_token_file(token_path(run_dir))
+
+
+def read_control_token(run_dir: PathLike) -> str:
+    """The run's token; refuses a token file that others can read."""
+    return read_token_file(token_path(run_dir), "the run creates it when it starts its processes")
+
+
+def create_token_file(path: Path) -> str:
+    """Return the token in `path`, creating it (a new random token, mode 0600) if absent."""
     if path.exists():
-        return read_control_token(run_dir)
+        return read_token_file(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{TMP_PREFIX}{TOKEN_FILE}-{secrets.token_hex(6)}")
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}-{secrets.token_hex(6)}")
     # 0600 from the first byte: the secret is never readable by others, not even briefly.
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -52,19 +61,20 @@ def create_control_token(run_dir: PathLike) -> str:
         if fd >= 0:
             os.close(fd)
         tmp.unlink(missing_ok=True)
-    return read_control_token(run_dir)
+    return read_token_file(path)
 
 
-def read_control_token(run_dir: PathLike) -> str:
-    """The run's token; refuses a token file that others can read."""
-    path = token_path(run_dir)
+def read_token_file(path: Path, how_made: str = "create it with a random secret, mode 0600") -> str:
+    """The token in `path`; refuses a missing or empty file, or one that others can read."""
     try:
         mode = path.stat().st_mode & 0o777
         token = path.read_text().strip()
     except FileNotFoundError:
-        raise ControlTokenError(f"{path} does not exist; the run creates it when it starts its processes") from None
+        raise ControlTokenError(f"{path} does not exist; {how_made}") from None
+    except IsADirectoryError:
+        raise ControlTokenError(f"{path} is a directory; give the path of the token file") from None
     if mode & 0o077:
         raise ControlTokenError(f"{path} has mode {mode:o}; it must be readable by its owner only (chmod 600 {path})")
     if not token:
-        raise ControlTokenError(f"{path} is empty; delete it and restart the run to make a new token")
+        raise ControlTokenError(f"{path} is empty; delete it and start again to make a new token")
     return token

@@ -239,6 +239,8 @@ class EnvServerConfig(StrictModel):
     """Added latency of each tool call (to mimic slow tools)."""
     fault_injection: bool = False
     """Serve `/checkpoint/faults` so tests and benchmarks can make checkpoint calls fail or lag."""
+    absence_warn_s: float = Field(default=30.0, gt=0)
+    """A warning names an environment server that has not answered for this long (its rollouts wait for it)."""
     startup_faults: FaultPlan | None = None
     """A fault plan in force from the start (needs fault_injection), e.g. `{"delay_s": {"prepare": 3}}`: a slow
     participant for `turnkeep bench wasted`."""

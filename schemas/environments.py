@@ -52,3 +52,40 @@ class JudgeRequest(Wire):
 class JudgeReply(Wire):
     rewards: list[float]
     """One reward per sibling, in the request's order."""
+
+
+class RolloutLimits(Wire):
+    """The run's limits on one agent's episode, as an environment server applies them."""
+
+    max_turns: int
+    max_tokens_per_turn: int
+    max_model_len: int
+    temperature: float
+
+
+class AttachRequest(Wire):
+    """Body of `POST /attach`: the run gives an environment server what it needs to run agents."""
+
+    run_id: str
+    """The run attaching; a different run or incarnation than the current one cancels the old one's agents."""
+    incarnation: int
+    """The controller incarnation attaching."""
+    name: str
+    """The server's participant name in this run (its `[environments.<name>]` for a remote server)."""
+    policy_url: str
+    """Where the agents' policy calls go (`/v1/completions`)."""
+    limits: RolloutLimits
+    """Turn and token limits of every episode."""
+    model_files: dict[str, str]
+    """The policy model's tokenizer and config files (name -> text): the server renders conversations with them."""
+    group_size: int
+    """rollout.group_size (a group-scored environment scores exactly one group)."""
+
+
+class AttachReply(Wire):
+    name: str
+    """The participant name the server now answers to."""
+    attachment: str
+    """`<run_id>:<incarnation>` the server is attached to."""
+    environments: list[EnvironmentCapabilities]
+    """What each of its environments can do for recovery."""

@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from schemas.rollout import RolloutRequest, TurnBoundary
 from schemas.environments import EnvironmentCapabilities
+from schemas.rollout import RolloutRequest, TurnBoundary
 from schemas.wire import Wire
 
 PROTOCOL_VERSION = 1
@@ -65,8 +65,16 @@ class CheckpointRef(Wire):
 class CommitRequest(Wire):
     checkpoint_id: str
     """Checkpoint being committed; must be the prepared one."""
-    directory: str
-    """Absolute staging directory the participant writes its artifacts into."""
+    directory: str | None = None
+    """Absolute staging directory the participant writes its artifacts into (a participant on the same machine)."""
+    inline: bool = False
+    """Answer with the artifacts' contents instead (`CommitResult.files`): a participant on another machine."""
+
+    @model_validator(mode="after")
+    def _one_destination(self) -> "CommitRequest":
+        if (self.directory is None) == (not self.inline):
+            raise ValueError("give either directory (write there) or inline = true (send the files back), not both")
+        return self
 
 
 class Artifact(Wire):
@@ -110,6 +118,8 @@ class CommitResult(Wire):
     """Every file written, with digest and size."""
     counts: dict[str, int] = {}
     """What was saved (for example parked agents)."""
+    files: dict[str, str] = {}
+    """Inline commits only: file name -> base64 contents, for the coordinator to write into the snapshot."""
 
 
 class ControlReply(Wire):
@@ -159,8 +169,16 @@ class RestoreRequest(Wire):
 
     checkpoint_id: str
     """The recovery that asks (`<run_id>.recovery.<incarnation>`)."""
-    directory: str
+    directory: str | None = None
     """This participant's folder inside the chosen snapshot (for example `<snapshot>/env`)."""
+    files: dict[str, str] = {}
+    """Instead of a directory: that folder's files, name -> base64 contents (a participant on another machine)."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "RestoreRequest":
+        if (self.directory is None) == (not self.files):
+            raise ValueError("give either directory or files, not both")
+        return self
 
 
 class RestoreReply(Wire):

@@ -27,6 +27,7 @@ class RolloutDriver:
         self.session = session
         self.env_url = env_url
         self.token = token
+        self.auth = {"Authorization": f"Bearer {token}"}
         self._task = task
         self._rng = random.Random(1234)
         self.tasks: list[asyncio.Task[RolloutResult]] = []
@@ -48,11 +49,11 @@ class RolloutDriver:
         )
 
     async def run_and_ack(self, request: RolloutRequest) -> RolloutResult:
-        async with self.session.post(f"{self.env_url}/run", data=request.model_dump_json()) as resp:
+        async with self.session.post(f"{self.env_url}/run", data=request.model_dump_json(), headers=self.auth) as resp:
             assert resp.status == 200, await resp.text()
             result = RolloutResult.model_validate_json(await resp.read())
         if result.receipt:
-            async with self.session.post(f"{self.env_url}/ack", json={"receipt": result.receipt}) as resp:
+            async with self.session.post(f"{self.env_url}/ack", json={"receipt": result.receipt}, headers=self.auth) as resp:
                 assert resp.status == 200
         return result
 
@@ -72,7 +73,7 @@ class RolloutDriver:
                 await client.abort(checkpoint_id)
             except Exception:  # noqa: BLE001 - best effort: it may be released already
                 pass
-        async with self.session.post(f"{self.env_url}/cancel_all") as resp:
+        async with self.session.post(f"{self.env_url}/cancel_all", headers=self.auth) as resp:
             await resp.read()
         await asyncio.gather(*self.tasks, return_exceptions=True)
 

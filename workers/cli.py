@@ -11,9 +11,10 @@ from pathlib import Path
 import orjson
 
 from controller.config_file import ConfigError, load_config
-from controller.rollout_levels import check_rollout_levels
 from workers.bench_cli import add_bench_parser, run_bench
 from workers.chaos import add_chaos_parser, run_chaos
+from workers.env_server import add_env_server_parser, run_env_server
+from workers.startup_checks import check_before_start
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 
@@ -41,6 +42,7 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     add_chaos_parser(sub)
     add_bench_parser(sub)
+    add_env_server_parser(sub)
     make = sub.add_parser("make-model", help="make (or find cached) the tiny model and print its directory")
     make.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     make.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -54,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_chaos(args)
     if args.command == "bench":
         return run_bench(args, list(argv if argv is not None else sys.argv[1:]))
-    if args.command == "bench":
-        return run_bench(args, list(argv if argv is not None else sys.argv[1:]))
+    if args.command == "env-server":
+        return run_env_server(args)
     try:
         overrides = _parse_overrides(args.set)
         if getattr(args, "steps", None) is not None:
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "run_dir", None) is not None:
             overrides["run.run_dir"] = str(args.run_dir)
         cfg = load_config(args.config, overrides)
-        check_rollout_levels(cfg)
+        check_before_start(cfg)
     except ConfigError as err:
         print(f"turnkeep: {err}", file=sys.stderr)
         return 2

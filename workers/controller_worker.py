@@ -34,7 +34,13 @@ from schemas.names import (
     run_workflow_id,
 )
 from schemas.recovery import RecoveryInput, RecoveryResult
-from schemas.snapshot import RunCarryOver, RunWorkflowInput, SnapshotTimeouts, TrainerCheckpointSignal, Trigger
+from schemas.snapshot import (
+    RunCarryOver,
+    RunWorkflowInput,
+    SnapshotTimeouts,
+    TrainerCheckpointSignal,
+    Trigger,
+)
 from workers.temporal_server import register_search_attributes
 from workflows.recovery_workflow import RecoveryWorkflow
 from workflows.run_workflow import RunWorkflow
@@ -68,9 +74,11 @@ def timeouts(cfg: TurnkeepConfig) -> SnapshotTimeouts:
 
 
 def participant_clients(processes, session: aiohttp.ClientSession, timeout_s: float) -> tuple[list, ParticipantClient]:
-    env = ParticipantClient("env", processes.env_url, processes.control_token, session, timeout_s)
+    """Every environment server (a remote one's files travel inside its calls), and the policy server."""
+    environments = [ParticipantClient(ep.name, ep.url, ep.token, session, timeout_s, inline_files=ep.remote)
+                    for ep in processes.env_servers]
     policy = ParticipantClient("policy", processes.policy_url, processes.control_token, session, timeout_s)
-    return [env], policy
+    return environments, policy
 
 
 def controller_worker(

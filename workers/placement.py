@@ -13,7 +13,8 @@ from pathlib import Path
 
 import ray
 
-from controller.processes import Processes
+from controller.processes import EnvServerEndpoint, Processes
+from envs.kinds import local_environments
 from primitives.control_token import create_control_token
 from schemas.config import TurnkeepConfig
 from workers.gpu_placement import PlacementError, actor_options, reserve
@@ -71,17 +72,23 @@ async def launch(cfg: TurnkeepConfig, incarnation: int | None = None, gpus=None)
     model_dir = await _make_model.remote(cfg_json)
     trainer = TrainerActor.options(name="trainer", **actor_options(cfg.placement, gpus, "trainer")).remote()
     policy = PolicyActor.options(name="policy", num_cpus=0, **actor_options(cfg.placement, gpus, "policy")).remote()
-    env = EnvServerActor.options(name="env").remote()
     policy_cfg = cfg.policy.model_copy(update={"dtype": cfg.policy.dtype or cfg.model.dtype})
     policy_url = await policy.start.remote(model_dir, policy_cfg.model_dump_json(), cfg.run.seed, token)
     await trainer.setup.remote(model_dir, cfg_json)
-    env_url = await env.start.remote(model_dir, policy_url, cfg_json, token, incarnation)
-    return Processes(trainer, policy, env, Path(model_dir), policy_url, env_url, token)
+    local = sorted(local_environments(cfg.environments))
+    env, env_url, servers = None, None, []
+    if local:
+        env = EnvServerActor.options(name="env").remote()
+        env_url = await env.start.remote(model_dir, policy_url, cfg_json, token, incarnation)
+        servers.append(EnvServerEndpoint("env", env_url, token, local))
+    return Processes(trainer, policy, env, Path(model_dir), policy_url, env_url, token, servers)
 
 
 async def shutdown(processes: Processes | None) -> None:
     if processes is not None:
         for actor in (processes.env, processes.policy):
+            if actor is None:
+                continue
             try:
                 await actor.stop.remote()
             except Exception:  # noqa: BLE001 - best effort on the way out

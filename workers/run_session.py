@@ -21,7 +21,7 @@ import aiohttp
 
 from controller.fingerprint import fingerprint_fields
 from controller.restore.crash_restore import CrashRestore
-from controller.rollout_levels import RolloutLevelPlan, check_rollout_levels, plan_levels
+from controller.rollout_levels import RolloutLevelPlan, plan_levels
 from controller.runtime import Controller, RunSummary
 from controller.stores.run_dir import RunIdentity, open_run_dir
 from controller.stores.trainer_checkpoint import CheckpointIdentity
@@ -30,9 +30,15 @@ from primitives.audit_log import AUDIT_FILE, AuditLog
 from schemas.audit import RunEnded, RunStarted
 from schemas.config import TurnkeepConfig
 from schemas.recovery import RecoveryResult, SourceKind
-from workers.controller_worker import participant_clients, start_snapshots, stop_snapshots
+from workers.controller_worker import (
+    participant_clients,
+    start_snapshots,
+    stop_snapshots,
+)
 from workers.placement import launch, reserve_gpus, shutdown, start_ray
 from workers.preemption import PreemptionHandler
+from workers.remote_envs import attach_remote_servers, probe_remote_servers
+from workers.startup_checks import check_before_start
 from workers.temporal_server import start_dev_server, stop_dev_server
 
 log = logging.getLogger("turnkeep.run")
@@ -42,7 +48,8 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
     # Participants in other processes get paths from us; they must not depend on our cwd.
     cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"run_dir": cfg.run.run_dir.resolve()})})
     run_dir = cfg.run.run_dir
-    check_rollout_levels(cfg)  # before anything is started or written
+    check_before_start(cfg)  # before anything is started or written
+    await probe_remote_servers(cfg)
     identity = open_run_dir(cfg)
     if identity.resumed:
         print(f"turnkeep: resuming run {identity.run_id} in {run_dir} (incarnation {identity.incarnation})",
@@ -57,11 +64,13 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
         start_ray(cfg, run_dir)
         processes = await launch(cfg, identity.incarnation, reserve_gpus(cfg))
         stack.push_async_callback(shutdown, processes)
-        log.info("policy server %s, environment server %s, model %s", processes.policy_url, processes.env_url,
-                 processes.model_dir)
         session = await stack.enter_async_context(
             aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None))
         )
+        await attach_remote_servers(cfg, processes, session, identity.run_id, identity.incarnation)
+        servers = ", ".join(f"{ep.name} {ep.url} ({', '.join(ep.environments)})" for ep in processes.env_servers)
+        log.info("policy server %s, environment servers: %s; model %s", processes.policy_url, servers,
+                 processes.model_dir)
         controller = Controller(
             cfg, processes, session, max_steps, audit=audit,
             checkpoint_identity=CheckpointIdentity(identity.run_id, fingerprint_fields(cfg)),

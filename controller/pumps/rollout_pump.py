@@ -244,6 +244,8 @@ class RolloutPump:
 
     async def _attempt(self, request: RolloutRequest) -> RolloutResult:
         budget = self._cfg.rollout_timeout_s
+        # An environment server that is away is waited for here, before the rollout's clock starts.
+        await self._env.wait_available(request.problem.env)
         try:
             return await self._deadlines.run_with_deadline(request.rollout_id, budget, self._env.run(request))
         except DeadlineExpired as expired:

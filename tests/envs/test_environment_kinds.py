@@ -81,13 +81,15 @@ def test_each_kind_reports_its_mode_and_comes_back_as_the_mode_says(stack, stack
                         update={"env": "judge", "question": "Q 1+2", "answer": 3}),
                     policy_turns=[[s.token_ids for s in r.row.segments if s.kind == "policy"] for r in judged],
                 )
-                async with session.post(f"{stack.env_url}/judge", data=request.model_dump_json()) as resp:
+                async with session.post(f"{stack.env_url}/judge", data=request.model_dump_json(),
+                                        headers={"Authorization": f"Bearer {stack.control_token}"}) as resp:
                     assert resp.status == 200, await resp.text()
                     rewards = JudgeReply.model_validate_json(await resp.read()).rewards
                 # Pairwise, half a win per tie: the rewards of a group always add up to N/2.
                 assert len(rewards) == len(judged) and sum(rewards) == pytest.approx(len(judged) / 2)
                 request = request.model_copy(update={"problem": request.problem.model_copy(update={"env": "calc"})})
-                async with session.post(f"{stack.env_url}/judge", data=request.model_dump_json()) as resp:
+                async with session.post(f"{stack.env_url}/judge", data=request.model_dump_json(),
+                                        headers={"Authorization": f"Bearer {stack.control_token}"}) as resp:
                     assert resp.status == 400 and "not group-scored" in await resp.text()
             finally:
                 await driver.cleanup([(env, ck)])

@@ -57,6 +57,9 @@ class ScriptedEnv:
     async def cancel(self, rollout_id: str) -> None:
         self.cancelled.append(rollout_id)
 
+    async def wait_available(self, env_name: str) -> None:
+        pass
+
     async def cancel_all(self) -> int:
         return 0
 

@@ -1,0 +1,184 @@
+"""Every environment server of the run behind one client: each call goes to the server
+that runs the problem's environment.
+
+A server that stops answering (killed, restarting, its machine gone) is marked away.
+Its in-flight rollouts fail and are retried by the pump's usual rules, but a retry
+first waits here until the server answers again, so an absence spends no attempts;
+meanwhile a probe polls its `/health`, re-attaches a stand-alone server that came back
+without the run (a fresh process), and one warning names a server that stays away
+longer than `absence_warn_s`. A snapshot attempt during an absence fails at once with
+a reason naming the server (`away()`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from controller.pumps.env_client import EnvClient, EnvServerError
+from schemas.environments import AttachRequest, JudgeRequest
+from schemas.rollout import RolloutRequest, RolloutResult
+
+log = logging.getLogger("turnkeep.env")
+
+PROBE_S = 0.5
+
+
+@dataclass
+class EnvServerLink:
+    client: EnvClient
+    environments: list[str]
+    """The run's environment names this server runs."""
+    attach: AttachRequest | None = None
+    """How to re-attach a stand-alone server that restarted (None: the run's own server, attached in-process)."""
+    away_since: float | None = None
+    reason: str = ""
+    back: asyncio.Event = field(default_factory=asyncio.Event)
+    probe: asyncio.Task | None = None
+
+    def __post_init__(self) -> None:
+        self.back.set()
+
+    @property
+    def name(self) -> str:
+        return self.client.name
+
+
+class EnvRouter:
+    def __init__(self, links: list[EnvServerLink], absence_warn_s: float = 30.0) -> None:
+        self.links = links
+        self._by_env = {env: link for link in links for env in link.environments}
+        self._absence_warn_s = absence_warn_s
+        self._receipts: dict[str, EnvServerLink] = {}
+        self._running: dict[str, EnvServerLink] = {}
+
+    def link_for(self, env_name: str) -> EnvServerLink:
+        link = self._by_env.get(env_name)
+        if link is None:
+            raise EnvServerError(f"no environment server runs environment {env_name!r} "
+                                 f"(configured: {sorted(self._by_env)})")
+        return link
+
+    def away(self) -> list[str]:
+        """One line per server that is away now, naming it, since when and why."""
+        now = time.monotonic()
+        return [f"environment server {link.name} ({link.client.base_url}) away for {now - link.away_since:.1f}s: "
+                f"{link.reason}" for link in self.links if link.away_since is not None]
+
+    async def wait_available(self, env_name: str) -> None:
+        await self.link_for(env_name).back.wait()
+
+    async def run(self, request: RolloutRequest) -> RolloutResult:
+        link = self.link_for(request.problem.env)
+        self._running[request.rollout_id] = link
+        try:
+            result = await self._guarded(link, link.client.run(request))
+        finally:
+            self._running.pop(request.rollout_id, None)
+        if result.receipt:
+            self._receipts[result.receipt] = link
+        return result
+
+    async def judge(self, request: JudgeRequest) -> list[float]:
+        link = self.link_for(request.problem.env)
+        return await self._guarded(link, link.client.judge(request))
+
+    async def ack(self, receipt: str) -> None:
+        link = self._receipts.get(receipt)
+        if link is None:
+            raise EnvServerError(f"receipt {receipt} was not issued by any server this run knows")
+        await self._guarded(link, link.client.ack(receipt))
+        self._receipts.pop(receipt, None)
+
+    async def cancel(self, rollout_id: str) -> None:
+        link = self._running.get(rollout_id)
+        if link is not None and link.away_since is None:
+            await link.client.cancel(rollout_id)
+
+    async def cancel_all(self) -> int:
+        cancelled = 0
+        for link in self.links:
+            if link.away_since is not None:
+                continue
+            try:
+                cancelled += await link.client.cancel_all()
+            except (aiohttp.ClientError, EnvServerError) as err:
+                log.warning("could not stop the agents of environment server %s: %s", link.name, err)
+        return cancelled
+
+    async def health(self) -> dict:
+        """The servers' counters added up (servers that are away are left out and named)."""
+        total = {"turn_commits": 0, "running": 0, "unacked": 0, "away": [link.name for link in self.links
+                                                                          if link.away_since is not None]}
+        for link in self.links:
+            if link.away_since is None:
+                try:
+                    health = await link.client.health()
+                except (aiohttp.ClientError, EnvServerError) as err:
+                    self._mark_away(link, f"/health failed: {err}")
+                    continue
+                for key in ("turn_commits", "running", "unacked"):
+                    total[key] += int(health.get(key, 0))
+        return total
+
+    async def close(self) -> None:
+        for link in self.links:
+            if link.probe is not None:
+                link.probe.cancel()
+
+    # -- absence ------------------------------------------------------------------------
+
+    async def _guarded(self, link: EnvServerLink, call):
+        try:
+            return await call
+        except aiohttp.ClientConnectionError as err:
+            self._mark_away(link, f"{type(err).__name__}: {err}")
+            raise
+        except EnvServerError as err:
+            if "HTTP 503" in str(err):  # a restarted stand-alone server that no run has attached yet
+                self._mark_away(link, str(err))
+            raise
+
+    def _mark_away(self, link: EnvServerLink, reason: str) -> None:
+        if link.away_since is not None:
+            return
+        link.away_since, link.reason = time.monotonic(), reason
+        link.back.clear()
+        log.warning("environment server %s (%s) stopped answering: %s; its rollouts wait until it is back",
+                    link.name, link.client.base_url, reason)
+        link.probe = asyncio.get_running_loop().create_task(self._probe(link), name=f"probe-{link.name}")
+
+    async def _probe(self, link: EnvServerLink) -> None:
+        warned = False
+        while True:
+            await asyncio.sleep(PROBE_S)
+            away_s = time.monotonic() - (link.away_since or time.monotonic())
+            if not warned and away_s > self._absence_warn_s:
+                warned = True
+                message = (f"environment server {link.name} ({link.client.base_url}) has been away for "
+                           f"{away_s:.0f}s ({link.reason}); restart it, the run waits for it")
+                log.warning("%s", message)
+                print(f"turnkeep: warning: {message}", file=sys.stderr, flush=True)
+            if await self._answers(link):
+                break
+        log.info("environment server %s is back after %.1fs", link.name, time.monotonic() - (link.away_since or 0))
+        link.away_since, link.reason, link.probe = None, "", None
+        link.back.set()
+
+    async def _answers(self, link: EnvServerLink) -> bool:
+        try:
+            health = await link.client.health()
+            if link.attach is not None:
+                expected = f"{link.attach.run_id}:{link.attach.incarnation}"
+                if health.get("attachment") != expected:
+                    await link.client.attach(link.attach)
+                    log.info("re-attached environment server %s", link.name)
+            return True
+        except (aiohttp.ClientError, EnvServerError, asyncio.TimeoutError) as err:
+            link.reason = f"{type(err).__name__}: {err}"[:300]
+            return False

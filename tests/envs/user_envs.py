@@ -1,0 +1,55 @@
+"""Environment classes as a user would write them, good and broken, for the loader's tests."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from envs.environment import EnvContext, Environment, StepResult
+from schemas.rollout import Problem
+
+
+class EchoOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    turns: int = Field(default=2, ge=1)
+
+
+class Echo(Environment):
+    """Echoes each turn back; done after `options.turns` turns."""
+
+    kind = "echo"
+    recovery_mode = "stateless"
+    Options = EchoOptions
+
+    def __init__(self, problem: Problem, ctx: EnvContext) -> None:
+        self._turns_left = ctx.options.turns
+        self._problem = problem
+
+    def prompt(self) -> str:
+        return self._problem.question + "\n"
+
+    async def step(self, turn_text: str) -> StepResult:
+        self._turns_left -= 1
+        return StepResult(observation=f"R {turn_text.strip()}\n", done=self._turns_left <= 0)
+
+    def reward(self) -> float:
+        return 1.0
+
+
+class NoRecoveryMode(Echo):
+    recovery_mode = None  # type: ignore[assignment]
+
+
+class UnknownRecoveryMode(Echo):
+    recovery_mode = "snapshotted"  # type: ignore[assignment]
+
+
+class Abstract(Environment):
+    kind = "abstract"
+    recovery_mode = "stateless"
+
+
+class NotAnEnvironment:
+    pass
+
+
+BROKEN_AT_IMPORT = False
