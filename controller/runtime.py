@@ -18,6 +18,7 @@ import aiohttp
 
 from controller.processes import Processes
 from controller.pumps.env_client import EnvClient
+from controller.pumps.env_router import EnvRouter, EnvServerLink
 from controller.pumps.rollout_pump import RolloutPump
 from controller.pumps.train_pump import StepReport, TrainPump
 from controller.rollout_levels import RolloutLevelPlan, local_level_plans
@@ -27,7 +28,10 @@ from controller.state.dataloader import PromptDataloader
 from controller.state.group_ledger import GroupLedger
 from controller.state.run_stats import RunStats
 from controller.stores.metrics import MetricsSink
-from controller.stores.trainer_checkpoint import CheckpointIdentity, write_trainer_checkpoint
+from controller.stores.trainer_checkpoint import (
+    CheckpointIdentity,
+    write_trainer_checkpoint,
+)
 from primitives.audit_log import AuditLog
 from primitives.deadlines import DeadlineRegistry
 from primitives.gc_pause import collector_paused
@@ -67,7 +71,7 @@ class Controller:
         # Rollout clocks pause for their own holders (a snapshot, a colocated switch), not for a refit.
         self.deadline_holds = HoldSet("deadlines")
         self.deadlines = DeadlineRegistry(self.deadline_holds)
-        self.dataloader = PromptDataloader(cfg.task, cfg.run.seed, cfg.environments)
+        self.dataloader = PromptDataloader(cfg.task, cfg.run.seed, cfg.environments, data=cfg.data)
         self.ledger = GroupLedger()
         self.claims = ClaimLedger()
         self.data_plane = DataPlane()
@@ -77,7 +81,11 @@ class Controller:
         self._stop_requested = asyncio.Event()
         self.stop_reason: str | None = None
         self.last_metrics: dict | None = None
-        self.env_client = EnvClient(processes.env_url, session)
+        self.env_client = EnvRouter(
+            [EnvServerLink(EnvClient(ep.url, session, ep.token, ep.name), ep.environments, ep.attach)
+             for ep in processes.env_servers],
+            absence_warn_s=cfg.env.absence_warn_s,
+        )
         # Set by the controller's worker (`workers/controller_worker.py`): runs after each trainer
         # checkpoint and ties an attempt to it.
         self.after_checkpoint: Callable[[int, str, bool], Awaitable[None]] | None = None
