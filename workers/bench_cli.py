@@ -19,6 +19,7 @@ BENCHMARKS = {
     "scaling": "synthetic agents and rows: seconds per phase and bytes as they grow",
     "recovery": "restart to first generation and tokens generated again, from a chaos run",
     "memory": "peak RSS of each process of the overhead runs",
+    "fanout": "one attempt's Gym phase over 1, 4 and 16 environment servers, some slow: all at once vs one by one",
 }
 ORDER = list(BENCHMARKS)
 REPO = Path(__file__).resolve().parents[1]
