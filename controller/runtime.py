@@ -120,7 +120,7 @@ class Controller:
         )
 
     def _on_step(self, report: StepReport) -> None:
-        self.last_metrics = self.metrics.step(report)
+        self.last_metrics = self.metrics.step(report, epoch=self.dataloader.epoch)
 
     def state_dict(self) -> dict:
         return {

@@ -1,5 +1,14 @@
 """The multi-turn agent loop: policy turn -> tool -> turn boundary record, until done.
 
+The conversation is the model's chat template, extended turn by turn without ever
+re-tokenising what is already there (`envs/codec.py`): a `prompt` segment (the first
+user message and the generation prompt), then per turn a `policy` segment (the ids the
+policy generated, through the end-of-turn token it stopped on; trained on) and, when
+anything follows it, one `tool` segment: every token of template glue up to the next
+generation (the end-of-turn tokens that close a turn cut by max_tokens, the
+observation's message, whichever its role, and the next generation prompt). `tool`
+segments are never trained on.
+
 After every completed turn (the policy's turn and its tool result) the loop commits a
 turn boundary record and then awaits `park()`: the server parks the agent there while
 a checkpoint holds its boundary gate, so agents stop exactly at boundaries and a
@@ -44,7 +53,7 @@ async def run_agent(
     `on_turn(turn_index, policy_segment)` is told of every committed turn (the audit log).
     """
     if start is None:
-        segments = [Segment(kind="prompt", token_ids=codec.conversation_start(env.prompt()))]
+        segments = [Segment(kind="prompt", token_ids=codec.conversation_start(env.prompt(), env.tools()))]
         first_turn = 0
     else:
         segments = list(start.segments)
@@ -61,7 +70,7 @@ async def run_agent(
                 prompt=context,
                 max_tokens=budget,
                 temperature=limits.temperature,
-                stop_token_ids=[codec.newline_id],
+                stop_token_ids=codec.stop_ids,
             )
         )
         choice = completion.choices[0]
@@ -72,9 +81,10 @@ async def run_agent(
             policy_version=completion.policy_version,
         )
         segments.append(turn_segment)
-        step = await env.step(codec.decode(choice.token_ids))
-        if step.observation is not None:
-            segments.append(Segment(kind="tool", token_ids=codec.encode(step.observation)))
+        step = await env.step(codec.turn_text(choice.token_ids))
+        glue = codec.after_turn(choice.token_ids, step.observation, step.role, step.done)
+        if glue:
+            segments.append(Segment(kind="tool", token_ids=glue))
         records.commit(TurnBoundary(rollout_id=request.rollout_id, turn_index=turn + 1, segments=segments))
         if on_turn is not None:
             on_turn(turn + 1, turn_segment)

@@ -17,10 +17,15 @@ and `kind = "remote"`. The built-in kinds (`envs/calc_env.py` and its variants) 
 written against this module exactly as your class would be.
 
 Text: `prompt()` and every observation are message contents; the model's chat
-template renders them (`envs/codec.py`), and a policy turn is the text the model
-generated up to its end-of-turn token. A tool call inside a turn is parsed by the
-environment (`envs.tool_calls.parse_tool_calls` reads the JSON `<tool_call>` format
-of Qwen-style templates).
+template renders them (`envs/codec.py`: the prompt once, each observation as the
+template's text between the end of the policy's turn and the next generation, so
+earlier token ids are never re-tokenised), and a policy turn is the text the model
+generated up to its end-of-turn token (the token itself is not passed). A tool call
+inside a turn is parsed by the environment (`envs.tool_calls.parse_tool_calls` reads
+the JSON `<tool_call>` format of Qwen-style templates; `format_tool_result` writes a
+reply); `tools()` may list their JSON schemas for templates that show them. The
+made-up tiny model's template renders each message as one line, its turns end at the
+newline.
 
 Recovery: every class declares `recovery_mode`, which decides what a crash keeps of an
 unfinished episode:
@@ -41,9 +46,12 @@ Group scoring: with `group_scored = True` the reward of every sibling of a group
 from `score_group(problem, sibling_turns)` over all siblings at once (a pairwise judge);
 `reward()` is then only a per-sibling preliminary, and a failed sibling reruns its group.
 
-Warm start: a class may offer `demonstrations(rng, count)`: whole conversations in its
-own text, which the made-up tiny model (`[model.tiny] demonstrations = "<env name>"`)
-learns the format from before RL.
+Warm start: a class may offer `demonstrations(rng, count, options)`: whole
+conversations in the tiny model's line protocol (the prompt line, then each policy
+turn line followed by its observation line), which the made-up tiny model
+(`[model.tiny] demonstrations = "<env name>"`) learns the format from before RL. Every
+character the environment can send must appear in them (the tokenizer is built from
+them).
 """
 
 from __future__ import annotations
@@ -116,6 +124,10 @@ class Environment(ABC):
     @abstractmethod
     def reward(self) -> float:
         """The verifier's reward for the episode so far."""
+
+    def tools(self) -> list[dict[str, Any]] | None:
+        """JSON schemas of the episode's tools, for chat templates that list them (Qwen's `tools`); None: no list."""
+        return None
 
     def export_state(self) -> dict[str, Any] | None:
         """JSON-ready state at a turn boundary (`exported` environments); None: nothing to export."""

@@ -282,7 +282,7 @@ class EnvServer:
         try:
             request = JudgeRequest.model_validate_json(await http.read())
             kind = self.factory.kind_of(request.problem.env)
-            texts = [[self._codec.decode(turn) for turn in sibling] for sibling in request.policy_turns]
+            texts = [[self._codec.turn_text(turn) for turn in sibling] for sibling in request.policy_turns]
             rewards = kind.score_group(request.problem, texts)
         except (ValidationError, ValueError, NotImplementedError) as err:
             return _bad_request(f"cannot judge this group: {err}")

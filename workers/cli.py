@@ -71,8 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "make-model":
         from gpu_workers.tiny_model.build import ensure_tiny_model
+        from gpu_workers.tiny_model.transcripts import demonstration_source
 
-        print(ensure_tiny_model(cfg.model, cfg.task, cfg.run.seed))
+        print(ensure_tiny_model(cfg.model, cfg.task, cfg.run.seed, demonstrations=demonstration_source(cfg)))
         return 0
     return _run(cfg)
 

@@ -56,9 +56,11 @@ def reserve_gpus(cfg: TurnkeepConfig):
 @ray.remote(num_cpus=0)
 def _make_model(cfg_json: str) -> str:
     from gpu_workers.tiny_model.build import ensure_tiny_model
+    from gpu_workers.tiny_model.transcripts import demonstration_source
 
     cfg = TurnkeepConfig.model_validate_json(cfg_json)
-    return str(ensure_tiny_model(cfg.model, cfg.task, cfg.run.seed))
+    demonstrations = demonstration_source(cfg) if cfg.model.path is None else None
+    return str(ensure_tiny_model(cfg.model, cfg.task, cfg.run.seed, demonstrations=demonstrations))
 
 
 async def launch(cfg: TurnkeepConfig, incarnation: int | None = None, gpus=None) -> Processes:

@@ -7,6 +7,7 @@ from controller.rollout_levels import check_rollout_levels
 from controller.state.prompt_files import check_prompt_file
 from envs.kinds import local_environments, resolve
 from envs.loading import EnvironmentLoadError
+from gpu_workers.tiny_model.transcripts import DemonstrationsError, demonstration_source
 from schemas.config import TurnkeepConfig
 
 
@@ -19,3 +20,8 @@ def check_before_start(cfg: TurnkeepConfig) -> None:
         except EnvironmentLoadError as err:
             raise ConfigError(str(err)) from None
     check_prompt_file(cfg)
+    if cfg.model.path is None:
+        try:
+            demonstration_source(cfg)
+        except DemonstrationsError as err:
+            raise ConfigError(str(err)) from None

@@ -24,7 +24,8 @@ class MetricsSink:
         self.peak_rss_mib = 0.0
         self.peak_rss_mib_by_role: dict[str, float] = {}
 
-    def step(self, report: StepReport) -> dict:
+    def step(self, report: StepReport, epoch: int = 0) -> dict:
+        """`epoch`: whole passes over a prompts file so far (0 for generated problems)."""
         now = time.monotonic()
         line = {
             "kind": "train_step",
@@ -37,6 +38,7 @@ class MetricsSink:
             "refit_gb_per_s": round(report.refit_bytes / max(report.refit_s, 1e-9) / 1e9, 3),
             "groups_trained": report.groups_trained,
             "policy_version": report.policy_version,
+            "data_epoch": epoch,
             "staleness_max": report.staleness_max,
             "rows_sealed_total": self._stats.rows_sealed,
             "retries_total": self._stats.retries,

@@ -1,13 +1,16 @@
 """Make the made-up tiny policy model once and cache it as a Hugging Face directory.
 
 No model can be downloaded here, so the project makes its own: a tokenizer trained on
-calc transcripts, a small Llama (`LlamaForCausalLM`, so vLLM and transformers both load
-it), a supervised warm start, saved as config.json + model.safetensors +
+calc transcripts (or on an environment's demonstrations, `[model.tiny] demonstrations`;
+see `transcripts.py`), a small Llama (`LlamaForCausalLM`, so vLLM and transformers both
+load it), a supervised warm start, saved as config.json + model.safetensors +
 generation_config.json + tokenizer files.
 
 The cache directory is keyed by a hash of everything that shapes the weights (the tiny
-model's config, the task config, the seed and `FORMAT_VERSION`), so the same inputs
-always give the same directory, and the same bit-identical weights. The model is built
+model's config, the task config, the seed and `FORMAT_VERSION`; for demonstrations, the
+environment's entry, its options and a digest of its conversations instead of the task
+config), so the same inputs always give the same directory, and the same bit-identical
+weights. The model is built
 into a staging directory, fsynced, then renamed into place (`primitives.atomic_files`)
 under a file lock: a crash leaves at most a stale staging directory (removed by the
 next build of that key), never a half-made model at the final path, and a concurrent
@@ -20,7 +23,6 @@ import fcntl
 import hashlib
 import json
 import logging
-import random
 import shutil
 import time
 from contextlib import contextmanager
@@ -32,20 +34,16 @@ import torch
 from tokenizers import Tokenizer
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from envs.calc_task import sample_problem, synthetic_transcript
 from gpu_workers.tiny_model.tokenizer import save_tokenizer, special_ids, train_tokenizer
+from gpu_workers.tiny_model.transcripts import DemoSource, TranscriptSource, source_for
 from gpu_workers.tiny_model.warm_start import rollout_reward, warm_start
 from primitives.atomic_files import STAGING_PREFIX, publish_dir, staging_dir
 from schemas.config import ModelConfig, TaskConfig, TinyModelConfig
 
 log = logging.getLogger("turnkeep.model")
 
-FORMAT_VERSION = 1
-"""Bump when the recipe changes (tokenizer, init, warm start) so old caches are not reused."""
-TOKENIZER_CORPUS = 2000
-"""Transcripts the tokenizer is trained on."""
-EXTRA_LINES = ["R ERR\n"] * 8
-"""Lines the synthetic transcripts never contain but the environment sends."""
+FORMAT_VERSION = 2
+"""Bump when the recipe or the saved files change (2: the chat template) so old caches are not reused."""
 EVAL_ROLLOUTS = 128
 """Rollouts sampled after the warm start to log the starting reward."""
 RECIPE_FILE = "turnkeep_tiny.json"
@@ -59,16 +57,32 @@ class Recipe:
     tiny: TinyModelConfig
     task: TaskConfig
     seed: int
+    demonstrations: DemoSource | None = None
+
+    @property
+    def source(self) -> TranscriptSource:
+        return source_for(self.task, self.demonstrations)
 
     def as_json(self) -> dict:
         tiny = self.tiny.model_dump(mode="json")
         if tiny["num_kv_heads"] is None:
             # Added later: an unset one keeps the keys (and so the caches) of models made before it existed.
             del tiny["num_kv_heads"]
+        # The name of the environment does not shape the weights; its entry, options and content do (below).
+        del tiny["demonstrations"]
+        if self.demonstrations is None:
+            return {
+                "format": FORMAT_VERSION,
+                "tiny": tiny,
+                "task": self.task.model_dump(mode="json"),
+                "seed": self.seed,
+            }
+        # [task] does not reach a model made from demonstrations, nor does the calculator's error rate.
+        del tiny["warm_start_error_rate"]
         return {
             "format": FORMAT_VERSION,
             "tiny": tiny,
-            "task": self.task.model_dump(mode="json"),
+            "demonstrations": self.demonstrations.recipe(self.seed),
             "seed": self.seed,
         }
 
@@ -77,16 +91,30 @@ class Recipe:
 
 
 def ensure_tiny_model(
-    model_cfg: ModelConfig, task_cfg: TaskConfig, seed: int, *, eval_rollouts: int = EVAL_ROLLOUTS
+    model_cfg: ModelConfig,
+    task_cfg: TaskConfig,
+    seed: int,
+    *,
+    eval_rollouts: int = EVAL_ROLLOUTS,
+    demonstrations: DemoSource | None = None,
 ) -> Path:
     """The model directory to use: `model_cfg.path` if set, else the cached tiny model.
 
+    `demonstrations`: the environment the tiny model learns from
+    (`transcripts.demonstration_source(cfg)`); required when `model.tiny.demonstrations`
+    is set, None for the calculator's transcripts.
     `eval_rollouts` rollouts measure the starting reward once, when the model is made
-    (logged and stored in turnkeep_tiny.json); 0 skips that.
+    (logged and stored in turnkeep_tiny.json); 0 skips that. Only the calculator has
+    this evaluation: a model made from demonstrations skips it.
     """
     if model_cfg.path is not None:
         return _validated(model_cfg.path.expanduser())
-    recipe = Recipe(model_cfg.tiny, task_cfg, seed)
+    if model_cfg.tiny.demonstrations is not None and demonstrations is None:
+        raise ValueError(
+            f"model.tiny.demonstrations = {model_cfg.tiny.demonstrations!r}, but no demonstrations were given to "
+            "make the model from; pass demonstrations=gpu_workers.tiny_model.transcripts.demonstration_source(cfg)"
+        )
+    recipe = Recipe(model_cfg.tiny, task_cfg, seed, demonstrations)
     cache = model_cfg.cache_dir.expanduser()
     final = cache / f"tiny-{recipe.key()}"
     if final.is_dir():
@@ -99,9 +127,9 @@ def ensure_tiny_model(
     return final
 
 
-def cache_key(tiny: TinyModelConfig, task: TaskConfig, seed: int) -> str:
+def cache_key(tiny: TinyModelConfig, task: TaskConfig, seed: int, demonstrations: DemoSource | None = None) -> str:
     """The hash that names the cached directory (`tiny-<key>`)."""
-    return Recipe(tiny, task, seed).key()
+    return Recipe(tiny, task, seed, demonstrations).key()
 
 
 def _validated(path: Path) -> Path:
@@ -141,25 +169,25 @@ def _build_atomically(final: Path, recipe: Recipe, eval_rollouts: int) -> None:
 
 def _make_model_dir(out: Path, recipe: Recipe, eval_rollouts: int) -> None:
     started = time.monotonic()
-    log.info("making the tiny model (seed %d) in %s", recipe.seed, out)
-    tok = train_tokenizer(_tokenizer_corpus(recipe.task, recipe.seed))
+    source = recipe.source
+    log.info("making the tiny model (seed %d) from %s conversations in %s", recipe.seed, source.name, out)
+    tok = train_tokenizer(source.tokenizer_corpus(recipe.seed), source.alphabet(recipe.seed))
     model = _init_model(recipe.tiny, tok, recipe.seed)
-    warm_start(model, tok, recipe.tiny, recipe.task, recipe.seed)
+    warm_start(model, tok, recipe.tiny, source, recipe.seed)
     model.save_pretrained(out)
     save_tokenizer(tok, out, recipe.tiny.max_position_embeddings)
     reward = None
-    if eval_rollouts:
+    if not source.calc_eval:
+        if eval_rollouts:
+            log.info("starting reward not measured: the built-in evaluation plays the calculator, and this model "
+                     "learned %s's demonstrations", source.name)
+        eval_rollouts = 0
+    elif eval_rollouts:
         reward = rollout_reward(model, tok, recipe.task, eval_rollouts, recipe.seed)
     seconds = time.monotonic() - started
     log.info("tiny model made in %.1f s; starting reward %s (%d rollouts)", seconds, reward, eval_rollouts)
     summary = {"starting_reward": reward, "starting_reward_rollouts": eval_rollouts}
     (out / RECIPE_FILE).write_text(json.dumps(recipe.as_json() | summary, indent=2) + "\n")
-
-
-def _tokenizer_corpus(task: TaskConfig, seed: int) -> list[str]:
-    rng = random.Random(f"turnkeep-tokenizer-{seed}")
-    problems = (sample_problem(task, rng) for _ in range(TOKENIZER_CORPUS))
-    return [synthetic_transcript(p, rng, 0.5) for p in problems] + EXTRA_LINES
 
 
 def _init_model(tiny: TinyModelConfig, tok: Tokenizer, seed: int) -> LlamaForCausalLM:

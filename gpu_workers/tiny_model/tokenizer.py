@@ -1,4 +1,4 @@
-"""A tiny BPE tokenizer for the made-up model, trained locally on calc transcripts.
+"""A tiny BPE tokenizer for the made-up model, trained locally on calc transcripts (or demonstrations).
 
 Conventions (the environment, the warm start and the trainer all rely on them):
 - `encode(tok, text)` never adds special tokens. A conversation is `[bos_id]` followed
@@ -14,7 +14,11 @@ Conventions (the environment, the warm start and the trainer all rely on them):
 
 Saved as a Hugging Face tokenizer (tokenizer.json + tokenizer_config.json) so both
 `transformers.AutoTokenizer` and vLLM load it; with no post-processor, they add no
-special tokens either.
+special tokens either. Its `chat_template` is the one-line protocol
+(`envs.codec.LINE_TEMPLATE`: bos, then each message's content as is, an assistant turn
+ended by "\\n", an empty generation prompt), so the agent loop renders conversations of
+this model as of any chat model, and its end-of-turn token (what the template writes after
+an assistant's content) is the newline.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Iterable
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from envs.calc_task import ALPHABET
+from envs.codec import LINE_TEMPLATE
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 SPECIAL_TOKENS = [PAD, BOS, EOS]  # ids 0, 1, 2
@@ -38,16 +43,21 @@ VOCAB_LIMIT = 64
 _PIECE = Regex(r"\d|\n|[A-Z]+ ?|[^\dA-Z\n]")
 
 
-def train_tokenizer(texts: Iterable[str]) -> Tokenizer:
-    """Train the BPE on transcripts; the tokenizers BPE trainer is deterministic."""
+def train_tokenizer(texts: Iterable[str], alphabet: str = ALPHABET) -> Tokenizer:
+    """Train the BPE on transcripts; the tokenizers BPE trainer is deterministic.
+
+    `alphabet`: the base characters, each its own token (default: the calculator's). The
+    vocabulary holds VOCAB_LIMIT tokens, or more for a large alphabet (room for its tags).
+    """
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Split(_PIECE, behavior="isolated")
     tok.decoder = decoders.Fuse()
+    base = sorted(set(alphabet))
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_LIMIT,
+        vocab_size=max(VOCAB_LIMIT, len(SPECIAL_TOKENS) + len(base) + 16),
         min_frequency=2,
         special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=sorted(set(ALPHABET)),
+        initial_alphabet=base,
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
@@ -79,7 +89,7 @@ def special_ids(tok: Tokenizer) -> dict[str, int]:
 
 
 def save_tokenizer(tok: Tokenizer, directory: Path, model_max_length: int) -> None:
-    """Write tokenizer.json and tokenizer_config.json into `directory`."""
+    """Write tokenizer.json and tokenizer_config.json (with the line protocol's chat template) into `directory`."""
     tok.save(str(directory / "tokenizer.json"))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -92,6 +102,7 @@ def save_tokenizer(tok: Tokenizer, directory: Path, model_max_length: int) -> No
         # an exact round trip.
         "clean_up_tokenization_spaces": False,
         "model_max_length": model_max_length,
+        "chat_template": LINE_TEMPLATE,
     }
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 

@@ -1,16 +1,17 @@
 """Supervised warm start of the made-up model, and a plain-torch measure of its reward.
 
-The warm start trains on synthetic calc transcripts (a share of them deliberately wrong)
-with the loss on the policy's own lines only ("C ..." and "A ...", newline included, so
-the model learns where a turn stops). The question and tool replies are context, never
-targets, exactly as in RL where only policy segments are trained on. The model must
+The warm start trains on the source's conversations (`transcripts.py`: synthetic calc
+transcripts, a share of them deliberately wrong, or an environment's demonstrations)
+with the loss on the policy's own lines only (calc: "C ..." and "A ...", newline
+included, so the model learns where a turn stops). The question and tool replies are
+context, never targets, exactly as in RL where only policy segments are trained on. The model must
 first learn to copy operands, which takes several hundred steps at this size; the
 imperfect transcripts then keep it often wrong, so RL has something to learn.
 
 `evaluate_policy` samples whole multi-turn rollouts at temperature 1.0 the way the
 environment does (bos, question line, then turn by turn: generate until the newline
 token, feed the tool reply back) and returns the mean reward: the starting point to
-report before RL.
+report before RL. It plays the calculator only.
 """
 
 from __future__ import annotations
@@ -27,15 +28,9 @@ import torch
 from tokenizers import Tokenizer
 from transformers import LlamaForCausalLM
 
-from envs.calc_task import (
-    FinalAnswer,
-    parse_action,
-    run_tool,
-    sample_problem,
-    score,
-    synthetic_transcript,
-)
+from envs.calc_task import FinalAnswer, parse_action, run_tool, sample_problem, score
 from gpu_workers.tiny_model.tokenizer import encode, load_tokenizer, newline_id, special_ids
+from gpu_workers.tiny_model.transcripts import TranscriptSource
 from schemas.config import TaskConfig, TinyModelConfig
 from schemas.rollout import Problem
 
@@ -44,15 +39,13 @@ log = logging.getLogger("turnkeep.model")
 WARM_START_THREADS = 2
 """Fixed, so the weights do not depend on the caller's thread setting (same inputs, same bytes)."""
 MAX_TURN_TOKENS = 16
-POLICY_TAGS = ("C", "A")
-"""Lines the policy writes (trained on); the rest is context."""
 IGNORE = -100  # label value the Hugging Face loss skips
 
 
 def warm_start(
-    model: LlamaForCausalLM, tok: Tokenizer, tiny: TinyModelConfig, task: TaskConfig, seed: int
+    model: LlamaForCausalLM, tok: Tokenizer, tiny: TinyModelConfig, source: TranscriptSource, seed: int
 ) -> None:
-    """Train `model` in place for `tiny.warm_start_steps` supervised steps."""
+    """Train `model` in place for `tiny.warm_start_steps` supervised steps on `source`'s conversations."""
     if tiny.warm_start_steps == 0:
         return
     rng = random.Random(f"turnkeep-warm-start-{seed}")
@@ -61,7 +54,7 @@ def warm_start(
     model.train()
     with torch_threads(WARM_START_THREADS):
         for step in range(1, tiny.warm_start_steps + 1):
-            loss = model(**_batch(tok, tiny, task, rng)).loss
+            loss = model(**_batch(tok, tiny, source, rng, seed)).loss
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -125,23 +118,28 @@ def _schedule(steps: int):
 
 
 def _batch(
-    tok: Tokenizer, tiny: TinyModelConfig, task: TaskConfig, rng: random.Random
+    tok: Tokenizer, tiny: TinyModelConfig, source: TranscriptSource, rng: random.Random, seed: int
 ) -> dict[str, torch.Tensor]:
-    rows = []
-    for _ in range(tiny.warm_start_batch_size):
-        text = synthetic_transcript(sample_problem(task, rng), rng, tiny.warm_start_error_rate)
-        rows.append(_row(tok, text, tiny.max_position_embeddings))
+    texts = source.batch(rng, tiny.warm_start_batch_size, tiny.warm_start_error_rate)
+    source.check_covered(texts, seed)
+    rows = [_row(tok, text, tiny.max_position_embeddings, source) for text in texts]
     return _pad(rows, special_ids(tok)["pad_token_id"])
 
 
-def _row(tok: Tokenizer, transcript: str, max_len: int) -> tuple[list[int], list[int]]:
+def _row(tok: Tokenizer, transcript: str, max_len: int, source: TranscriptSource) -> tuple[list[int], list[int]]:
     """Input ids and labels: bos, then each line encoded alone (as the env builds them)."""
     ids, labels = [special_ids(tok)["bos_token_id"]], [IGNORE]
-    for line in transcript.splitlines(keepends=True):
+    for index, line in enumerate(_lines(transcript)):
         line_ids = encode(tok, line)
         ids += line_ids
-        labels += line_ids if line.startswith(POLICY_TAGS) else [IGNORE] * len(line_ids)
+        labels += line_ids if source.is_policy_line(index, line) else [IGNORE] * len(line_ids)
     return ids[:max_len], labels[:max_len]
+
+
+def _lines(text: str) -> list[str]:
+    """The lines of `text`, each with its "\\n" (only "\\n" ends a line, as in the environment's protocol)."""
+    parts = text.split("\n")
+    return [part + "\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
 def _pad(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from envs.kinds import EnvironmentFactory, environment_capabilities, resolve
 from envs.environment import EnvContext
+from envs.kinds import EnvironmentFactory, environment_capabilities, resolve
 from envs.loading import EnvironmentLoadError, load_environment
 from schemas.config import EnvironmentSpec
 from schemas.rollout import Problem

@@ -112,3 +112,15 @@ def test_concurrent_callers_build_once(tmp_path: Path, monkeypatch: pytest.Monke
     with ThreadPoolExecutor(2) as pool:
         paths = list(pool.map(lambda _: _ensure(tmp_path, seed=2), range(2)))
     assert paths[0] == paths[1] and len(calls) == 1
+
+
+def test_the_saved_chat_template_ends_turns_at_the_newline(built: Path) -> None:
+    from envs.codec import TurnCodec
+
+    tok = load_tokenizer(built)
+    codec = TurnCodec(built)
+    assert codec.template_source == "tokenizer_config.json"
+    assert codec.end_of_turn_ids == (newline_id(tok),) and newline_id(tok) in codec.stop_ids
+    # The line protocol's ids: bos, then the prompt line as encoded on its own.
+    assert codec.conversation_start("Q 1+2\n") == [tok.token_to_id("<bos>")] + encode(tok, "Q 1+2\n")
+    assert codec.after_turn(encode(tok, "C 1+2\n"), "R 3\n") == encode(tok, "R 3\n")
