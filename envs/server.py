@@ -49,7 +49,7 @@ from schemas.environments import (
     JudgeReply,
     JudgeRequest,
 )
-from schemas.participant import RestoreReply, RestoreRequest, SavedAgent
+from schemas.participant import ParticipantError, RestoreReply, RestoreRequest, SavedAgent
 from schemas.rollout import (
     AckRequest,
     RolloutOutcome,
@@ -116,7 +116,7 @@ class EnvServer:
         # The default connector allows 100 connections; every running agent needs one.
         connector = aiohttp.TCPConnector(limit=0)
         self._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._attached_first])
         guarded = {
             "/attach": self._handle_attach,
             "/run": self._handle_run,
@@ -152,6 +152,16 @@ class EnvServer:
             await self._audit.close()
         if self._model_files_dir is not None:
             shutil.rmtree(self._model_files_dir, ignore_errors=True)
+
+    @web.middleware
+    async def _attached_first(self, http: web.Request, handler) -> web.StreamResponse:
+        # A stand-alone server that restarted answers no run's checkpoint calls until a run attaches it:
+        # until then it does not even know its participant name, and nothing of any attempt lives in it.
+        if http.path.startswith("/checkpoint/") and self.attachment is None:
+            body = ParticipantError(error="no run is attached to this server yet; the run attaches it at start "
+                                          "(POST /attach)", code="not_attached")
+            return web.Response(status=503, text=body.model_dump_json(), content_type="application/json")
+        return await handler(http)
 
     def _guarded(self, handler):
         async def serve(http: web.Request) -> web.Response:

@@ -38,6 +38,7 @@ def add_env_server_parser(sub) -> None:
     parser.add_argument("--token-file", type=Path, required=True,
                         help="bearer token every route but /health needs (created, mode 0600, if absent)")
     parser.add_argument("--workspace", type=Path, default=None, help="folder for episodes' files (default: a temp dir)")
+    parser.add_argument("--tool-latency-s", type=float, default=0.0, help="added latency of every tool call (tests)")
     parser.add_argument("--fault-injection", action="store_true", help="serve /checkpoint/faults (tests, benchmarks)")
 
 
@@ -57,7 +58,8 @@ def run_env_server(args: argparse.Namespace) -> int:
         print(f"turnkeep env-server: {err}", file=sys.stderr)
         return 2
     workspace = args.workspace or Path(tempfile.mkdtemp(prefix="turnkeep-env-workspaces-"))
-    factory = EnvironmentFactory({loaded.cls.kind: loaded}, EnvContext(0.0, workspace), answer_any_name=True)
+    factory = EnvironmentFactory({loaded.cls.kind: loaded}, EnvContext(args.tool_latency_s, workspace),
+                                 answer_any_name=True)
     cfg = EnvServerConfig(host=args.host, port=args.port, fault_injection=args.fault_injection)
     server = EnvServer(factory, cfg, ControlAuth(token, where=str(args.token_file)), name=loaded.cls.kind)
     try:

@@ -76,6 +76,7 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
             checkpoint_identity=CheckpointIdentity(identity.run_id, fingerprint_fields(cfg)),
             level_plans=await _recovery_plans(cfg, processes, session),
         )
+        stack.push_async_callback(controller.env_client.close)
         recovery = _recovery(cfg, controller, identity, session) if identity.resumed else None
         snapshots, watch = None, None
         if temporal_address is not None:

@@ -36,7 +36,7 @@ def free_port() -> int:
 def env_server(entry: str, port: int, token_file: Path, log: Path) -> subprocess.Popen:
     proc = subprocess.Popen(
         [sys.executable, "-m", "workers.cli", "env-server", "--entry", entry, "--port", str(port),
-         "--token-file", str(token_file)],
+         "--token-file", str(token_file), "--tool-latency-s", "0.5"],
         stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
@@ -63,7 +63,9 @@ def test_two_remote_servers_and_the_local_one_snapshot_restore_and_survive_a_kil
         environments[name] = {"kind": "remote", "url": f"http://127.0.0.1:{ports[name]}",
                               "token_file": str(root / f"{name}.token")}
     settings = [*small_run_settings(stack_config), "--set", f"environments={orjson.dumps(environments).decode()}",
-                "--set", "env.absence_warn_s=2", "--set", "snapshot.max_consecutive_failures=10"]
+                "--set", "env.absence_warn_s=2", "--set", "snapshot.max_consecutive_failures=10",
+                # Slow tools keep agents mid-episode, so every snapshot has some parked on each server.
+                "--set", "env.tool_latency_s=0.5"]
     log = root / "turnkeep.log"
     run = None
     try:
@@ -104,11 +106,17 @@ def test_two_remote_servers_and_the_local_one_snapshot_restore_and_survive_a_kil
     [restored] = [e for e in read_audit(run_dir) if e.event == "restored"]
     assert restored.source == "snapshot", restored.reason
     chosen = Path(restored.snapshot_dir)
+    assert sum(len(saved_agents(chosen / name)) for name in REMOTES) > 0, "the restored snapshot parked no remote agent"
     for name in REMOTES:
         # The remote server was handed exactly the agents its own folder of the chosen snapshot holds.
         expected = len(saved_agents(chosen / name))
         held = re.findall(r"restored (\d+) saved agents", (root / f"{name}.log").read_text())
         assert held and int(held[-1]) == expected, (name, held, expected)
+    # ...and continued them from their saved turns: rows of remote environments sealed on a restored prefix.
+    events = list(read_audit(run_dir))
+    env_of = {e.group_id: e.env for e in events if e.event == "group_admitted"}
+    continued = {env_of.get(e.group_id) for e in events if e.event == "sibling_sealed" and e.resumed_turn > 0}
+    assert continued & set(REMOTES), continued
     failed = [m for m in metrics(run_dir, "snapshot") if m["outcome"] == "failed" and "remote_a" in m.get("reason", "")]
     assert failed, "no attempt ran while remote_a was away; the test needs one"
     verdict = check_run_dir(run_dir)

@@ -1,0 +1,53 @@
+"""A run that cannot start says why in one line, and writes nothing."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from workers.cli import main
+
+
+def _config(tmp_path: Path, body: str) -> tuple[Path, Path]:
+    run_dir = tmp_path / "run"
+    config = tmp_path / "run.toml"
+    config.write_text(f'[run]\nrun_dir = "{run_dir}"\n{body}')
+    return config, run_dir
+
+
+def _one_line(capsys) -> str:
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_a_malformed_prompts_file_is_named_by_file_and_line(tmp_path, capsys) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "Q 1+2", "answer": 3}\n\n{"prompt": ""}\n')
+    config, run_dir = _config(tmp_path, f'[data]\ntrain = "{prompts}"\n')
+    assert main(["run", "--config", str(config)]) == 2
+    line = _one_line(capsys)
+    assert f"{prompts} line 3" in line and "prompt" in line
+    assert not run_dir.exists()
+
+
+def test_a_remote_server_that_does_not_answer_is_named(tmp_path, capsys) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again: nothing listens there
+    token = tmp_path / "token"
+    token.write_text("secret\n")
+    token.chmod(0o600)
+    config, run_dir = _config(tmp_path, f'[environments.far]\nkind = "remote"\nurl = "http://127.0.0.1:{port}"\n'
+                                        f'token_file = "{token}"\n')
+    assert main(["run", "--config", str(config)]) == 2
+    line = _one_line(capsys)
+    assert "environments.far" in line and f"127.0.0.1:{port} does not answer" in line and "turnkeep env-server" in line
+    assert not run_dir.exists()
+
+
+def test_demonstrations_from_an_environment_without_any_are_refused(tmp_path, capsys) -> None:
+    config, run_dir = _config(tmp_path, '[model.tiny]\ndemonstrations = "calc"\n')
+    assert main(["run", "--config", str(config)]) == 2
+    assert "model.tiny.demonstrations = 'calc'" in _one_line(capsys)
+    assert not run_dir.exists()
