@@ -76,7 +76,8 @@ async def run_scenario(
             await policy.set_faults(FaultPlan())
         if os.environ.get("TURNKEEP_RECORD_HISTORIES"):
             await record_histories(snapshots, run_id)
-        env_health = await controller.env_client.health()
+        [run_env_server] = controller.env_client.links  # the run's own environment server's counters and holders
+        env_health = await run_env_server.client.health()
         holders = await stack.trainer.hold_holders.remote()
     lines = [orjson.loads(line) for line in (cfg.run.run_dir / "metrics.jsonl").read_bytes().splitlines()]
     return ScenarioResult(
