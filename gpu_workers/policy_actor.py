@@ -50,13 +50,15 @@ class PolicyActor:
     async def drain(self, timeout_s: float | None = None) -> int:
         return await self._server.drain(timeout_s)
 
-    async def start_temporal_worker(self, address: str, namespace: str, run_id: str, incarnation: int = 1) -> None:
+    async def start_temporal_worker(
+        self, address: str, namespace: str, run_id: str, incarnation: int = 1, security=None
+    ) -> None:
         """The policy server's own worker on `<run_id>.policy`: its fence, drain, resume and weight loads."""
         from activities.policy_activities import PolicyActivities
         from primitives.temporal_client import connect, start_worker
         from schemas.names import policy_queue
 
-        client = await connect(address, namespace)
+        client = await connect(address, namespace, security)
         trainer = ray.get_actor("trainer")
         acts = PolicyActivities(self._server, self._server.faults, incarnation, trainer.weights_blob.remote)
         self._worker, _task = start_worker(

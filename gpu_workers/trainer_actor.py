@@ -72,12 +72,14 @@ class TrainerActor:
         except UnknownHolder:
             return False
 
-    async def start_temporal_worker(self, address: str, namespace: str, run_id: str, incarnation: int = 1) -> None:
+    async def start_temporal_worker(
+        self, address: str, namespace: str, run_id: str, incarnation: int = 1, security=None
+    ) -> None:
         from activities.trainer_activities import TrainerActivities
         from primitives.temporal_client import connect, start_worker
         from schemas.names import trainer_queue
 
-        client = await connect(address, namespace)
+        client = await connect(address, namespace, security)
         acts = TrainerActivities(self.hold, self._trainer, self._trainer.hold_wait_clock, incarnation)
         self._worker, self._worker_task = start_worker(
             client, trainer_queue(run_id), activities=[acts.hold, acts.release]

@@ -270,9 +270,44 @@ class PlacementConfig(StrictModel):
 
 class RayConfig(StrictModel):
     address: str | None = None
-    """Join an existing Ray cluster at this address (None: start a local one in the run directory)."""
+    """Join an existing Ray cluster at this address, with token authentication (None: start a local one in the run
+    directory, listening on loopback only)."""
     num_cpus: int | None = Field(default=None, ge=1)
     """CPUs the local Ray reports (None: what the machine has)."""
+    token_file: Path | None = None
+    """Ray's authentication token (0600). Local Ray: made there if absent (None: `<run_dir>/ray_token`). Joining a
+    cluster (address): the token the cluster was started with; the run refuses to start without it."""
+
+
+class TemporalSecurity(StrictModel):
+    """How a client proves itself to a Temporal server we did not start (every process that connects uses it)."""
+
+    tls: bool = False
+    """Connect with TLS (implied by tls_cert or tls_ca; Temporal Cloud with an API key needs only this)."""
+    tls_cert: Path | None = None
+    """PEM client certificate for mutual TLS (with tls_key)."""
+    tls_key: Path | None = None
+    """PEM private key of tls_cert (keep it 0600)."""
+    tls_ca: Path | None = None
+    """PEM certificate of the CA that signed the server's certificate (None: the system's roots)."""
+    tls_server_name: str | None = None
+    """Name to check the server's certificate against (None: the address's host)."""
+    api_key_file: Path | None = None
+    """File holding an API key (Temporal Cloud), sent with every call; TLS is then on."""
+
+    @model_validator(mode="after")
+    def _cert_with_key(self) -> "TemporalSecurity":
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("temporal.tls_cert and temporal.tls_key go together (a client certificate and its key)")
+        return self
+
+    def uses_tls(self) -> bool:
+        return self.tls or self.tls_cert is not None or self.tls_ca is not None or self.api_key_file is not None
+
+    def files(self) -> dict[str, Path]:
+        named = {"tls_cert": self.tls_cert, "tls_key": self.tls_key, "tls_ca": self.tls_ca,
+                 "api_key_file": self.api_key_file}
+        return {key: path for key, path in named.items() if path is not None}
 
 
 class TemporalConfig(StrictModel):
@@ -280,12 +315,36 @@ class TemporalConfig(StrictModel):
     """Temporal frontend `host:port` to use (None: start `temporal server start-dev` inside the run directory)."""
     namespace: str = "default"
     """Temporal namespace of the run's workflows."""
+    tls: bool = False
+    """Connect to `address` with TLS (implied by tls_cert, tls_ca or api_key_file)."""
+    tls_cert: Path | None = None
+    """PEM client certificate for mutual TLS (with tls_key), readable where the controller, trainer and policy run."""
+    tls_key: Path | None = None
+    """PEM private key of tls_cert (keep it 0600)."""
+    tls_ca: Path | None = None
+    """PEM certificate of the CA that signed the server's certificate (None: the system's roots)."""
+    tls_server_name: str | None = None
+    """Name to check the server's certificate against (None: the address's host)."""
+    api_key_file: Path | None = None
+    """File holding a Temporal Cloud API key (keep it 0600); sent with every call, over TLS."""
     port: int = Field(default=7233, ge=0, le=65535)
     """Frontend port of the embedded dev server (0: pick a free one)."""
     ui_port: int = Field(default=8233, ge=0, le=65535)
     """Web UI port of the embedded dev server (0: pick a free one)."""
     ip: str = "127.0.0.1"
     """Interface the embedded dev server and its UI listen on."""
+
+    @model_validator(mode="after")
+    def _security_needs_an_address(self) -> "TemporalConfig":
+        security = self.security()  # refuses a certificate without its key
+        if self.address is None and security.uses_tls():
+            raise ValueError("temporal TLS and API key settings apply to a server you run (temporal.address); the "
+                             "embedded dev server listens on loopback without them")
+        return self
+
+    def security(self) -> TemporalSecurity:
+        return TemporalSecurity(tls=self.tls, tls_cert=self.tls_cert, tls_key=self.tls_key, tls_ca=self.tls_ca,
+                                tls_server_name=self.tls_server_name, api_key_file=self.api_key_file)
 
 
 class SnapshotConfig(StrictModel):

@@ -79,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(cfg) -> int:
+    from workers.ray_security import apply_ray_environment
+
+    # Before anything imports Ray: it reads its address and authentication settings at import.
+    apply_ray_environment(cfg)
     from controller.restore.crash_restore import CrashRestoreError
     from controller.restore.restore_source import UnusableRunDir
     from controller.runtime import RunStopped

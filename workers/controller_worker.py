@@ -11,6 +11,7 @@ from pathlib import Path
 import aiohttp
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from activities.gym_activities import GymActivities
@@ -63,9 +64,42 @@ class SnapshotRuntime:
     stopped: bool = False
 
     async def watch(self) -> str:
-        """Resolves when the run workflow ends on its own (it stops the run)."""
-        result = await self.handle.result()
-        return result.stopped_reason
+        """Resolves when the run workflow ends on its own (it stops the run).
+
+        A Temporal server that is away (restarting, a network blip) is waited for: the
+        history is on its disk, and the workflow goes on when it is back.
+        """
+        while True:
+            try:
+                result = await self.handle.result()
+                return result.stopped_reason
+            except RPCError as err:
+                if not _temporal_away(err):
+                    raise
+                log.warning("Temporal does not answer (%s); waiting for it, the run goes on", err)
+                await asyncio.sleep(TEMPORAL_RETRY_S)
+
+
+TEMPORAL_RETRY_S = 2.0
+TEMPORAL_SIGNAL_PATIENCE_S = 120.0
+
+
+def _temporal_away(err: RPCError) -> bool:
+    return err.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNKNOWN)
+
+
+async def signal_patiently(handle: WorkflowHandle, signal, arg, what: str) -> bool:
+    """Send a signal, waiting out a Temporal that is away for up to a couple of minutes; False if it never came."""
+    deadline = asyncio.get_running_loop().time() + TEMPORAL_SIGNAL_PATIENCE_S
+    while True:
+        try:
+            await handle.signal(signal, arg)
+            return True
+        except RPCError as err:
+            if not _temporal_away(err) or asyncio.get_running_loop().time() > deadline:
+                log.warning("could not signal %s (%s); it is dropped", what, err)
+                return False
+            await asyncio.sleep(TEMPORAL_RETRY_S)
 
 
 def timeouts(cfg: TurnkeepConfig) -> SnapshotTimeouts:
@@ -103,12 +137,13 @@ async def start_snapshots(
 ) -> SnapshotRuntime:
     """Start the workers; with `recovery`, restore the run through the recovery workflow; then start the run workflow."""
     processes = controller.processes
-    client = await connect(address, cfg.temporal.namespace)
+    security = cfg.temporal.security() if cfg.temporal.address is not None else None
+    client = await connect(address, cfg.temporal.namespace, security)
     if cfg.temporal.address is not None:
         await register_search_attributes(client, cfg.temporal.namespace)
     # The GPU-side processes run their own workers, so an attempt's history shows which process did what.
     for gpu_process in (processes.trainer, processes.policy):
-        await gpu_process.start_temporal_worker.remote(address, cfg.temporal.namespace, run_id, incarnation)
+        await gpu_process.start_temporal_worker.remote(address, cfg.temporal.namespace, run_id, incarnation, security)
     environments, _policy = participant_clients(processes, session, cfg.snapshot.phase_timeout_s)
     ctx = SnapshotCoordinator(
         run_id=run_id, incarnation=incarnation, run_dir=cfg.run.run_dir, fingerprint=config_fingerprint(cfg),
@@ -178,9 +213,12 @@ async def _tie_attempt_to_checkpoint(
     """
     if cfg.snapshot.trainer_hold and not repeat:
         await runtime.ctx.trainer.hold_add.remote(checkpoint_holder(step), cfg.snapshot.lease_s)
-    await runtime.handle.signal(
-        RunWorkflow.trainer_checkpoint_saved, TrainerCheckpointSignal(step=step, trigger=Trigger(trigger), repeat=repeat)
+    sent = await signal_patiently(
+        runtime.handle, RunWorkflow.trainer_checkpoint_saved,
+        TrainerCheckpointSignal(step=step, trigger=Trigger(trigger), repeat=repeat), f"checkpoint {step}'s attempt",
     )
+    if not sent and cfg.snapshot.trainer_hold and not repeat:
+        await runtime.ctx.trainer.hold_release.remote(checkpoint_holder(step))
 
 
 async def stop_snapshots(runtime: SnapshotRuntime | None, reason: str, grace_s: float) -> None:

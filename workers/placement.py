@@ -1,7 +1,8 @@
 """Ray placement of the trainer, the policy server and the environment server.
 
-Local by default (Ray's temp dir inside the run directory, auth off for a one-user
-machine); `ray.address` joins an existing cluster instead. The run's control token
+Local by default (Ray's temp dir inside the run directory, listening on loopback, with
+token authentication: `workers/ray_security.py`); `ray.address` joins an existing
+cluster instead, with its token. The run's control token
 (`<run_dir>/control_token`, mode 0600) is created here and handed to the policy
 server and the environment server, whose checkpoint routes require it.
 """
@@ -18,10 +19,12 @@ from envs.kinds import local_environments
 from primitives.control_token import create_control_token
 from schemas.config import TurnkeepConfig
 from workers.gpu_placement import PlacementError, actor_options, reserve
+from workers.ray_security import ensure_ray_token
 
 
 def start_ray(cfg: TurnkeepConfig, run_dir: Path) -> None:
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    """`workers.ray_security.apply_ray_environment` must have run before Ray was imported (the CLI does it)."""
+    ensure_ray_token(cfg)
     if cfg.ray.address:
         ray.init(address=cfg.ray.address, logging_level="WARNING")
         return

@@ -40,6 +40,7 @@ from workers.preemption import PreemptionHandler
 from workers.remote_envs import attach_remote_servers, probe_remote_servers
 from workers.startup_checks import check_before_start
 from workers.temporal_server import start_dev_server, stop_dev_server
+from workers.temporal_service import check_temporal_service
 
 log = logging.getLogger("turnkeep.run")
 
@@ -50,6 +51,7 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
     run_dir = cfg.run.run_dir
     check_before_start(cfg)  # before anything is started or written
     await probe_remote_servers(cfg)
+    await check_temporal_service(cfg)
     identity = open_run_dir(cfg)
     if identity.resumed:
         print(f"turnkeep: resuming run {identity.run_id} in {run_dir} (incarnation {identity.incarnation})",

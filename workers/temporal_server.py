@@ -135,7 +135,7 @@ async def register_search_attributes(client: Client, namespace: str) -> None:
     except RPCError as err:
         if "already" not in str(err).lower():
             raise RuntimeError(
-                f"could not register turnkeep's search attributes on {namespace}: {err}. Register them with "
+                f"could not register turnkeep's search attributes on {namespace}: {str(err)[:200]}. Register them with "
                 "`temporal operator search-attribute create` (TurnkeepRunId, TurnkeepTrigger, TurnkeepOutcome: "
                 "Keyword; TurnkeepAnchorStep: Int)"
             ) from err
