@@ -58,7 +58,7 @@ def ensure_ray_token(cfg: TurnkeepConfig) -> None:
         else:
             read_token_file(path, how_made=(
                 "a cluster's token is made when the cluster is started: RAY_AUTH_MODE=token ray get-auth-token "
-                f"--generate, then start every node with RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=<that file>, and "
+                "--generate, then start every node with RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=<that file>, and "
                 "give the same file as ray.token_file"))
     except ControlTokenError as err:
         raise RayTokenError(f"Ray token: {err}") from None
