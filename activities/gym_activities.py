@@ -14,8 +14,10 @@ from pathlib import Path
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.budget import remaining_budget_s
 from activities.errors import check_incarnation, translated_errors
 from activities.heartbeat import heartbeating
+from activities.input_checks import check_lease, check_staging_dir, parse_attempt_id
 from controller.snapshot.coordinator import SnapshotCoordinator
 from controller.snapshot.gym_phase import (
     commit_participants,
@@ -40,6 +42,8 @@ class GymActivities:
     async def prepare(self, inp: GymInput) -> GymPrepareResult:
         snapshots = self._snapshots
         check_incarnation(inp.incarnation, snapshots.incarnation)
+        check_lease("lease_s", inp.lease_s)
+        parse_attempt_id("checkpoint_id", inp.checkpoint_id, snapshots.run_id)
         if away := snapshots.controller.env_client.away():
             # Its agents cannot be saved, and waiting for it would hold admission for nothing.
             raise ApplicationError("; ".join(away) + "; this attempt fails, the previous snapshot stays the restore "
@@ -52,7 +56,7 @@ class GymActivities:
             prepared = await prepare_participants(
                 snapshots.environments, inp.checkpoint_id, inp.lease_s,
                 renew_others=lambda: snapshots.renew_leases(inp.checkpoint_id, inp.lease_s, participants=False),
-                agents_parked=lambda: reached("gym_prepare", snapshots.run_dir),
+                agents_parked=lambda: reached("gym_prepare", snapshots.run_dir), budget_s=remaining_budget_s(),
             )
         return GymPrepareResult(participant_s=prepared.participant_s, agents_parked_s=prepared.agents_parked_s)
 
@@ -60,6 +64,10 @@ class GymActivities:
     async def commit(self, inp: GymInput) -> GymCommitResult:
         snapshots = self._snapshots
         check_incarnation(inp.incarnation, snapshots.incarnation)
+        check_lease("lease_s", inp.lease_s)
+        step, number = parse_attempt_id("checkpoint_id", inp.checkpoint_id, snapshots.run_id)
+        # The participants write where they are told: only into this attempt's own staging directory.
+        check_staging_dir("staging_dir", inp.staging_dir, snapshots.run_dir, step, number)
         with translated_errors(), heartbeating("committing participants"):
             await snapshots.renew_leases(inp.checkpoint_id, inp.lease_s)
             committed = await commit_participants(

@@ -17,14 +17,15 @@ import asyncio
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.budget import remaining_budget_s
 from activities.errors import check_incarnation, translated_errors
 from activities.heartbeat import heartbeating
+from activities.input_checks import check_int, check_lease, check_staging_shape
 from controller.snapshot.gym_phase import until_ready
 from participants.core import ParticipantFault
 from participants.errors import ParticipantInvariantBroken, ParticipantRefused
@@ -53,20 +54,24 @@ class PolicyActivities:
     @activity.defn(name=Activity.POLICY_PREPARE)
     async def prepare(self, inp: GymInput) -> PolicyPrepareResult:
         check_incarnation(inp.incarnation, self._incarnation)
+        check_lease("lease_s", inp.lease_s)
         started = time.monotonic()
         drained = self._server.inflight()
         with self._protocol("prepare"), heartbeating("fencing and draining the policy server"):
-            await until_ready(self._participant, inp.checkpoint_id, inp.lease_s, renew_others=_nothing_else)
+            await until_ready(self._participant, inp.checkpoint_id, inp.lease_s, renew_others=_nothing_else,
+                              budget_s=remaining_budget_s())
             await self._delay("prepare")
         return PolicyPrepareResult(participant_s=round(time.monotonic() - started, 3), drained=drained)
 
     @activity.defn(name=Activity.POLICY_COMMIT)
     async def commit(self, inp: GymInput) -> GymCommitResult:
         check_incarnation(inp.incarnation, self._incarnation)
+        check_lease("lease_s", inp.lease_s)
+        staging = check_staging_shape("staging_dir", inp.staging_dir, inp.checkpoint_id)
         started = time.monotonic()
         with self._protocol("commit"):
             await self._participant.renew(inp.checkpoint_id, inp.lease_s)  # the attempt is alive: keep the fence up
-            result = await self._participant.commit(inp.checkpoint_id, Path(inp.staging_dir or "") / self._core.name)
+            result = await self._participant.commit(inp.checkpoint_id, staging / self._core.name)
             await self._delay("commit")
         return GymCommitResult(participant_s=round(time.monotonic() - started, 3), artifacts=result.artifacts,
                                counts=result.counts)
@@ -82,6 +87,7 @@ class PolicyActivities:
     @activity.defn(name=Activity.POLICY_LOAD_WEIGHTS)
     async def load_weights(self, inp: PolicyLoadInput) -> PolicyLoadResult:
         check_incarnation(inp.incarnation, self._incarnation)
+        check_int("policy_version", inp.policy_version, 0)
         started = time.monotonic()
         activity.heartbeat("fetching the trainer's weights")
         blob = await self._trainer_weights()

@@ -1,47 +1,64 @@
 """The recovery workflow's activities: close what the dead incarnation left open, choose
-the source, restore, resume. They run on the controller's queue of the new incarnation."""
+the source, restore, resume. They run on the controller's queue of the new incarnation.
+
+Each checks its input before anything moves (see `activities.snapshot_activities`): the
+run id must be this run's (it goes into the visibility query whose workflows are
+cancelled), and every path of the source to restore must resolve inside this run's
+checkpoint root, where `choose_source` finds them.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 
 from activities.errors import stale_incarnation
+from activities.input_checks import check_int, check_run_id, refused, resolved_inside
 from controller.restore.crash_restore import CrashRestore, CrashRestoreError
-from controller.restore.restore_source import UnusableRunDir
+from controller.restore.restore_source import SNAPSHOT_CONTROLLER_STATE, UnusableRunDir
+from controller.stores import snapshot_store
+from controller.stores.trainer_checkpoint import CONTROLLER_STATE, checkpoint_root
 from schemas import search_attributes as sa
 from schemas.names import Activity, ErrorType, WorkflowType
 from schemas.recovery import (
     CancelStaleResult,
     ChooseSourceResult,
+    RecoverySource,
     RecoveryStepInput,
     RestoreInput,
     RestoreResult,
     ResumeAfterRestoreResult,
+    SourceKind,
 )
 
 log = logging.getLogger("turnkeep.recovery")
 
 
 class RecoveryActivities:
-    def __init__(self, client: Client, recovery: CrashRestore, incarnation: int, wait_s: float) -> None:
+    def __init__(self, client: Client, recovery: CrashRestore, incarnation: int, wait_s: float,
+                 run_id: str | None = None, run_dir: Path | None = None) -> None:
+        """`run_id` and `run_dir` default to the ones `recovery` restores."""
         self._client = client
         self._recovery = recovery
         self._incarnation = incarnation
         self._wait_s = wait_s
+        self._run_id = run_id if run_id is not None else recovery._identity.run_id
+        self._run_dir = Path(run_dir if run_dir is not None else recovery._cfg.run.run_dir)
 
-    def _check(self, incarnation: int) -> None:
+    def _check(self, incarnation: int, run_id: str) -> None:
         if incarnation != self._incarnation:
             raise stale_incarnation(incarnation, self._incarnation)
+        check_run_id("run_id", run_id, self._run_id)
 
     @activity.defn(name=Activity.RECOVERY_CANCEL_STALE)
     async def cancel_stale(self, inp: RecoveryStepInput) -> CancelStaleResult:
         """Cancel the run workflow and attempts the previous incarnation left open; wait until they close."""
-        self._check(inp.incarnation)
+        self._check(inp.incarnation, inp.run_id)  # the run id goes into the query: only this run's workflows
         query = f"{sa.RUN_ID.name} = '{inp.run_id}' AND ExecutionStatus = 'Running'"
         own = activity.info().workflow_id
         stale = [(wf.id, wf.workflow_type) async for wf in self._client.list_workflows(query) if wf.id != own]
@@ -74,7 +91,7 @@ class RecoveryActivities:
 
     @activity.defn(name=Activity.RECOVERY_CHOOSE_SOURCE)
     async def choose_source(self, inp: RecoveryStepInput) -> ChooseSourceResult:
-        self._check(inp.incarnation)
+        self._check(inp.incarnation, inp.run_id)
         try:
             source = await asyncio.to_thread(self._recovery.choose)
         except UnusableRunDir as err:
@@ -83,7 +100,8 @@ class RecoveryActivities:
 
     @activity.defn(name=Activity.RECOVERY_RESTORE)
     async def restore(self, inp: RestoreInput) -> RestoreResult:
-        self._check(inp.incarnation)
+        self._check(inp.incarnation, inp.run_id)
+        check_source(inp.source, self._run_dir)
         try:
             return await self._recovery.restore(inp.source)
         except CrashRestoreError as err:
@@ -91,5 +109,50 @@ class RecoveryActivities:
 
     @activity.defn(name=Activity.RECOVERY_RESUME)
     async def resume(self, inp: RecoveryStepInput) -> ResumeAfterRestoreResult:
-        self._check(inp.incarnation)
+        self._check(inp.incarnation, inp.run_id)
         return ResumeAfterRestoreResult(admission_closed_s=await self._recovery.resume())
+
+
+def check_source(source: RecoverySource, run_dir: Path) -> None:
+    """Every path `restore` reads, renames or hands to a participant lies where `choose_source` puts it:
+    the checkpoint `checkpoints/step_<step>`, its snapshot `snapshots/<n>`, the controller state and the
+    agents files inside those, and the skipped candidates inside the checkpoint root."""
+    check_int("source.step", source.step, 0)
+    check_int("source.policy_version", source.policy_version, 0)
+    root = checkpoint_root(run_dir)
+    inside_root = f"the run's checkpoint root {root}"
+    for i, skipped in enumerate(source.skipped):
+        resolved_inside(f"source.skipped[{i}].path", skipped.path, root, run_dir, inside_root)
+    if source.kind is SourceKind.FRESH:
+        given = {"checkpoint_dir": source.checkpoint_dir, "snapshot_dir": source.snapshot_dir,
+                 "controller_state": source.controller_state, "agents_files": source.agents_files or None}
+        for field, value in given.items():
+            if value is not None:
+                raise refused(f"source.{field}", value, "nothing for a fresh start")
+        return
+    checkpoint = resolved_inside("source.checkpoint_dir", source.checkpoint_dir, root, run_dir, inside_root)
+    step_dir = root.resolve() / f"step_{source.step}"
+    if checkpoint != step_dir:
+        raise refused("source.checkpoint_dir", source.checkpoint_dir,
+                      f"the checkpoint of source.step, {step_dir}; it resolves to {checkpoint}")
+    if source.kind is SourceKind.TRAINER_CHECKPOINT:
+        if source.snapshot_dir is not None or source.agents_files:
+            field = "snapshot_dir" if source.snapshot_dir is not None else "agents_files"
+            raise refused(f"source.{field}", getattr(source, field), "nothing for a trainer checkpoint source")
+        state = checkpoint / CONTROLLER_STATE
+    else:
+        snapshots = step_dir / "snapshots"
+        snapshot = resolved_inside("source.snapshot_dir", source.snapshot_dir, snapshots, run_dir,
+                                   f"the snapshots of {step_dir}")
+        if snapshot.parent != snapshots or not snapshot_store.NUMBER.fullmatch(snapshot.name):
+            raise refused("source.snapshot_dir", source.snapshot_dir,
+                          f"a published snapshot {snapshots}/<n>; it resolves to {snapshot}")
+        state = snapshot / SNAPSHOT_CONTROLLER_STATE
+        for i, path in enumerate(source.agents_files):
+            agents = resolved_inside(f"source.agents_files[{i}]", path, snapshot, run_dir, f"the snapshot {snapshot}")
+            if agents.name != "agents.jsonl" or agents.parent.parent != snapshot:
+                raise refused(f"source.agents_files[{i}]", path,
+                              f"{snapshot}/<participant>/agents.jsonl; it resolves to {agents}")
+    given_state = source.controller_state
+    if given_state is None or "\x00" in given_state or Path(given_state).resolve() != state:
+        raise refused("source.controller_state", given_state, f"{state}, the state saved with that source")

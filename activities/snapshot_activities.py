@@ -1,16 +1,28 @@
 """The controller's own attempt phases: anchor, preflight, staging, the data-plane cut,
 publish, and the record that puts every attempt into metrics.jsonl. Each calls the
-snapshot coordinator or a store and translates its refusals for the workflow."""
+snapshot coordinator or a store and translates its refusals for the workflow.
+
+Every phase that changes state checks its input first (`activities.input_checks`).
+"""
 
 from __future__ import annotations
 
 import logging
 import shutil
-from pathlib import Path
 
 from temporalio import activity
 
 from activities.errors import check_incarnation, translated_errors
+from activities.input_checks import (
+    check_artifacts,
+    check_attempt_id,
+    check_int,
+    check_run_id,
+    check_snapshot_root,
+    check_staging_dir,
+    parse_attempt_id,
+    refused,
+)
 from controller.snapshot.coordinator import SnapshotCoordinator
 from controller.snapshot.cut import cut_data_plane
 from controller.snapshot.publish import publish_snapshot
@@ -33,10 +45,10 @@ from schemas.snapshot import (
     RecordResult,
     StagingInput,
     StagingResult,
+    Trigger,
 )
 
 log = logging.getLogger("turnkeep.snapshot")
-
 
 class SnapshotActivities:
     def __init__(self, snapshots: SnapshotCoordinator) -> None:
@@ -44,6 +56,19 @@ class SnapshotActivities:
 
     def _check(self, incarnation: int) -> None:
         check_incarnation(incarnation, self._snapshots.incarnation)
+
+    def _check_attempt(self, run_id: str, attempt_id: str, step: int, number: int | None = None) -> int:
+        """This run's attempt `attempt_id`, filed under `step` (and numbered `number`); returns its number."""
+        own = self._snapshots.run_id
+        check_run_id("run_id", run_id, own)
+        check_int("anchor_step", step, 0)
+        if number is None:
+            parsed_step, number = parse_attempt_id("checkpoint_id", attempt_id, own)
+            if parsed_step != step:
+                raise refused("checkpoint_id", attempt_id, f"an attempt id under anchor_step {step}")
+        check_int("number", number, 1)
+        check_attempt_id("checkpoint_id", attempt_id, own, step, number)
+        return number
 
     @activity.defn(name=Activity.ANCHOR)
     async def anchor(self, inp: AnchorQuery) -> AnchorResult:
@@ -54,6 +79,8 @@ class SnapshotActivities:
     @activity.defn(name=Activity.REQUEST_CHECKPOINT)
     async def request_checkpoint(self, inp: CheckpointRequest) -> CheckpointRequestResult:
         self._check(inp.incarnation)
+        if inp.trigger not in set(Trigger):
+            raise refused("trigger", inp.trigger, f"one of {', '.join(Trigger)}")
         self._snapshots.controller.training.request_checkpoint(str(inp.trigger))
         return CheckpointRequestResult()
 
@@ -65,26 +92,41 @@ class SnapshotActivities:
     @activity.defn(name=Activity.OPEN_STAGING)
     async def open_staging(self, inp: StagingInput) -> StagingResult:
         self._check(inp.incarnation)
+        self._check_attempt(inp.run_id, inp.checkpoint_id, inp.anchor_step, inp.number)
+        check_snapshot_root("anchor_step", inp.anchor_step, self._snapshots.run_dir)
         staging = snapshot_store.open_staging(self._snapshots.run_dir, inp.anchor_step, inp.number)
         return StagingResult(staging_dir=str(staging))
 
     @activity.defn(name=Activity.DISCARD_STAGING)
     async def discard_staging(self, inp: DiscardStagingInput) -> None:
+        snapshots = self._snapshots
+        check_int("incarnation", inp.incarnation, 1)
         # Also for an earlier incarnation: a staging directory is never read, removing it is always safe.
-        if not self._snapshots.is_stale(inp.incarnation):
+        if not snapshots.is_stale(inp.incarnation):
             self._check(inp.incarnation)
+        step, number = parse_attempt_id("checkpoint_id", inp.checkpoint_id, snapshots.run_id)
         if inp.staging_dir:
-            shutil.rmtree(inp.staging_dir, ignore_errors=True)
+            staging = check_staging_dir("staging_dir", inp.staging_dir, snapshots.run_dir, step, number)
+            shutil.rmtree(staging, ignore_errors=True)
 
     @activity.defn(name=Activity.CUT)
     async def cut(self, inp: CutInput) -> CutResult:
         snapshots = self._snapshots
         self._check(inp.incarnation)
-        staging = Path(inp.staging_dir)
+        number = self._check_attempt(inp.run_id, inp.checkpoint_id, inp.anchor_step)
+        staging = check_staging_dir("staging_dir", inp.staging_dir, snapshots.run_dir, inp.anchor_step, number)
+        if inp.hold is not None and inp.hold.step != inp.anchor_step:
+            raise refused("hold.step", inp.hold.step, f"the anchor step {inp.anchor_step} (an attempt whose hold "
+                                                      "returned another step is skipped before its cut)")
+        # The progress marker asks every environment server for its counters: over the network, so before
+        # the barrier, never under it. Admission is closed and every agent parked by now, and each part of
+        # the marker only grows (but the row count, which only a sealed row raises), so a marker taken a
+        # moment early can make a later preflight take an attempt, never skip one that had something to save.
+        marker = await snapshots.progress_marker()
 
         async def at_the_cut() -> None:
             await reached("cut", snapshots.run_dir)
-            await snapshots.mark_cut(inp.checkpoint_id)
+            snapshots.cut_markers[inp.checkpoint_id] = marker
 
         with translated_errors():
             cut = await cut_data_plane(snapshots.controller, staging, inp.anchor_step, inp.hold, at_the_cut)
@@ -95,8 +137,15 @@ class SnapshotActivities:
     async def publish(self, inp: PublishInput) -> PublishResult:
         snapshots = self._snapshots
         self._check(inp.incarnation)
+        self._check_attempt(inp.run_id, inp.checkpoint_id, inp.anchor_step, inp.number)
+        staging = check_staging_dir("staging_dir", inp.staging_dir, snapshots.run_dir, inp.anchor_step, inp.number)
+        check_int("keep_latest_k", inp.keep_latest_k, 1)
+        check_int("policy_version", inp.policy_version, 0)
+        for name, count in inp.counts.items():
+            check_int(f"counts[{name!r}]", count, 0)
+        check_artifacts("artifacts", inp.artifacts, staging)
         published = publish_snapshot(
-            Path(inp.staging_dir), run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, anchor_step=inp.anchor_step,
+            staging, run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, anchor_step=inp.anchor_step,
             number=inp.number, policy_version=inp.policy_version, fingerprint=snapshots.fingerprint,
             artifacts=inp.artifacts, counts=inp.counts, keep_latest_k=inp.keep_latest_k,
             before_rename=lambda: reached_sync("publish", snapshots.run_dir),
@@ -108,4 +157,9 @@ class SnapshotActivities:
 
     @activity.defn(name=Activity.RECORD)
     async def record(self, inp: AttemptRecord) -> RecordResult:
-        return RecordResult(warning=self._snapshots.record(inp.result, inp.consecutive_failures))
+        result = inp.result
+        step, _ = parse_attempt_id("result.checkpoint_id", result.checkpoint_id, self._snapshots.run_id)
+        if result.anchor_step != step:
+            raise refused("result.anchor_step", result.anchor_step, f"{step}, the step in its checkpoint_id")
+        check_int("consecutive_failures", inp.consecutive_failures, 0)
+        return RecordResult(warning=self._snapshots.record(result, inp.consecutive_failures))

@@ -9,6 +9,7 @@ from typing import Protocol
 from temporalio import activity
 
 from activities.errors import stale_incarnation
+from activities.input_checks import check_holder, check_lease
 from primitives.hold_wait_clock import HoldWaitClock
 from primitives.holds import HoldSet
 from schemas.names import Activity
@@ -33,6 +34,10 @@ class TrainerActivities:
         if inp.incarnation is not None and inp.incarnation != self._incarnation:
             # An attempt left open by a dead controller must not stall this one's trainer.
             raise stale_incarnation(inp.incarnation, self._incarnation)
+        check_holder("holder", inp.holder)
+        check_lease("lease_s", inp.lease_s)
+        for i, holder in enumerate(inp.release_also):
+            check_holder(f"release_also[{i}]", holder)
         if self._hold.add(inp.holder, inp.lease_s):
             self._wait_clock.added_at[inp.holder] = time.monotonic()
         for replaced in inp.release_also:
@@ -42,6 +47,8 @@ class TrainerActivities:
 
     @activity.defn(name=Activity.TRAINER_RELEASE)
     async def release(self, inp: TrainerReleaseInput) -> TrainerReleaseResult:
+        for i, holder in enumerate(inp.holders):
+            check_holder(f"holders[{i}]", holder)
         waited = 0.0
         released = False
         for holder in inp.holders:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import tomllib
+import types
 from pathlib import Path
-from typing import Any, get_args, get_origin
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
@@ -16,7 +17,7 @@ class ConfigError(ValueError):
 
 
 def load_config(path: Path, overrides: dict[str, Any] | None = None) -> TurnkeepConfig:
-    """Parse `path`, apply dotted `overrides` (`{"train.lr": 1e-4}`), validate the tree."""
+    """Parse `path`, apply dotted `overrides` (`{"train.lr": 1e-4}`, as `--set` gives them), validate the tree."""
     try:
         raw = tomllib.loads(path.read_text())
     except FileNotFoundError:
@@ -24,7 +25,8 @@ def load_config(path: Path, overrides: dict[str, Any] | None = None) -> Turnkeep
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path} is not valid TOML: {err}") from None
     for dotted, value in (overrides or {}).items():
-        _set_dotted(raw, dotted, value)
+        check_key_path(dotted)
+        _set_dotted(raw, dotted, value, source=str(path))
     return parse_config(raw, source=str(path))
 
 
@@ -35,11 +37,46 @@ def parse_config(raw: dict[str, Any], source: str = "config") -> TurnkeepConfig:
         raise ConfigError(_describe(err, source)) from None
 
 
-def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+def check_key_path(dotted: str) -> None:
+    """Raises ConfigError (one line) unless `dotted` names a key of the config tree (`--set KEY=VALUE`)."""
+    parts = dotted.split(".")
+    if not all(part.strip() for part in parts):
+        raise ConfigError(f"--set {dotted!r}: a key path needs a name between every two dots, "
+                          f"for example --set train.lr=1e-4")
+    node: Any = TurnkeepConfig
+    holder: type[BaseModel] | None = None  # the model whose field `node` is (None: an entry of a named table)
+    for depth, key in enumerate(parts):
+        if node is Any:
+            return  # free-form options (`environments.<name>.options`): the environment's Options model checks them
+        if _is_model(node):
+            field = node.model_fields.get(key)
+            if field is None:
+                loc = ".".join(parts[: depth + 1])
+                raise ConfigError(f"--set {dotted}: {_unknown_key(loc, sorted(node.model_fields))}")
+            holder, node = node, _value_type(field.annotation)
+        elif get_origin(node) is dict:
+            holder, node = None, _value_type(get_args(node)[1]) if get_args(node) else Any
+        else:
+            value, table = ".".join(parts[:depth]), ".".join(parts[: depth - 1])
+            siblings = "" if holder is None else \
+                f", or use one of {table}'s keys: {', '.join(sorted(holder.model_fields))}"
+            raise ConfigError(f"--set {dotted}: '{value}' is a single value, not a table, so it has no key {key!r}; "
+                              f"set it with --set {value}=VALUE{siblings}")
+
+
+def _unknown_key(loc: str, allowed: list[str]) -> str:
+    return f"unknown key '{loc}': remove it or use one of: {', '.join(allowed)}"
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, source: str) -> None:
     *parents, leaf = dotted.split(".")
     node = tree
-    for key in parents:
+    for depth, key in enumerate(parents):
         node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            where = ".".join(parents[: depth + 1])
+            raise ConfigError(f"--set {dotted}: '{where}' is already {node!r} (in {source} or an earlier --set), "
+                              f"not a table; make it a table there, or set --set {where}=VALUE instead")
     node[leaf] = value
 
 
@@ -47,26 +84,43 @@ def _describe(err: ValidationError, source: str) -> str:
     lines = [f"{source}: {err.error_count()} problem(s) in the config; nothing was started."]
     for problem in err.errors():
         loc = ".".join(str(part) for part in problem["loc"])
+        message = problem["msg"].removeprefix("Value error, ")
+        if problem["type"] == "finite_number":
+            message = "inf and nan are not allowed; use a finite number"
         if problem["type"] == "extra_forbidden":
-            allowed = ", ".join(_allowed_keys(problem["loc"][:-1]))
-            lines.append(f"  unknown key '{loc}': remove it or use one of: {allowed}")
+            lines.append(f"  {_unknown_key(loc, _allowed_keys(problem['loc'][:-1]))}")
+        elif isinstance(problem.get("input"), dict):
+            # A check of a whole table: the message names its settings; the table itself would be noise.
+            lines.append(f"  {loc}: {message}" if loc else f"  {message}")
         else:
-            lines.append(f"  {loc} = {problem.get('input')!r}: {problem['msg']}")
+            lines.append(f"  {loc} = {problem.get('input')!r}: {message}")
     return "\n".join(lines)
 
 
 def _allowed_keys(parent_loc: tuple[Any, ...]) -> list[str]:
-    model: type[BaseModel] = TurnkeepConfig
-    parts = list(parent_loc)
-    while parts:
-        field = model.model_fields.get(str(parts.pop(0)))
-        annotation = field.annotation if field else None
-        if get_origin(annotation) is dict:
-            # A table of named entries (`[environments.<name>]`): the next part is the entry's name.
-            annotation = get_args(annotation)[1]
-            if parts:
-                parts.pop(0)
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+    node: Any = TurnkeepConfig
+    for part in parent_loc:
+        if _is_model(node):
+            field = node.model_fields.get(str(part))
+            node = _value_type(field.annotation) if field else None
+        elif get_origin(node) is dict:
+            # A table of named entries (`[environments.<name>]`): this part is the entry's name.
+            node = _value_type(get_args(node)[1]) if get_args(node) else None
+        else:
             return []
-        model = annotation
-    return sorted(model.model_fields)
+    return sorted(node.model_fields) if _is_model(node) else []
+
+
+def _value_type(annotation: Any) -> Any:
+    """What a key holds, without `Annotated` metadata and without `| None` (an optional table is still a table)."""
+    while get_origin(annotation) is Annotated:
+        annotation = get_args(annotation)[0]
+    if get_origin(annotation) in (Union, types.UnionType):
+        options = [arg for arg in get_args(annotation) if arg is not type(None)]
+        if len(options) == 1:
+            return _value_type(options[0])
+    return annotation
+
+
+def _is_model(node: Any) -> bool:
+    return isinstance(node, type) and issubclass(node, BaseModel)

@@ -63,5 +63,8 @@ class AgentRegistry:
     def count(self, phase: AgentPhase) -> int:
         return sum(agent.phase is phase for agent in self._agents.values())
 
+    def ids(self, phase: AgentPhase) -> list[str]:
+        return [rollout_id for rollout_id, agent in self._agents.items() if agent.phase is phase]
+
     def parked(self) -> list[LiveAgent]:
         return [agent for agent in self._agents.values() if agent.phase is AgentPhase.PARKED]

@@ -78,9 +78,11 @@ class EnvParticipant:
         unbounded = [a.request.rollout_id for a in parked if self._records.latest(a.request.rollout_id) is None]
         problems = []
         if mid_turn:
-            problems.append(f"{mid_turn} agents mid-turn")
+            ids = self._agents.ids(AgentPhase.MID_TURN)
+            problems.append(f"{mid_turn} agents mid-turn (waiting for their turn to end: {', '.join(ids[:3])}"
+                            + (f" and {mid_turn - 3} more)" if mid_turn > 3 else ")"))
         if unacked:
-            problems.append(f"{unacked} finished results not ACKed")
+            problems.append(f"{unacked} finished results not ACKed by the controller: {self._receipts.waiting_on()}")
         if unbounded:
             problems.append(f"parked without a turn boundary: {unbounded[:5]}")
         return Quiescence(

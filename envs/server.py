@@ -37,7 +37,7 @@ from envs.restored_agents import RestoredAgents, RestoreError
 from envs.turn_records import TurnRecords
 from participants.core import ParticipantCore, ParticipantFault
 from participants.faults import FaultInjector
-from participants.http_server import ControlAuth, add_participant_routes
+from participants.http_server import ControlAuth, add_participant_routes, body_too_large
 from primitives.audit_log import AuditLog
 from primitives.holds import HoldSet
 from schemas.audit import TurnCommitted
@@ -52,6 +52,7 @@ from schemas.environments import (
 from schemas.participant import ParticipantError, RestoreReply, RestoreRequest, SavedAgent
 from schemas.rollout import (
     AckRequest,
+    CancelRequest,
     RolloutOutcome,
     RolloutRequest,
     RolloutResult,
@@ -60,6 +61,16 @@ from schemas.rollout import (
 )
 
 log = logging.getLogger("turnkeep.env")
+
+MAX_BODY_BYTES = {
+    "/attach": 256 * 1024 * 1024,  # a real model's tokenizer files
+    "/run": 8 * 1024 * 1024,
+    "/judge": 64 * 1024 * 1024,  # every sibling's turns
+    "/ack": 64 * 1024,
+    "/cancel": 64 * 1024,
+    "/cancel_all": 64 * 1024,
+}
+"""Per route, checked against the declared length before the body is read (after the token)."""
 
 
 class EnvServer:
@@ -116,7 +127,7 @@ class EnvServer:
         # The default connector allows 100 connections; every running agent needs one.
         connector = aiohttp.TCPConnector(limit=0)
         self._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
-        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._attached_first])
+        app = web.Application(client_max_size=max(MAX_BODY_BYTES.values()), middlewares=[self._attached_first])
         guarded = {
             "/attach": self._handle_attach,
             "/run": self._handle_run,
@@ -125,7 +136,7 @@ class EnvServer:
             "/cancel_all": self._handle_cancel_all,
             "/judge": self._handle_judge,
         }
-        app.add_routes([web.post(path, self._guarded(handler)) for path, handler in guarded.items()])
+        app.add_routes([web.post(path, self._guarded(handler, MAX_BODY_BYTES[path])) for path, handler in guarded.items()])
         app.add_routes([web.get("/health", self._handle_health)])
         self._faults = add_participant_routes(
             app, self.participant, self._control, fault_injection=self._cfg.fault_injection, restore=self._restore
@@ -163,11 +174,17 @@ class EnvServer:
             return web.Response(status=503, text=body.model_dump_json(), content_type="application/json")
         return await handler(http)
 
-    def _guarded(self, handler):
+    def _guarded(self, handler, max_body: int):
         async def serve(http: web.Request) -> web.Response:
             if not self._control.allows(http):
                 return web.json_response({"error": self._control.refusal()}, status=401)
-            return await handler(http)
+            if (too_large := body_too_large(http, max_body)) is not None:
+                return web.json_response({"error": too_large}, status=413)
+            try:
+                return await handler(http)
+            except web.HTTPRequestEntityTooLarge as err:
+                return web.json_response({"error": f"the body is larger than this server accepts: {err.text}"},
+                                         status=413)
 
         return serve
 
@@ -224,8 +241,7 @@ class EnvServer:
         except ValidationError as err:
             return _bad_request(f"not a RolloutRequest: {err}")
         if self.attachment is None:
-            return web.json_response({"error": "no run is attached to this server yet; the run attaches it at "
-                                               "start (POST /attach)"}, status=503)
+            return _not_attached()
         if request.rollout_id in self._running:
             return _bad_request(f"rollout {request.rollout_id} is already running; use a new attempt number")
         task = asyncio.get_running_loop().create_task(self._run(request))
@@ -289,12 +305,17 @@ class EnvServer:
         return boundary.model_copy(update={"rollout_id": request.rollout_id})
 
     async def _handle_judge(self, http: web.Request) -> web.Response:
+        if self._codec is None:
+            return _not_attached()
         try:
             request = JudgeRequest.model_validate_json(await http.read())
             kind = self.factory.kind_of(request.problem.env)
             texts = [[self._codec.turn_text(turn) for turn in sibling] for sibling in request.policy_turns]
+        except (ValidationError, ValueError, KeyError, IndexError, TypeError, OverflowError) as err:
+            return _bad_request(f"cannot judge this group: {type(err).__name__}: {err}")
+        try:
             rewards = kind.score_group(request.problem, texts)
-        except (ValidationError, ValueError, NotImplementedError) as err:
+        except (ValueError, NotImplementedError) as err:
             return _bad_request(f"cannot judge this group: {err}")
         return web.Response(body=JudgeReply(rewards=rewards).model_dump_json(), content_type="application/json")
 
@@ -314,8 +335,11 @@ class EnvServer:
         return web.json_response({"was_pending": self.receipts.ack(ack.receipt)})
 
     async def _handle_cancel(self, http: web.Request) -> web.Response:
-        body = await http.json()
-        task = self._running.pop(str(body.get("rollout_id")), None)
+        try:
+            cancel = CancelRequest.model_validate_json(await http.read())
+        except ValidationError as err:
+            return _bad_request(f"not a CancelRequest: {err}")
+        task = self._running.pop(cancel.rollout_id, None)
         if task is not None:
             task.cancel()
         return web.json_response({"cancelled": task is not None})
@@ -338,6 +362,7 @@ class EnvServer:
             {
                 "running": len(self._running),
                 "unacked": self.receipts.unacked(),
+                "expired_results": self.receipts.expired,
                 "turn_commits": self.records.commits,
                 "boundary_holders": sorted(self.boundary_gate.holders()),
                 "door_holders": sorted(self.door.holders()),
@@ -358,3 +383,8 @@ def _failed(request: RolloutRequest, reason: str) -> RolloutResult:
 
 def _bad_request(message: str) -> web.Response:
     return web.json_response({"error": message}, status=400)
+
+
+def _not_attached() -> web.Response:
+    return web.json_response({"error": "no run is attached to this server yet; the run attaches it at start "
+                                       "(POST /attach)"}, status=503)

@@ -8,9 +8,10 @@ class RequestError(ValueError):
 
     status = 400
 
-    def __init__(self, param: str | None, message: str) -> None:
+    def __init__(self, param: str | None, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.param = param
+        self.status = status
 
 
 class WeightsUnavailable(RuntimeError):

@@ -30,11 +30,14 @@ logger = logging.getLogger("turnkeep.policy_http")
 
 SERVER_KEY: web.AppKey[Any] = web.AppKey("policy_server", object)
 
+MAX_BODY_BYTES = 16 * 1024 * 1024
+"""A completion request is a prompt of token ids: a million of them fit."""
+
 
 def build_app(
     server: "PolicyServer", control: ControlAuth = ControlAuth(None), fault_injection: bool = False
 ) -> web.Application:
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[SERVER_KEY] = server
     app.router.add_post("/v1/completions", _completions)
     app.router.add_get("/health", _health)
@@ -49,9 +52,14 @@ def _error(status: int, message: str, param: str | None = None, kind: str = "inv
 
 
 async def _parse(request: web.Request) -> CompletionRequest:
+    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+        raise RequestError(None, f"the body has {request.content_length} bytes; at most {MAX_BODY_BYTES} are "
+                                 "accepted", status=413)
     try:
         body = await request.json(loads=json.loads)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except web.HTTPRequestEntityTooLarge:
+        raise RequestError(None, f"the body is larger than the {MAX_BODY_BYTES} bytes accepted", status=413) from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise RequestError(None, f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise RequestError(None, "request body must be a JSON object")

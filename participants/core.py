@@ -29,6 +29,7 @@ from primitives.atomic_files import sha256_file
 from primitives.holds import HoldSet
 from schemas.names import snapshot_holder
 from schemas.participant import (
+    MAX_LEASE_S,
     Artifact,
     Capabilities,
     CommitResult,
@@ -111,6 +112,7 @@ class ParticipantCore:
     # -- protocol calls --------------------------------------------------------------
 
     def prepare(self, checkpoint_id: str, lease_s: float) -> ParticipantStatus:
+        _check_call(checkpoint_id, lease_s)
         current = self.current
         if current is None:
             if checkpoint_id in self._ended:
@@ -125,6 +127,7 @@ class ParticipantCore:
         return self.status(checkpoint_id)
 
     def renew(self, checkpoint_id: str, lease_s: float) -> ParticipantStatus:
+        _check_call(checkpoint_id, lease_s)
         self._require_current(checkpoint_id)
         self._lease.renew(snapshot_holder(checkpoint_id), lease_s)
         self._hooks.on_prepare(checkpoint_id, lease_s)
@@ -258,6 +261,15 @@ class ParticipantCore:
             "released",
             f"{self.name} already ended checkpoint {checkpoint_id} ({how}); a new attempt needs a new checkpoint id",
         )
+
+
+def _check_call(checkpoint_id: str, lease_s: float) -> None:
+    """Before any state moves: an in-process caller skips the HTTP schema, so the core checks too."""
+    if not checkpoint_id:
+        raise ParticipantFault("bad_request", "checkpoint_id: must not be empty")
+    if not (isinstance(lease_s, (int, float)) and 0 < lease_s <= MAX_LEASE_S):
+        raise ParticipantFault("bad_request", f"lease_s: must be a number of seconds in (0, {MAX_LEASE_S:g}], "
+                                              f"got {lease_s!r}")
 
 
 def _artifacts(name: str, directory: Path, files: list[Path]) -> list[Artifact]:

@@ -13,8 +13,10 @@ Routes (all under `/checkpoint/`, all require `Authorization: Bearer <token>`):
     POST faults   FaultPlan                 -> FaultPlan (only with fault injection on)
 
 Errors are a `ParticipantError` body: 400 `bad_request` (the message names the field),
-401 `unauthorized`, 409 `wrong_checkpoint` / `not_prepared` / `released`, 507
-`io_error` (the write failed, e.g. ENOSPC: retryable), 5xx `injected_fault`.
+401 `unauthorized`, 409 `wrong_checkpoint` / `not_prepared` / `released`, 413
+`too_large`, 507 `io_error` (the write failed, e.g. ENOSPC: retryable), 5xx
+`injected_fault`. The token is checked before a byte of the body is read, and every
+body is bounded (`MAX_BODY_BYTES`, larger for `restore`, which may carry a snapshot's files).
 
 The routes are mounted on the server's existing application, so they listen where the
 server listens (loopback unless its config says otherwise); the token keeps other
@@ -60,8 +62,14 @@ STATUS_OF_CODE = {
     "wrong_checkpoint": 409,
     "not_prepared": 409,
     "released": 409,
+    "too_large": 413,
     "io_error": 507,
 }
+
+MAX_BODY_BYTES = 64 * 1024
+"""A protocol call is a checkpoint id and a few numbers."""
+MAX_RESTORE_BODY_BYTES = 1024 * 1024 * 1024
+"""An inline restore carries a snapshot's saved agents (the application's `client_max_size` bounds it too)."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +82,8 @@ class ControlAuth:
     def allows(self, request: web.Request) -> bool:
         if not self.token:
             return False
-        sent = request.headers.get("Authorization", "").encode()
+        # aiohttp keeps undecodable header bytes as surrogates; they must compare unequal, not raise.
+        sent = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
         return hmac.compare_digest(sent, f"Bearer {self.token}".encode())
 
     def refusal(self) -> str:
@@ -107,7 +116,8 @@ def add_participant_routes(
     if fault_injection:
         handlers["faults"] = ("POST", routes.set_faults)
     for route, (method, handler) in handlers.items():
-        app.router.add_route(method, f"/checkpoint/{route}", _guarded(route, handler, auth, faults))
+        limit = MAX_RESTORE_BODY_BYTES if route == "restore" else MAX_BODY_BYTES
+        app.router.add_route(method, f"/checkpoint/{route}", _guarded(route, handler, auth, faults, limit))
     return faults
 
 
@@ -155,6 +165,10 @@ class _Routes:
     async def restore(self, request: web.Request) -> BaseModel:
         body = await _parse(request, RestoreRequest)
         if body.directory is not None:
+            directory = Path(body.directory)
+            if not directory.is_absolute() or directory.name != self._core.name or ".." in directory.parts:
+                raise ParticipantFault("bad_request", f"directory: must be the absolute path <snapshot>/"
+                                                      f"{self._core.name}, got {body.directory}")
             return await self._restore(body)
         with tempfile.TemporaryDirectory(prefix="turnkeep-restore-") as scratch:
             folder = Path(scratch) / self._core.name
@@ -171,11 +185,17 @@ class _Routes:
         return plan
 
 
-def _guarded(route: str, handler: Handler, auth: ControlAuth, faults: FaultInjector):
+def _guarded(route: str, handler: Handler, auth: ControlAuth, faults: FaultInjector, max_body: int):
     async def serve(request: web.Request) -> web.Response:
-        await request.read()
+        # The caller first, then the size, and only then the body: a stranger costs no memory.
         if not auth.allows(request):
-            return await _error(request, 401, "unauthorized", auth.refusal())
+            return _unread_error(401, "unauthorized", auth.refusal())
+        if (too_large := body_too_large(request, max_body)) is not None:
+            return _unread_error(413, "too_large", too_large)
+        try:
+            await request.read()
+        except web.HTTPRequestEntityTooLarge as err:
+            return _unread_error(413, "too_large", f"the body is larger than this server accepts ({err.text})")
         if (status := faults.take_failure(route)) is not None:
             return await _error(request, status, "injected_fault", f"injected failure of /checkpoint/{route}")
         try:
@@ -193,6 +213,19 @@ def _guarded(route: str, handler: Handler, auth: ControlAuth, faults: FaultInjec
         return web.Response(text=reply.model_dump_json(), content_type="application/json")
 
     return serve
+
+
+def body_too_large(request: web.Request, max_body: int) -> str | None:
+    """Why the declared body is refused unread, or None (a chunked body is bounded by `client_max_size`)."""
+    length = request.content_length
+    if length is not None and length > max_body:
+        return f"the body has {length} bytes; {request.path} accepts at most {max_body}"
+    return None
+
+
+def _unread_error(status: int, code: str, message: str) -> web.Response:
+    body = ParticipantError(error=message, code=code)
+    return web.Response(status=status, text=body.model_dump_json(), content_type="application/json")
 
 
 async def _parse(request: web.Request, model: type[M]) -> M:

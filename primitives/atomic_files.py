@@ -10,7 +10,10 @@ complete; readers skip every name that starts with `.staging-`.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
+import logging
 import os
 import secrets
 import shutil
@@ -24,6 +27,9 @@ STAGING_PREFIX = ".staging-"
 TMP_PREFIX = ".tmp-"
 
 PathLike = str | os.PathLike[str]
+_TAIL_CHUNK = 64 << 10
+
+log = logging.getLogger("turnkeep.files")
 
 
 def fsync_dir(path: PathLike) -> None:
@@ -147,40 +153,106 @@ def remove_stale_staging(parent: PathLike) -> list[Path]:
     return removed
 
 
+def append_lines(path: PathLike, data: bytes, *, durable: bool = True) -> None:
+    """Append whole lines (`data` ends with a newline) to `path`, all of them or none.
+
+    The append holds an exclusive `flock` on the file, so writers that all append through
+    here never interleave, and nobody appends between a failed write and its undoing: when
+    the write or the fsync fails (a full disk: ENOSPC, EDQUOT; EIO), the file is cut back
+    to the length it had before, and the error is raised. So a failed append never leaves
+    part of a line for the next append to follow; only a crash mid-write can tear a line,
+    and only the last one, which the next append cuts off first (and `read_jsonl` skips).
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released by close
+        start = _cut_torn_tail(fd, path)
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                if written <= 0:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+                view = view[written:]
+            if durable:
+                os.fsync(fd)
+        except BaseException:
+            _cut_back(fd, start, path)
+            raise
+    finally:
+        os.close(fd)
+
+
+def _cut_back(fd: int, length: int, path: PathLike) -> None:
+    """Undo a failed append: a short write, or a write whose fsync failed."""
+    try:
+        os.ftruncate(fd, length)
+        os.fsync(fd)
+    except OSError as err:
+        # The next append cuts a torn tail off first; whole lines of this one may remain.
+        log.error("%s: could not cut a failed append back to %d bytes: %s", path, length, err)
+
+
+def _cut_torn_tail(fd: int, path: PathLike) -> int:
+    """The file's length once a torn last line (a crash mid-write) is cut off."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return size
+    end, keep = size, 0
+    while end > 0:
+        begin = max(0, end - _TAIL_CHUNK)
+        newline = os.pread(fd, end - begin, begin).rfind(b"\n")
+        if newline >= 0:
+            keep = begin + newline + 1
+            break
+        end = begin
+    log.warning("%s ends in a torn line (%d bytes without a newline, left by a crash mid-write); cutting it off "
+                "before appending", path, size - keep)
+    os.ftruncate(fd, keep)
+    return keep
+
+
 def append_jsonl(path: PathLike, obj: Any, *, durable: bool = False) -> None:
     """Append `obj` as one JSON line; with `durable`, fsync before returning.
 
-    The line goes out in a single write on an O_APPEND descriptor, so concurrent
-    appenders do not interleave within a line. A crash can still leave a torn last
-    line; `read_jsonl` skips it.
+    Through `append_lines`: a failed append (a full disk) leaves the file as it was, and a
+    crash can tear only the last line, which `read_jsonl` skips.
     """
     target = Path(path)
-    line = orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE)
     created = not target.exists()
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
-    try:
-        written = os.write(fd, line)
-        while written < len(line):
-            # Regular files rarely short-write, but a full disk can; finish or raise.
-            written += os.write(fd, line[written:])
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
+    append_lines(target, orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE), durable=durable)
     if durable and created:
         # A new file's directory entry is not durable until its directory is synced.
         fsync_dir(target.parent)
 
 
+class DamagedJsonl(ValueError):
+    """A line before the end of a JSON-lines file is not JSON: the file is damaged, not just torn."""
+
+
 def read_jsonl(path: PathLike) -> Iterator[Any]:
-    """Yield each JSON line of `path`, skipping a torn (unterminated) final line."""
+    """Yield each JSON line of `path`, skipping a torn (unterminated) final line.
+
+    Only the last line can be torn by a crash mid-append; a terminated line that is not
+    JSON raises `DamagedJsonl` naming the file, the line and its byte offset.
+    """
     with open(path, "rb") as f:
-        for raw in f:
+        offset = 0
+        for number, raw in enumerate(f, start=1):
             if not raw.endswith(b"\n"):
                 # Only the last line can lack its newline: a crash mid-append.
                 return
             if raw.strip():
-                yield orjson.loads(raw)
+                try:
+                    obj = orjson.loads(raw)
+                except orjson.JSONDecodeError as err:
+                    raise DamagedJsonl(
+                        f"{path} line {number} (byte {offset}) is not valid JSON ({err}): a torn or damaged line "
+                        f"before the end of the file, which a crash alone cannot leave; the file is damaged "
+                        f"(the line starts {bytes(raw[:80])!r})"
+                    ) from None
+                yield obj
+            offset += len(raw)
 
 
 def sha256_file(path: PathLike, chunk_bytes: int = 1 << 20) -> str:

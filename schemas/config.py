@@ -1,28 +1,46 @@
 """The run's configuration: one pydantic tree loaded from TOML.
 
 Every model forbids unknown keys, so a typo stops the run before anything starts
-instead of silently falling back to a default.
+instead of silently falling back to a default. Every float must be finite (TOML has
+`inf` and `nan`; a timeout or a weight of `inf` would otherwise fail much later), and
+every value that the run would refuse later is bounded here, so the config is refused
+at load, before anything starts.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from schemas.participant import FaultPlan
 
+CALC_OPERATORS = "+-*"
+"""Operators the calculator task supports (mirrors envs/calc_task.SUPPORTED_OPERATORS, which imports this module)."""
+MAX_SEED = 2**32 - 1
+"""Largest run.seed: vLLM seeds numpy with it, which takes 0 .. 2**32 - 1."""
+
+
+def _path_given(value: Any) -> Any:
+    if isinstance(value, str) and not value.strip():
+        raise ValueError('an empty path; give a path, or leave the key out for its default')
+    return value
+
+
+ConfigPath = Annotated[Path, BeforeValidator(_path_given)]
+"""A path in the config: an empty string (which would mean the working directory) is refused."""
+
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True, allow_inf_nan=False)
 
 
 class RunConfig(StrictModel):
-    run_dir: Path = Path("runs/tiny")
+    run_dir: ConfigPath = Path("runs/tiny")
     """Directory that receives metrics, checkpoints, logs and Ray's temp files."""
-    seed: int = 0
-    """Seed for the dataloader, sampling and the trainer's RNG."""
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
+    """Seed for the dataloader, sampling and the trainer's RNG (0 .. 2**32 - 1)."""
     steps: int | None = Field(default=None, ge=1)
     """Stop after this many train steps (None: run until stopped). `--steps` overrides it."""
 
@@ -68,9 +86,9 @@ class TinyModelConfig(StrictModel):
 
 
 class ModelConfig(StrictModel):
-    path: Path | None = None
+    path: ConfigPath | None = None
     """A Hugging Face model directory (config.json, safetensors, tokenizer). None: make the tiny model."""
-    cache_dir: Path = Path("~/.cache/turnkeep/models")
+    cache_dir: ConfigPath = Path("~/.cache/turnkeep/models")
     """Where the made-up tiny model is cached, keyed by its settings and seed."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weights dtype in both trainer and policy server."""
@@ -86,7 +104,16 @@ class TaskConfig(StrictModel):
     max_operand: int = Field(default=99, ge=2)
     """Largest operand."""
     operators: str = "+-"
-    """Operators questions may use."""
+    """Operators questions may use: a non-empty subset of "+-*"."""
+
+    @field_validator("operators")
+    @classmethod
+    def _supported_operators(cls, operators: str) -> str:
+        unsupported = sorted(set(operators) - set(CALC_OPERATORS))
+        if unsupported or not operators:
+            named = f"{''.join(unsupported)!r} is not supported" if unsupported else "no operator given"
+            raise ValueError(f"{named}; use a non-empty subset of {CALC_OPERATORS!r} (e.g. operators = \"+-\")")
+        return operators
 
 
 EnvironmentKind = Literal["calc", "workspace", "lab", "judge", "python", "remote"]
@@ -114,7 +141,7 @@ class EnvironmentSpec(StrictModel):
     """python only: keyword options handed to the class (checked by its `Options` model at start-up)."""
     url: str | None = None
     """remote only: `http://host:port` of a `turnkeep env-server`."""
-    token_file: Path | None = None
+    token_file: ConfigPath | None = None
     """remote only: file holding the bearer token the server was started with (`--token-file`); keep it 0600."""
 
     @model_validator(mode="after")
@@ -137,7 +164,7 @@ class EnvironmentSpec(StrictModel):
 
 
 class DataConfig(StrictModel):
-    train: Path | None = None
+    train: ConfigPath | None = None
     """Prompts file (`.jsonl`, or `.parquet`), one record per prompt: `prompt` (text), optional `answer`, optional
     `env` (an [environments] name), any other fields go to the environment as `problem.metadata`. Relative paths
     are relative to the working directory. None: generated calculator problems ([task])."""
@@ -269,12 +296,12 @@ class PlacementConfig(StrictModel):
 
 
 class RayConfig(StrictModel):
-    address: str | None = None
+    address: str | None = Field(default=None, min_length=1)
     """Join an existing Ray cluster at this address, with token authentication (None: start a local one in the run
     directory, listening on loopback only)."""
     num_cpus: int | None = Field(default=None, ge=1)
     """CPUs the local Ray reports (None: what the machine has)."""
-    token_file: Path | None = None
+    token_file: ConfigPath | None = None
     """Ray's authentication token (0600). Local Ray: made there if absent (None: `<run_dir>/ray_token`). Joining a
     cluster (address): the token the cluster was started with; the run refuses to start without it."""
 
@@ -284,15 +311,15 @@ class TemporalSecurity(StrictModel):
 
     tls: bool = False
     """Connect with TLS (implied by tls_cert or tls_ca; Temporal Cloud with an API key needs only this)."""
-    tls_cert: Path | None = None
+    tls_cert: ConfigPath | None = None
     """PEM client certificate for mutual TLS (with tls_key)."""
-    tls_key: Path | None = None
+    tls_key: ConfigPath | None = None
     """PEM private key of tls_cert (keep it 0600)."""
-    tls_ca: Path | None = None
+    tls_ca: ConfigPath | None = None
     """PEM certificate of the CA that signed the server's certificate (None: the system's roots)."""
     tls_server_name: str | None = None
     """Name to check the server's certificate against (None: the address's host)."""
-    api_key_file: Path | None = None
+    api_key_file: ConfigPath | None = None
     """File holding an API key (Temporal Cloud), sent with every call; TLS is then on."""
 
     @model_validator(mode="after")
@@ -311,21 +338,21 @@ class TemporalSecurity(StrictModel):
 
 
 class TemporalConfig(StrictModel):
-    address: str | None = None
+    address: str | None = Field(default=None, min_length=1)
     """Temporal frontend `host:port` to use (None: start `temporal server start-dev` inside the run directory)."""
-    namespace: str = "default"
+    namespace: str = Field(default="default", min_length=1)
     """Temporal namespace of the run's workflows."""
     tls: bool = False
     """Connect to `address` with TLS (implied by tls_cert, tls_ca or api_key_file)."""
-    tls_cert: Path | None = None
+    tls_cert: ConfigPath | None = None
     """PEM client certificate for mutual TLS (with tls_key), readable where the controller, trainer and policy run."""
-    tls_key: Path | None = None
+    tls_key: ConfigPath | None = None
     """PEM private key of tls_cert (keep it 0600)."""
-    tls_ca: Path | None = None
+    tls_ca: ConfigPath | None = None
     """PEM certificate of the CA that signed the server's certificate (None: the system's roots)."""
     tls_server_name: str | None = None
     """Name to check the server's certificate against (None: the address's host)."""
-    api_key_file: Path | None = None
+    api_key_file: ConfigPath | None = None
     """File holding a Temporal Cloud API key (keep it 0600); sent with every call, over TLS."""
     port: int = Field(default=7233, ge=0, le=65535)
     """Frontend port of the embedded dev server (0: pick a free one)."""
@@ -356,8 +383,9 @@ class SnapshotConfig(StrictModel):
     """How long participants may take to park and drain before the attempt fails."""
     phase_timeout_s: float = Field(default=60.0, gt=0)
     """Start-to-close timeout of every other attempt phase (commit, cut, publish, resume)."""
-    lease_s: float = Field(default=30.0, gt=0)
-    """Lease of every hold an attempt takes; a dead coordinator's holds expire after this."""
+    lease_s: float = Field(default=30.0, gt=0, le=3600)
+    """Lease of every hold an attempt takes; a dead coordinator's holds expire after this (at most an hour:
+    the participants grant no longer)."""
     max_consecutive_failures: int = Field(default=3, ge=1)
     """Failed attempts in a row that stop the run."""
     keep_latest_k: int = Field(default=2, ge=1)
@@ -382,7 +410,8 @@ class TurnkeepConfig(StrictModel):
     data: DataConfig = DataConfig()
     """Prompts from a file instead of generated problems."""
     environments: dict[str, EnvironmentSpec] = {"calc": EnvironmentSpec()}
-    """The environments prompt groups are spread over, by name (`[environments.<name>]`); a run can mix kinds."""
+    """The environments prompt groups are spread over, by name (`[environments.<name>]`); a run can mix kinds.
+    At least one (leave the table out for the default calculator)."""
     rollout: RolloutConfig = RolloutConfig()
     """How rollouts are generated and retried."""
     rollout_recovery: RolloutRecoveryConfig = RolloutRecoveryConfig()
@@ -401,6 +430,22 @@ class TurnkeepConfig(StrictModel):
     """Where snapshot workflows run."""
     snapshot: SnapshotConfig = SnapshotConfig()
     """Rollout snapshots."""
+
+    @field_validator("environments")
+    @classmethod
+    def _some_environment(cls, environments: dict[str, EnvironmentSpec]) -> dict[str, EnvironmentSpec]:
+        if not environments:
+            raise ValueError('at least one environment is needed: declare one as a table, e.g. [environments.calc] '
+                             'with kind = "calc", or remove the empty [environments] table for the default calculator')
+        return environments
+
+    @model_validator(mode="after")
+    def _inflight_fits_a_step(self) -> "TurnkeepConfig":
+        limit, step = self.rollout.max_inflight_groups, self.train.prompts_per_step
+        if limit is not None and limit < step:
+            raise ValueError(f"rollout.max_inflight_groups = {limit} is below train.prompts_per_step = {step}: a step "
+                             f"would never get its groups; raise it to at least {step}, or leave it out")
+        return self
 
     @model_validator(mode="after")
     def _environment_names(self) -> "TurnkeepConfig":

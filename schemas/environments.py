@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import Field
+
 from schemas.rollout import Problem
 from schemas.wire import Wire
 
@@ -57,28 +59,29 @@ class JudgeReply(Wire):
 class RolloutLimits(Wire):
     """The run's limits on one agent's episode, as an environment server applies them."""
 
-    max_turns: int
-    max_tokens_per_turn: int
-    max_model_len: int
-    temperature: float
+    max_turns: int = Field(ge=1)
+    max_tokens_per_turn: int = Field(ge=1)
+    max_model_len: int = Field(ge=2)
+    temperature: float = Field(ge=0)
 
 
 class AttachRequest(Wire):
     """Body of `POST /attach`: the run gives an environment server what it needs to run agents."""
 
-    run_id: str
+    run_id: str = Field(min_length=1, max_length=200)
     """The run attaching; a different run or incarnation than the current one cancels the old one's agents."""
-    incarnation: int
+    incarnation: int = Field(ge=0)
     """The controller incarnation attaching."""
-    name: str
-    """The server's participant name in this run (its `[environments.<name>]` for a remote server)."""
-    policy_url: str
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+    """The server's participant name in this run (its `[environments.<name>]` for a remote server); also its
+    folder inside a snapshot, hence a plain name."""
+    policy_url: str = Field(pattern=r"^https?://[^\s/]+(/\S*)?$", max_length=2048)
     """Where the agents' policy calls go (`/v1/completions`)."""
     limits: RolloutLimits
     """Turn and token limits of every episode."""
     model_files: dict[str, str]
     """The policy model's tokenizer and config files (name -> text): the server renders conversations with them."""
-    group_size: int
+    group_size: int = Field(ge=1, le=4096)
     """rollout.group_size (a group-scored environment scores exactly one group)."""
 
 

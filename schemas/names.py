@@ -113,6 +113,8 @@ class ErrorType(StrEnum):
     INVARIANT_BROKEN = "InvariantBroken"
     """A bug: fails the attempt and stops the run."""
     PARTICIPANT_REFUSED = "ParticipantRefused"
+    INVALID_INPUT = "InvalidInput"
+    """An activity input refused before anything moved (not retried: the same input is refused again)."""
     STALE_INCARNATION = "StaleIncarnation"
     """An activity of a dead controller incarnation; benign."""
     TRAINER_MOVED = "TrainerMoved"

@@ -19,6 +19,12 @@ from schemas.wire import Wire
 
 PROTOCOL_VERSION = 1
 
+MAX_LEASE_S = 3600.0
+"""The longest lease a participant grants: a coordinator that vanished releases it within the hour at worst."""
+
+CheckpointId = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")]
+"""`<run_id>.snapshot.<step>.<number>` in practice; the pattern keeps ids printable and path-free."""
+
 CheckpointRoute = Literal["capabilities", "prepare", "status", "renew", "commit", "resume", "abort", "restore"]
 """The `/checkpoint/<route>` names (fault injection addresses routes by these)."""
 
@@ -44,26 +50,26 @@ class Capabilities(Wire):
 
 
 class PrepareRequest(Wire):
-    checkpoint_id: str
+    checkpoint_id: CheckpointId
     """Attempt's checkpoint id (stable across retries of the same attempt)."""
-    lease_s: float = Field(gt=0)
+    lease_s: float = Field(gt=0, le=MAX_LEASE_S)
     """The participant resumes by itself unless renewed within this many seconds."""
 
 
 class LeaseRequest(Wire):
-    checkpoint_id: str
+    checkpoint_id: CheckpointId
     """Checkpoint whose lease is renewed."""
-    lease_s: float = Field(gt=0)
+    lease_s: float = Field(gt=0, le=MAX_LEASE_S)
     """New lease from now."""
 
 
 class CheckpointRef(Wire):
-    checkpoint_id: str
+    checkpoint_id: CheckpointId
     """Checkpoint the call is about (resume, abort)."""
 
 
 class CommitRequest(Wire):
-    checkpoint_id: str
+    checkpoint_id: CheckpointId
     """Checkpoint being committed; must be the prepared one."""
     directory: str | None = None
     """Absolute staging directory the participant writes its artifacts into (a participant on the same machine)."""
@@ -138,8 +144,8 @@ class ParticipantError(Wire):
     """What went wrong and how to fix it."""
     code: str
     """Stable machine-readable code: `bad_request`, `unauthorized`, `wrong_checkpoint`, `not_prepared`,
-    `released` (the checkpoint already ended: resumed, aborted or its lease ran out), `io_error`,
-    `injected_fault`."""
+    `released` (the checkpoint already ended: resumed, aborted or its lease ran out), `too_large`,
+    `io_error`, `injected_fault`."""
     checkpoint_id: str | None = None
     """Echo of the request's checkpoint id (None when the request carried none or did not parse)."""
 
@@ -167,7 +173,7 @@ class SavedAgent(Wire):
 class RestoreRequest(Wire):
     """Body of `POST /checkpoint/restore`: load this participant's part of a snapshot, paused."""
 
-    checkpoint_id: str
+    checkpoint_id: CheckpointId
     """The recovery that asks (`<run_id>.recovery.<incarnation>`)."""
     directory: str | None = None
     """This participant's folder inside the chosen snapshot (for example `<snapshot>/env`)."""

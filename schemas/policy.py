@@ -6,7 +6,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class CompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore", use_attribute_docstrings=True)
+    # An infinite temperature or seed would reach vLLM's engine loop; JSON's Infinity/NaN are refused here.
+    model_config = ConfigDict(extra="ignore", use_attribute_docstrings=True, allow_inf_nan=False)
 
     model: str = "policy"
     """Ignored beyond logging; the server serves one policy."""

@@ -19,7 +19,8 @@ SkipProblem = Literal[
     "newer_schema",  # written by a newer turnkeep than this one
     "foreign_run",  # written by another run (run id differs)
     "fingerprint_differs",  # written with different model/task/group settings
-    "missing_file",  # an artifact named in the manifest is gone
+    "missing_file",  # an artifact named in the manifest is gone, or a required one is not named
+    "unlisted_file",  # the directory holds a file its manifest does not list (so it could not be verified)
     "truncated",  # an artifact is shorter (or longer) than the manifest says
     "digest_mismatch",  # an artifact's sha256 differs from the manifest
     "policy_version_mismatch",  # snapshot and trainer checkpoint disagree on the policy version

@@ -102,5 +102,10 @@ class TurnBoundary(Wire):
 
 
 class AckRequest(Wire):
-    receipt: str
+    receipt: str = Field(min_length=1, max_length=512)
     """Receipt from a RolloutResult."""
+
+
+class CancelRequest(Wire):
+    rollout_id: str = Field(min_length=1, max_length=512)
+    """The running rollout to stop (its agent's task is cancelled; nothing is kept)."""

@@ -20,10 +20,12 @@ DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 
 
 def _parse_overrides(pairs: list[str]) -> dict:
+    """`--set KEY=VALUE` flags as dotted overrides; load_config checks each key path against the config tree."""
     overrides = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep:
+        key = key.strip()
+        if not sep or not key:
             raise ConfigError(f"--set {pair!r}: expected KEY=VALUE, for example --set train.lr=1e-4")
         try:
             overrides[key] = orjson.loads(value)

@@ -49,6 +49,9 @@ with workflow.unsafe.imports_passed_through():
 
 from workflows.retry_policies import ATTEMPT_FEW_TRIES, ATTEMPT_PERSISTENT, ATTEMPT_TRANSIENT
 
+MIN_PREPARE_LEFT_S = 2.0
+"""The policy server's fence gets at least this long, even when parking the agents used up the budget."""
+
 
 @dataclass
 class AttemptProgress:
@@ -119,14 +122,17 @@ class SnapshotAttemptWorkflow:
                        lease_s=budget.lease_s, staging_dir=staging.staging_dir)
 
         progress.gym_started = True
+        # snapshot.prepare_timeout_s bounds the whole prepare (both activities, every retry), not each try.
+        prepare_ends = workflow.time() + budget.prepare_s
         prepared = await self._call(progress, "gym_prepare", Activity.GYM_PREPARE, gym, GymPrepareResult,
-                                    budget.prepare_s, ATTEMPT_FEW_TRIES, heartbeat_s=10)
+                                    budget.prepare_s, ATTEMPT_FEW_TRIES, heartbeat_s=10, total_s=budget.prepare_s)
         progress.participant_s += prepared.participant_s
         progress.agents_parked_s = prepared.agents_parked_s
         # Only now: a mid-turn agent needs its policy call answered to reach its boundary.
+        left_s = max(MIN_PREPARE_LEFT_S, prepare_ends - workflow.time())
         fenced = await self._call(progress, "gym_prepare", Activity.POLICY_PREPARE, gym, PolicyPrepareResult,
-                                  budget.prepare_s, ATTEMPT_FEW_TRIES, task_queue=policy_queue(inp.run_id),
-                                  heartbeat_s=10)
+                                  left_s, ATTEMPT_FEW_TRIES, task_queue=policy_queue(inp.run_id),
+                                  heartbeat_s=10, total_s=left_s)
         progress.participant_s += fenced.participant_s
         committed = await self._call(progress, "gym_commit", Activity.GYM_COMMIT, gym, GymCommitResult,
                                      budget.phase_s, ATTEMPT_TRANSIENT, heartbeat_s=10)
@@ -204,10 +210,10 @@ class SnapshotAttemptWorkflow:
         progress.admission_closed_s = released.admission_closed_s
 
     async def _call(self, progress, phase, activity, arg, result_type, timeout_s, retry, *, task_queue=None,
-                    heartbeat_s=None):
+                    heartbeat_s=None, total_s=None):
         self._phase = phase
         return await timed_activity(progress.phase_s, phase, activity, arg, result_type, timeout_s, retry,
-                                    task_queue=task_queue, heartbeat_s=heartbeat_s)
+                                    task_queue=task_queue, heartbeat_s=heartbeat_s, total_s=total_s)
 
     def _result(self, inp, progress: AttemptProgress, outcome: Outcome, reason: str) -> SnapshotAttemptResult:
         return SnapshotAttemptResult(

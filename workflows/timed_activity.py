@@ -12,12 +12,15 @@ from temporalio.common import RetryPolicy
 
 
 async def timed_activity(seconds: dict[str, float], phase: str, activity: str, arg, result_type, timeout_s: float,
-                         retry: RetryPolicy, *, task_queue: str | None = None, heartbeat_s: float | None = None):
+                         retry: RetryPolicy, *, task_queue: str | None = None, heartbeat_s: float | None = None,
+                         total_s: float | None = None):
+    """`timeout_s` bounds one try; `total_s`, when given, every try together (schedule-to-close)."""
     began = workflow.time()
     try:
         return await workflow.execute_activity(
             activity, arg, result_type=result_type, task_queue=task_queue,
             start_to_close_timeout=timedelta(seconds=timeout_s), retry_policy=retry,
+            schedule_to_close_timeout=timedelta(seconds=total_s) if total_s is not None else None,
             heartbeat_timeout=timedelta(seconds=heartbeat_s) if heartbeat_s else None,
             summary=str(activity),
         )

@@ -8,6 +8,11 @@ meanwhile a probe polls its `/health`, re-attaches a stand-alone server that cam
 without the run (a fresh process), and one warning names a server that stays away
 longer than `absence_warn_s`. A snapshot attempt during an absence fails at once with
 a reason naming the server (`away()`).
+
+A server that hangs counts as away too: every call has a time limit (`EnvClient`), and a
+call that runs out of it marks the server away with the call and the server's URL as
+the reason. An ACK to a server that is away fails at once instead of waiting: the
+rollout pump ACKs under the data-plane barrier, which must never wait on the network.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from controller.pumps.env_client import EnvClient, EnvServerError
+from controller.pumps.env_client import EnvClient, EnvServerError, EnvTimeout
 from schemas.environments import AttachRequest, JudgeRequest
 from schemas.rollout import RolloutRequest, RolloutResult
 
@@ -92,38 +97,50 @@ class EnvRouter:
         link = self._receipts.get(receipt)
         if link is None:
             raise EnvServerError(f"receipt {receipt} was not issued by any server this run knows")
+        if link.away_since is not None:
+            # Callers ACK under the data-plane barrier: fail now rather than wait for a server that is away.
+            raise EnvServerError(f"cannot ACK {receipt}: environment server {link.name} ({link.client.base_url}) "
+                                 f"is away: {link.reason}")
         await self._guarded(link, link.client.ack(receipt))
         self._receipts.pop(receipt, None)
 
     async def cancel(self, rollout_id: str) -> None:
         link = self._running.get(rollout_id)
         if link is not None and link.away_since is None:
-            await link.client.cancel(rollout_id)
+            await self._guarded(link, link.client.cancel(rollout_id))
 
     async def cancel_all(self) -> int:
-        cancelled = 0
-        for link in self.links:
-            if link.away_since is not None:
-                continue
+        """Every server's agents stopped at once (each call time-limited); servers that are away are skipped."""
+        async def one(link: EnvServerLink) -> int:
             try:
-                cancelled += await link.client.cancel_all()
+                return await link.client.cancel_all()
             except (aiohttp.ClientError, EnvServerError) as err:
-                log.warning("could not stop the agents of environment server %s: %s", link.name, err)
-        return cancelled
+                log.warning("could not stop the agents of environment server %s (%s): %s", link.name,
+                            link.client.base_url, err)
+                return 0
+
+        return sum(await asyncio.gather(*(one(link) for link in self.links if link.away_since is None)))
 
     async def health(self) -> dict:
-        """The servers' counters added up (servers that are away are left out and named)."""
-        total = {"turn_commits": 0, "running": 0, "unacked": 0, "away": [link.name for link in self.links
-                                                                          if link.away_since is not None]}
-        for link in self.links:
-            if link.away_since is None:
-                try:
-                    health = await link.client.health()
-                except (aiohttp.ClientError, EnvServerError) as err:
-                    self._mark_away(link, f"/health failed: {err}")
-                    continue
-                for key in ("turn_commits", "running", "unacked"):
-                    total[key] += int(health.get(key, 0))
+        """The servers' counters added up (servers that are away, or go away now, are left out and named).
+
+        All servers are asked at once, each call time-limited: a server that hangs costs one
+        time limit, is marked away and left out.
+        """
+        total = {"turn_commits": 0, "running": 0, "unacked": 0}
+
+        async def one(link: EnvServerLink) -> None:
+            try:
+                health = await link.client.health()
+            except (aiohttp.ClientError, EnvServerError) as err:
+                self._mark_away(link, f"/health failed: {err}")
+                return
+            for key in ("turn_commits", "running", "unacked"):
+                total[key] += int(health.get(key, 0))
+
+        asked = [link for link in self.links if link.away_since is None]
+        await asyncio.gather(*(one(link) for link in asked))
+        total["away"] = [link.name for link in self.links if link.away_since is not None]
         return total
 
     async def close(self) -> None:
@@ -138,6 +155,9 @@ class EnvRouter:
             return await call
         except aiohttp.ClientConnectionError as err:
             self._mark_away(link, f"{type(err).__name__}: {err}")
+            raise
+        except EnvTimeout as err:  # a server that hangs is away as much as one that is gone
+            self._mark_away(link, str(err))
             raise
         except EnvServerError as err:
             if "HTTP 503" in str(err):  # a restarted stand-alone server that no run has attached yet

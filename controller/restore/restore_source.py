@@ -20,6 +20,8 @@ from controller.stores import snapshot_store
 from controller.stores.trainer_checkpoint import (
     CHECKPOINT_MANIFEST,
     CONTROLLER_STATE,
+    REQUIRED_FILES,
+    SNAPSHOTS,
     STEP_DIR,
     checkpoint_root,
     fingerprint_of,
@@ -66,10 +68,61 @@ def verify_trainer_checkpoint(
         if manifest.config_fingerprint != fingerprint:
             raise _Skip("fingerprint_differs", _trainer_fingerprint_detail(checkpoint_dir, manifest, fingerprint,
                                                                            fingerprint_fields))
+        _check_file_set(checkpoint_dir, manifest.artifacts)
         _check_artifacts(checkpoint_dir, manifest.artifacts)
     except _Skip as skip:
         return None, SkippedCandidate(path=str(checkpoint_dir), problem=skip.problem, detail=skip.detail)
     return manifest, None
+
+
+def _check_file_set(checkpoint_dir: Path, artifacts: list[Artifact]) -> None:
+    """The manifest lists every file a checkpoint must hold, and every file the directory holds.
+
+    Only listed files are verified, so a file left out of `checkpoint.json` would be loaded
+    unchecked. `snapshots/` is not part of it: each snapshot is published later, under its
+    own manifest.
+    """
+    manifest_path = checkpoint_dir / CHECKPOINT_MANIFEST
+    listed = {artifact.path for artifact in artifacts}
+    unlisted_required = [rel for rel in REQUIRED_FILES if rel not in listed]
+    if unlisted_required:
+        raise _Skip(
+            "missing_file",
+            f"{manifest_path} lists no {', '.join(unlisted_required)}: a trainer checkpoint must hold and list "
+            f"{', '.join(REQUIRED_FILES)}",
+        )
+    try:
+        unlisted = sorted(rel for rel in _checkpoint_files(checkpoint_dir) if rel not in listed)
+    except OSError as err:
+        raise _Skip("missing_file", f"{checkpoint_dir} cannot be listed: {err}") from None
+    if unlisted:
+        shown = ", ".join(unlisted[:5]) + (f" and {len(unlisted) - 5} more" if len(unlisted) > 5 else "")
+        raise _Skip(
+            "unlisted_file",
+            f"{manifest_path} does not list {shown}, which {checkpoint_dir} holds: the manifest does not describe "
+            "the checkpoint (written after it was published, or the manifest is incomplete), so the file could "
+            "not be verified",
+        )
+
+
+def _checkpoint_files(checkpoint_dir: Path) -> list[str]:
+    """Every entry but a directory under `checkpoint_dir` (links and special files too), as relative paths,
+    leaving out the manifest itself and the `snapshots/` directory."""
+    found: list[str] = []
+    pending = [checkpoint_dir]
+    while pending:
+        directory = pending.pop()
+        for entry in directory.iterdir():
+            if directory == checkpoint_dir and entry.name == CHECKPOINT_MANIFEST:
+                continue
+            is_dir = entry.is_dir() and not entry.is_symlink()
+            if is_dir and directory == checkpoint_dir and entry.name == SNAPSHOTS:
+                continue
+            if is_dir:
+                pending.append(entry)
+            else:
+                found.append(entry.relative_to(checkpoint_dir).as_posix())
+    return found
 
 
 def verify_snapshot(

@@ -5,6 +5,11 @@ and group ledgers, the dataloader and the checked continuations are captured at 
 First the train pump's step is checked against what the attempt expects: with the
 trainer hold it cannot have moved (if it did, that is a bug); without it a step that
 finished during the Gym phase makes the attempt worthless, as in the peer system.
+
+Nothing under the barrier waits on the network: while it is held no row is stored and
+no receipt ACKed anywhere in the controller, so a call to a server that hangs would stall
+the cut, the trainer checkpoint and every rollout with it. What needs a server (the
+environment servers' counters of the progress marker) is asked before the barrier.
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ async def cut_data_plane(
     controller, staging: Path, anchor_step: int, hold: TrainerHoldResult | None,
     under_barrier: Callable[[], Awaitable[None]] | None = None,
 ) -> Cut:
-    """Write `<staging>/controller/state.json`; `under_barrier` runs before the barrier opens again.
+    """Write `<staging>/controller/state.json`; `under_barrier` runs before the barrier opens again
+    and must not wait on the network (ask servers before calling this).
 
     `hold` is what `trainer.hold` returned, None for an attempt without the trainer hold.
     """

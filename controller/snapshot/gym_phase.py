@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from participants.errors import ParticipantUnavailable
+from participants.errors import ParticipantNotReady, ParticipantUnavailable
 from schemas.participant import Artifact, CommitResult, ControlReply, ParticipantStatus
 
 log = logging.getLogger("turnkeep.snapshot")
@@ -57,14 +57,15 @@ class Committed:
 
 async def prepare_participants(
     environments: Sequence[Participant], checkpoint_id: str, lease_s: float, renew_others: Renew,
-    agents_parked: Renew | None = None,
+    agents_parked: Renew | None = None, budget_s: float | None = None,
 ) -> Prepared:
     """Prepare every environment server at once and wait until all are ready: as long as the slowest one.
 
     The first failure cancels the other waits and is raised; the attempt's compensation aborts them all.
+    A server not ready within `budget_s` fails with what it still waits on.
     """
     started = time.monotonic()
-    await _all_at_once(until_ready(env, checkpoint_id, lease_s, renew_others) for env in environments)
+    await _all_at_once(until_ready(env, checkpoint_id, lease_s, renew_others, budget_s) for env in environments)
     agents_parked_s = time.monotonic() - started
     if agents_parked is not None:
         await agents_parked()
@@ -83,11 +84,21 @@ async def _all_at_once(calls) -> list:
         raise
 
 
-async def until_ready(participant: Participant, checkpoint_id: str, lease_s: float, renew_others: Renew) -> ParticipantStatus:
-    """Prepare, then poll its status until it is ready, renewing the leases a third of the way through each."""
+async def until_ready(
+    participant: Participant, checkpoint_id: str, lease_s: float, renew_others: Renew, budget_s: float | None = None,
+) -> ParticipantStatus:
+    """Prepare, then poll its status until it is ready, renewing the leases a third of the way through each.
+
+    Past `budget_s` it raises `ParticipantNotReady` with the participant's own account of what it waits on
+    (an unACKed result of rollout X, agents mid-turn), so the attempt's reason says more than a timeout.
+    """
+    started = time.monotonic()
     status = await participant.prepare(checkpoint_id, lease_s)
     last_renew = time.monotonic()
     while not status.ready:
+        waited = time.monotonic() - started
+        if budget_s is not None and waited >= budget_s:
+            raise ParticipantNotReady(participant.name, waited, budget_s, status.detail)
         await asyncio.sleep(POLL_S)
         if time.monotonic() - last_renew > lease_s / 3:
             await renew_others()

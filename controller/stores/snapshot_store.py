@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from primitives.atomic_files import (
+    STAGING_PREFIX,
     atomic_write_bytes,
     fsync_dir,
     fsync_tree,
@@ -26,6 +27,14 @@ from schemas.snapshot import SnapshotManifest
 
 MANIFEST = "manifest.json"
 NUMBER = re.compile(r"^\d+$")
+STAGING_NAME = re.compile(rf"{re.escape(STAGING_PREFIX)}([0-9]+)-[0-9a-f]+")
+"""An attempt's staging directory as `open_staging` names it: `.staging-<n>-<random hex>`."""
+
+
+def staging_number(name: str) -> int | None:
+    """The attempt number in a staging directory's name; None for a name `open_staging` never makes."""
+    match = STAGING_NAME.fullmatch(name)
+    return int(match.group(1)) if match else None
 
 
 def snapshots_root(run_dir: Path, step: int) -> Path:
@@ -51,7 +60,9 @@ def publish(
 
     `before_rename` runs when the staging directory is complete but not yet in place
     (where the chaos command kills the run: a complete-looking staging dir is never read).
+    Refuses a `keep_latest_k` below 1 before anything is written (it would prune what it publishes).
     """
+    _check_keep(keep_latest_k)
     final = staging.parent / str(manifest.number)
     if (final / MANIFEST).exists():
         existing = SnapshotManifest.model_validate_json((final / MANIFEST).read_bytes())
@@ -74,11 +85,17 @@ def published(root: Path) -> list[int]:
 
 
 def prune(root: Path, keep_latest_k: int) -> list[str]:
+    _check_keep(keep_latest_k)
     removed = []
     for number in published(root)[:-keep_latest_k]:
         remove_dir(root / str(number))
         removed.append(str(number))
     return removed
+
+
+def _check_keep(keep_latest_k: int) -> None:
+    if isinstance(keep_latest_k, bool) or not isinstance(keep_latest_k, int) or keep_latest_k < 1:
+        raise ValueError(f"keep_latest_k = {keep_latest_k!r}: keep at least 1 published snapshot")
 
 
 def new_manifest(**fields) -> SnapshotManifest:

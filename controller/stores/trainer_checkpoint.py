@@ -8,8 +8,10 @@ damaged, foreign or incompatible one.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
+import os
 import re
 import shutil
 import time
@@ -35,6 +37,16 @@ STEP_DIR = re.compile(r"^step_(\d+)$")
 CHECKPOINT_MANIFEST = "checkpoint.json"
 CONTROLLER_STATE = "controller_state.json"
 TRAINER_STATE = Path("trainer") / "trainer_state.json"
+REQUIRED_FILES = (
+    "trainer/model.safetensors",
+    "trainer/optimizer.pt",
+    "trainer/rng.pt",
+    str(TRAINER_STATE),
+    CONTROLLER_STATE,
+)
+"""Every checkpoint holds these (paths under `step_N/`) and its manifest lists each of them."""
+SNAPSHOTS = "snapshots"
+"""Published after the checkpoint, each with its own manifest: not part of `checkpoint.json`."""
 
 
 @dataclass(frozen=True)
@@ -94,26 +106,110 @@ async def write_trainer_checkpoint(
     identity: CheckpointIdentity | None = None,
 ) -> Path:
     """The trainer writes model, optimizer and RNG; the controller adds its own state and,
-    given an identity, the manifest that recovery verifies."""
+    given an identity, the manifest that recovery verifies.
+
+    All of it goes into a staging directory that is renamed into place only when complete,
+    and older checkpoints are pruned only after that: a write that fails (a full disk, a
+    trainer error) removes the staging directory and raises, and the previous checkpoint
+    stays the newest. A full disk raises `CheckpointDiskFull`, naming the file system, the
+    free space and the checkpoint that stays.
+    """
     root = checkpoint_root(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     staging = staging_dir(root, f"step_{step}")
+    final = root / f"step_{step}"
     try:
         await trainer.save_checkpoint.remote(str(staging / "trainer"))
         atomic_write_json(staging / CONTROLLER_STATE, controller_state)
+        missing = [rel for rel in REQUIRED_FILES if not (staging / rel).is_file()]
+        if missing:
+            raise IncompleteCheckpoint(
+                f"trainer checkpoint step_{step} is incomplete, so it was not published: nothing wrote "
+                f"{', '.join(missing)} (the trainer's save_checkpoint must write {', '.join(REQUIRED_FILES[:-1])})"
+            )
         if identity is not None:
             write_checkpoint_manifest(staging, step, identity)
-        final = root / f"step_{step}"
         publish_dir(staging, final)
-    except BaseException:
+    except BaseException as err:
+        disk_full = _disk_full(err, root, staging) if isinstance(err, Exception) else None
         shutil.rmtree(staging, ignore_errors=True)
+        if staging.exists():
+            log.warning("could not remove the staging directory %s of a failed checkpoint; the next start removes "
+                        "it", staging)
+        if disk_full is not None:
+            raise CheckpointDiskFull(_disk_full_message(run_dir, step, err, *disk_full)) from err
         raise
     _prune(root, keep)
     log.info("trainer checkpoint written: %s", final)
     return final
 
 
+class IncompleteCheckpoint(Exception):
+    """The trainer left out a file every checkpoint must hold; nothing was published."""
+
+
+class CheckpointDiskFull(OSError):
+    """A trainer checkpoint could not be written for lack of space; nothing was published."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(errno.ENOSPC, message)
+
+
+_DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
+_NEARLY_FULL_BYTES = 64 << 20
+
+
+def _disk_full(err: BaseException, root: Path, staging: Path) -> tuple[int, int, bool] | None:
+    """(bytes free, bytes staged, certain) when `err` looks like a full disk, else None.
+
+    Certain when an ENOSPC/EDQUOT error is in the chain; likely when the error carries no
+    errno (torch.save says only "file write failed") but the file system is nearly full.
+    Measured before the staging directory is removed, which frees its space again.
+    """
+    try:
+        stat = os.statvfs(root)
+        free = stat.f_bavail * stat.f_frsize
+    except OSError:
+        free = -1
+    try:
+        staged = sum(p.stat().st_size for p in staging.rglob("*") if p.is_file())
+    except OSError:
+        staged = 0
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if getattr(cause, "errno", None) in _DISK_FULL_ERRNOS or any(
+            os.strerror(code) in str(cause) for code in _DISK_FULL_ERRNOS
+        ):
+            return free, staged, True
+        cause = cause.__cause__ or cause.__context__ or getattr(cause, "cause", None)
+    if 0 <= free < _NEARLY_FULL_BYTES:
+        return free, staged, False
+    return None
+
+
+def _disk_full_message(run_dir: Path, step: int, err: BaseException, free: int, staged: int, certain: bool) -> str:
+    steps = published_steps(run_dir)
+    stays = f"step_{steps[-1]} stays the newest trainer checkpoint" if steps else "there is no trainer checkpoint yet"
+    why = "the disk is full" if certain else "the disk is nearly full, the likely cause"
+    free_words = f"{free} bytes free" if free >= 0 else "free space unknown"
+    return (
+        f"trainer checkpoint step_{step} could not be written in {checkpoint_root(run_dir)}: {why} ({free_words} on "
+        f"its file system after {staged} bytes of this checkpoint were written; the error: {err}); its staging "
+        f"directory was removed and {stays}. Free space there (or lower train.keep_checkpoints) and restart"
+    )
+
+
 def _prune(root: Path, keep: int) -> None:
+    """Remove all but the newest `keep` checkpoints; only after a new one is published.
+
+    A checkpoint that cannot be removed is kept and reported: the new one is already in
+    place, so the write it follows has not failed.
+    """
     steps = published_steps(root.parent)
     for step in steps[:-keep]:
-        remove_dir(root / f"step_{step}")
+        try:
+            remove_dir(root / f"step_{step}")
+        except OSError as err:
+            log.warning("could not prune trainer checkpoint %s (%s); it stays on disk", root / f"step_{step}", err)

@@ -1,8 +1,11 @@
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from controller.config_file import ConfigError, load_config, parse_config
+from controller.config_file import ConfigError, check_key_path, load_config, parse_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -102,3 +105,90 @@ def test_the_gpu_config_places_the_trainer_and_vllm_on_their_own_gpus():
         tiny.hidden_size * tiny.head_dim * (2 * tiny.num_heads + 2 * tiny.num_kv_heads)
         + 3 * tiny.hidden_size * tiny.intermediate_size)
     assert 300e6 < body < 600e6  # the shape of a 0.5B model
+
+
+def _config_files() -> list[Path]:
+    """Every TOML file in the repo but the package metadata (pyproject.toml)."""
+    found = []
+    for root, dirs, files in os.walk(REPO):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("runs", "__pycache__", "node_modules")]
+        found += [Path(root) / name for name in files if name.endswith(".toml") and name != "pyproject.toml"]
+    return sorted(found)
+
+
+def test_every_config_file_in_the_repo_loads():
+    files = _config_files()
+    assert REPO / "configs" / "tiny.toml" in files and REPO / "examples" / "lookup" / "remote.toml" in files
+    for path in files:
+        load_config(path)
+
+
+@pytest.mark.parametrize(("dotted", "named", "keys"), [
+    ("train.lr.x", "'train.lr' is a single value, not a table, so it has no key 'x'; set it with --set train.lr=VALUE",
+     "train's keys: autocast_bf16, clip_eps,"),
+    ("run.seed.x.y", "'run.seed' is a single value, not a table, so it has no key 'x'",
+     "run's keys: run_dir, seed, steps"),
+    ("environments.calc.weight.x", "'environments.calc.weight' is a single value", "environments.calc's keys: entry,"),
+    ("rollout_recovery.overrides.judge.x", "'rollout_recovery.overrides.judge' is a single value",
+     "--set rollout_recovery.overrides.judge=VALUE"),
+    ("train.lrr", "unknown key 'train.lrr': remove it or use one of: autocast_bf16, clip_eps,", "lr, max_grad_norm"),
+    ("trainer.lr", "unknown key 'trainer': remove it or use one of: data, env, environments,", "train"),
+    ("model.tiny.depth.x", "unknown key 'model.tiny.depth': remove it or use one of: demonstrations,", "head_dim"),
+    ("env.startup_faults.delay", "unknown key 'env.startup_faults.delay'", "delay_s"),
+    ("train..lr", "a key path needs a name between every two dots", "--set train.lr=1e-4"),
+])
+def test_a_set_key_path_is_checked_against_the_tree_in_one_line(dotted, named, keys):
+    with pytest.raises(ConfigError) as err:
+        load_config(REPO / "configs" / "tiny.toml", {dotted: 1})
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("--set ") and named in message and keys in message
+
+
+@pytest.mark.parametrize("dotted", [
+    "train.lr", "model.tiny.hidden_size", "environments.calc.kind", "environments.mine.options.depth.limit",
+    "rollout_recovery.overrides.calc", "env.startup_faults.delay_s.prepare", "train", "environments",
+])
+def test_set_key_paths_the_tree_has_pass_the_check(dotted):
+    check_key_path(dotted)
+
+
+def test_a_set_below_a_value_the_file_gives_is_one_line(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[environments.mine]\nkind = "python"\nentry = "m:C"\noptions = { depth = 3 }\n')
+    assert load_config(path, {"environments.mine.options.width": 2}).environments["mine"].options == \
+        {"depth": 3, "width": 2}
+    with pytest.raises(ConfigError) as err:
+        load_config(path, {"environments.mine.options.depth.limit": 2})
+    assert "\n" not in str(err.value)
+    assert "'environments.mine.options.depth' is already 3" in str(err.value)
+
+
+def test_the_run_command_refuses_a_set_through_a_value_in_one_line_before_starting_anything(tmp_path) -> None:
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "run", "--run-dir", str(run_dir), "--set", "train.lr.x=1"],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("turnkeep: --set train.lr.x: 'train.lr' is a single value"), done.stderr
+    assert "clip_eps" in done.stderr
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize(("flag", "named"), [
+    ("train.lrr=1e-3", "turnkeep: --set train.lrr: unknown key 'train.lrr'"),
+    ("=1", "turnkeep: --set '=1': expected KEY=VALUE"),
+    ("snapshot.lease_s=inf", "  snapshot.lease_s = 'inf': inf and nan are not allowed; use a finite number"),
+    ("task.operators=+/", "  task.operators = '+/': '/' is not supported; use a non-empty subset of '+-*'"),
+    ("environments={}", "  environments: at least one environment is needed"),
+])
+def test_bad_set_flags_stop_the_cli_with_exit_code_2(flag, named, tmp_path, capsys) -> None:
+    from workers.cli import main
+
+    run_dir = tmp_path / "run"
+    assert main(["run", "--run-dir", str(run_dir), "--set", flag]) == 2
+    stderr = capsys.readouterr().err
+    assert any(line.startswith(named) for line in stderr.splitlines()) and "Traceback" not in stderr, stderr
+    assert not run_dir.exists()

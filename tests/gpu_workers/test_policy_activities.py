@@ -36,10 +36,17 @@ def _call(loop, fn, arg):
 
 def test_prepare_fences_commit_records_the_version_and_resume_reopens(loop, policy_server, tiny_model_dir, tmp_path):
     acts = _activities(policy_server, tiny_model_dir)
-    ck = f"r.snapshot.1.{uuid.uuid4().hex[:6]}"
-    gym = GymInput(run_id="r", checkpoint_id=ck, incarnation=INCARNATION, lease_s=30, staging_dir=str(tmp_path))
+    number = uuid.uuid4().int % 10**6 + 1
+    ck = f"r.snapshot.1.{number}"
+    staging = tmp_path / "checkpoints" / "step_1" / "snapshots" / f".staging-{number}-0a1b2c"
+    gym = GymInput(run_id="r", checkpoint_id=ck, incarnation=INCARNATION, lease_s=30, staging_dir=str(staging))
     prepared = _call(loop, acts.prepare, gym)
     assert prepared.participant_s >= 0 and snapshot_holder(ck) in policy_server.gate.holders()
+    for elsewhere in (str(tmp_path), str(staging / ".." / ".." / ".."), str(staging).replace("step_1", "step_2")):
+        with pytest.raises(ApplicationError) as err:  # the participant writes only into its attempt's staging
+            _call(loop, acts.commit, gym.model_copy(update={"staging_dir": elsewhere}))
+        assert err.value.type == ErrorType.INVALID_INPUT and err.value.non_retryable
+    assert not (tmp_path / "policy").exists()
     committed = _call(loop, acts.commit, gym)
     assert [a.path for a in committed.artifacts] == ["policy/state.json"]
     assert committed.counts == {"policy_version": policy_server.policy_version}
@@ -75,6 +82,10 @@ def test_load_weights_fetches_the_trainers_weights_and_serves_them_as_the_restor
                                                              policy_version=version))
     assert loaded.bytes == expected and loaded.seconds > 0
     assert policy_server.policy_version == version and policy_server.weights_ok
-    with pytest.raises(ValueError, match="refusing weights"):  # a late retry never rolls the policy back
-        _call(loop, acts.load_weights, PolicyLoadInput(run_id="r", incarnation=INCARNATION,
-                                                        policy_version=version - 1))
+    if version >= 1:
+        with pytest.raises(ValueError, match="refusing weights"):  # a late retry never rolls the policy back
+            _call(loop, acts.load_weights, PolicyLoadInput(run_id="r", incarnation=INCARNATION,
+                                                            policy_version=version - 1))
+    with pytest.raises(ApplicationError) as err:  # refused before the trainer's weights are even fetched
+        _call(loop, acts.load_weights, PolicyLoadInput(run_id="r", incarnation=INCARNATION, policy_version=-1))
+    assert err.value.type == ErrorType.INVALID_INPUT and policy_server.policy_version == version

@@ -163,3 +163,13 @@ def test_a_commit_released_while_writing_fails(tmp_path) -> None:
         assert info.value.code == "released"
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("lease_s", [float("inf"), float("nan"), 0, -1, 3601, "5"])
+def test_a_bad_lease_is_refused_before_anything_is_prepared(lease_s) -> None:
+    core, hooks = make_core()
+    assert fault_code(lambda: core.prepare("A", lease_s)) == "bad_request"
+    assert core.current is None and hooks.held == set() and hooks.events == []
+    core.prepare("A", lease_s=10)
+    assert fault_code(lambda: core.renew("A", lease_s)) == "bad_request"
+    assert core.current == "A"

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 from pathlib import Path
 
 import orjson
 import pytest
 
 from primitives.atomic_files import (
+    DamagedJsonl,
     append_jsonl,
     atomic_write_bytes,
     atomic_write_json,
@@ -100,3 +103,33 @@ def test_sha256_file_matches_hashlib(tmp_path: Path) -> None:
     path = tmp_path / "blob"
     path.write_bytes(data)
     assert sha256_file(path, chunk_bytes=4096) == hashlib.sha256(data).hexdigest()
+
+
+def test_a_failed_append_leaves_the_file_as_it_was(tmp_path: Path, monkeypatch) -> None:
+    log = tmp_path / "events.jsonl"
+    append_jsonl(log, {"i": 1}, durable=True)
+    before = log.read_bytes()
+    real_write = os.write
+    calls = []
+
+    def full_disk(fd: int, data) -> int:
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, bytes(data[:4]))  # a short write: what fit
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", full_disk)
+    with pytest.raises(OSError) as info:
+        append_jsonl(log, {"i": 2, "pad": "x" * 40}, durable=True)
+    assert info.value.errno == errno.ENOSPC
+    assert log.read_bytes() == before  # the 4 bytes that fit were cut back
+    monkeypatch.setattr(os, "write", real_write)
+    append_jsonl(log, {"i": 3})
+    assert list(read_jsonl(log)) == [{"i": 1}, {"i": 3}]
+
+
+def test_read_jsonl_refuses_a_damaged_line_before_the_end(tmp_path: Path) -> None:
+    log = tmp_path / "events.jsonl"
+    log.write_bytes(b'{"i": 1}\n{"i": 2\n{"i": 3}\n')
+    with pytest.raises(DamagedJsonl, match=r"events.jsonl line 2 \(byte 9\)"):
+        list(read_jsonl(log))

@@ -362,3 +362,58 @@ def test_newest_published_problem_checks_the_checkpoint_itself(tmp_path: Path) -
 
 def _truncate_file(path: Path) -> None:
     path.write_bytes(path.read_bytes()[:2])
+
+
+# ---- the manifest lists the whole checkpoint ----
+
+
+def drop_from_manifest(ckpt: Path, rel: str) -> None:
+    raw = orjson.loads((ckpt / "checkpoint.json").read_bytes())
+    raw["artifacts"] = [a for a in raw["artifacts"] if a["path"] != rel]
+    (ckpt / "checkpoint.json").write_bytes(orjson.dumps(raw))
+
+
+@pytest.mark.parametrize("rel", ["trainer/model.safetensors", "trainer/optimizer.pt", "trainer/rng.pt",
+                                 "trainer/trainer_state.json", "controller_state.json"])
+@pytest.mark.parametrize("file_too", [False, True])
+def test_a_manifest_that_lists_no_required_file_is_refused(tmp_path: Path, rel: str, file_too: bool) -> None:
+    ckpt = make_checkpoint(tmp_path, 40)
+    drop_from_manifest(ckpt, rel)
+    if file_too:
+        (ckpt / rel).unlink()  # written without it: nothing else would notice until the load
+    _, skip = verify_trainer_checkpoint(ckpt, RUN_ID, FINGERPRINT)
+    assert skip.problem == "missing_file"
+    assert f"checkpoint.json lists no {rel}" in skip.detail
+
+
+@pytest.mark.parametrize("stray", ["trainer/model.safetensors.part", "trainer/extra/shard-1.bin", "notes.txt"])
+def test_a_file_the_manifest_does_not_list_is_refused(tmp_path: Path, stray: str) -> None:
+    ckpt = make_checkpoint(tmp_path, 40)
+    (ckpt / stray).parent.mkdir(parents=True, exist_ok=True)
+    (ckpt / stray).write_bytes(b"never verified")
+    _, skip = verify_trainer_checkpoint(ckpt, RUN_ID, FINGERPRINT)
+    assert skip.problem == "unlisted_file"
+    assert f"does not list {stray}" in skip.detail
+
+
+def test_a_link_the_manifest_does_not_list_is_refused(tmp_path: Path) -> None:
+    ckpt = make_checkpoint(tmp_path, 40)
+    (ckpt / "trainer" / "weights").symlink_to(tmp_path)
+    _, skip = verify_trainer_checkpoint(ckpt, RUN_ID, FINGERPRINT)
+    assert (skip.problem, "does not list trainer/weights" in skip.detail) == ("unlisted_file", True)
+
+
+def test_snapshots_are_not_part_of_the_checkpoint_manifest(tmp_path: Path) -> None:
+    ckpt = make_checkpoint(tmp_path, 40)
+    make_snapshot(ckpt, 1)
+    (ckpt / "snapshots" / ".staging-2-abc" / "env").mkdir(parents=True)
+    assert verify_trainer_checkpoint(ckpt, RUN_ID, FINGERPRINT)[1] is None
+
+
+def test_a_checkpoint_with_an_unlisted_file_falls_back_to_the_previous_one(tmp_path: Path) -> None:
+    make_checkpoint(tmp_path, 20)
+    newest = make_checkpoint(tmp_path, 40)
+    (newest / "trainer" / "optimizer.pt.orig").write_bytes(b"?")
+    source = choose_source(tmp_path, RUN_ID, FIELDS)
+    assert (source.kind, source.step) == (SourceKind.TRAINER_CHECKPOINT, 20)
+    assert [(s.path, s.problem) for s in source.skipped] == [(str(newest), "unlisted_file")]

@@ -14,9 +14,9 @@ from aiohttp import web
 from controller.snapshot.gym_phase import commit_participants, prepare_participants, release_participants
 from participants.client import ParticipantClient
 from participants.core import ParticipantCore, Quiescence
-from participants.errors import ParticipantRefused
+from participants.errors import ParticipantNotReady, ParticipantRefused
 from participants.http_server import ControlAuth, add_participant_routes
-from schemas.participant import Capabilities, FaultPlan
+from schemas.participant import Capabilities, FaultPlan, ParticipantStatus
 from tests.participants.test_client import TOKEN, Hooks, serve
 
 
@@ -119,3 +119,37 @@ def test_inline_files_that_do_not_match_their_manifest_are_refused(tmp_path: Pat
     with pytest.raises(InlineFilesError, match="plain file name"):
         write_artifacts("far", tmp_path, {"../a.bin": "eA=="}, [Artifact(path="far/../a.bin", sha256="0", bytes=1)])
     assert not (tmp_path / "a.bin").exists()
+
+
+class NeverReady:
+    """A participant that prepares but keeps waiting on one unACKed result."""
+
+    name = "env-stuck"
+
+    def __init__(self) -> None:
+        self.renewed = 0
+
+    async def prepare(self, checkpoint_id: str, lease_s: float) -> ParticipantStatus:
+        return self._status(checkpoint_id)
+
+    async def status(self, checkpoint_id: str) -> ParticipantStatus:
+        return self._status(checkpoint_id)
+
+    async def renew(self, checkpoint_id: str, lease_s: float) -> ParticipantStatus:
+        self.renewed += 1
+        return self._status(checkpoint_id)
+
+    def _status(self, checkpoint_id: str) -> ParticipantStatus:
+        return ParticipantStatus(name=self.name, checkpoint_id=checkpoint_id, state="preparing", ready=False,
+                                 unacked=1, detail="1 finished results not ACKed by the controller: rollout g.3.0 "
+                                                   "(unACKed 4.0 s)")
+
+
+def test_a_participant_not_ready_within_the_budget_is_named_with_what_it_waits_on() -> None:
+    started = time.monotonic()
+    with pytest.raises(ParticipantNotReady) as info:
+        asyncio.run(prepare_participants([NeverReady()], "A", 30, _nothing, budget_s=0.4))
+    assert time.monotonic() - started < 2
+    message = str(info.value)
+    assert "env-stuck" in message and "rollout g.3.0" in message and "prepare_timeout_s" in message
+    assert isinstance(info.value, ParticipantRefused)  # fails the attempt, never retried into a longer wait

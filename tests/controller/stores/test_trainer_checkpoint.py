@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
+import os
 from pathlib import Path
 
 import orjson
@@ -11,8 +14,11 @@ import pytest
 from controller.config_file import load_config
 from controller.fingerprint import config_fingerprint, fingerprint_fields
 from controller.restore.restore_source import verify_trainer_checkpoint
+from controller.stores import trainer_checkpoint
 from controller.stores.trainer_checkpoint import (
+    CheckpointDiskFull,
     CheckpointIdentity,
+    IncompleteCheckpoint,
     fingerprint_of,
     published_steps,
     write_trainer_checkpoint,
@@ -38,9 +44,10 @@ class _Remote:
 
 
 class FakeTrainer:
-    def __init__(self, policy_version: int, fail: bool = False) -> None:
+    def __init__(self, policy_version: int, fail: BaseException | None = None, skip: str | None = None) -> None:
         self.policy_version = policy_version
         self.fail = fail
+        self.skip = skip
         self.save_checkpoint = _Remote(self._save)
 
     def _save(self, directory: str) -> None:
@@ -48,8 +55,10 @@ class FakeTrainer:
         path.mkdir(parents=True)
         (path / "model.safetensors").write_bytes(b"w" * 64)
         (path / "optimizer.pt").write_bytes(b"adam")
-        if self.fail:
-            raise RuntimeError("disk full")
+        if self.fail is not None:
+            raise self.fail
+        if self.skip != "rng.pt":
+            (path / "rng.pt").write_bytes(b"rng")
         atomic_write_json(path / "trainer_state.json", {"policy_version": self.policy_version})
 
 
@@ -69,7 +78,8 @@ def test_manifest_lists_every_file_and_verifies(tmp_path: Path) -> None:
     assert (manifest.run_id, manifest.step, manifest.policy_version) == ("run-a", 20, 20)
     assert manifest.config_fingerprint == config_fingerprint(CFG)
     assert sorted(a.path for a in manifest.artifacts) == [
-        "controller_state.json", "trainer/model.safetensors", "trainer/optimizer.pt", "trainer/trainer_state.json",
+        "controller_state.json", "trainer/model.safetensors", "trainer/optimizer.pt", "trainer/rng.pt",
+        "trainer/trainer_state.json",
     ]
     assert verify_trainer_checkpoint(ckpt, "run-a", config_fingerprint(CFG)) == (manifest, None)
     assert orjson.loads((ckpt / "controller_state.json").read_bytes()) == {"step": 20}
@@ -82,8 +92,8 @@ def test_without_identity_no_manifest_is_written(tmp_path: Path) -> None:
 
 
 def test_a_failed_save_leaves_nothing_behind(tmp_path: Path) -> None:
-    with pytest.raises(RuntimeError, match="disk full"):
-        write(tmp_path, 20, trainer=FakeTrainer(20, fail=True))
+    with pytest.raises(RuntimeError, match="trainer broke"):
+        write(tmp_path, 20, trainer=FakeTrainer(20, fail=RuntimeError("trainer broke")))
     assert list((tmp_path / "checkpoints").iterdir()) == []
 
 
@@ -93,3 +103,84 @@ def test_pruning_keeps_the_newest(tmp_path: Path) -> None:
     assert published_steps(tmp_path) == [30, 40]
     for step in (30, 40):
         assert verify_trainer_checkpoint(tmp_path / "checkpoints" / f"step_{step}", "run-a", config_fingerprint(CFG))[1] is None
+
+
+# ---- a full disk ----
+
+
+def listing(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+
+
+def verifies(run_dir: Path, step: int) -> bool:
+    checkpoint_dir = run_dir / "checkpoints" / f"step_{step}"
+    return verify_trainer_checkpoint(checkpoint_dir, "run-a", config_fingerprint(CFG))[1] is None
+
+
+def test_a_full_disk_fails_cleanly_and_the_previous_checkpoint_stays(tmp_path: Path) -> None:
+    write(tmp_path, 10, keep=2)
+    write(tmp_path, 20, keep=2)
+    enospc = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "optimizer.pt")
+
+    with pytest.raises(CheckpointDiskFull) as info:
+        write(tmp_path, 30, keep=2, trainer=FakeTrainer(30, fail=enospc))
+
+    message = str(info.value)
+    assert info.value.errno == errno.ENOSPC and info.value.__cause__ is enospc
+    assert "step_30 could not be written" in message and "the disk is full" in message
+    assert "bytes free" in message and "step_20 stays the newest trainer checkpoint" in message
+    assert listing(tmp_path) == ["step_10", "step_20"]  # staging removed, nothing pruned
+    assert verifies(tmp_path, 10) and verifies(tmp_path, 20)
+
+
+def test_an_enospc_from_fsync_fails_the_same_way(tmp_path: Path, monkeypatch) -> None:
+    write(tmp_path, 10, keep=1)
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # the data never reached the disk
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(CheckpointDiskFull, match="step_10 stays the newest"):
+        write(tmp_path, 20, keep=1)
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert listing(tmp_path) == ["step_10"]
+    assert verifies(tmp_path, 10)
+
+
+def test_a_write_error_without_an_errno_on_a_nearly_full_disk_is_named(tmp_path: Path, monkeypatch) -> None:
+    write(tmp_path, 10)
+    real_statvfs = os.statvfs
+
+    class Nearly:
+        def __init__(self, path) -> None:
+            stat = real_statvfs(path)
+            self.f_frsize, self.f_bavail = stat.f_frsize, 3
+
+    monkeypatch.setattr(os, "statvfs", Nearly)
+    torch_says = RuntimeError("[enforce fail at inline_container.cc:778] . PytorchStreamWriter failed writing file")
+    with pytest.raises(CheckpointDiskFull, match="nearly full") as info:
+        write(tmp_path, 20, trainer=FakeTrainer(20, fail=torch_says))
+    assert info.value.__cause__ is torch_says
+    assert listing(tmp_path) == ["step_10"]
+
+
+def test_an_incomplete_trainer_checkpoint_is_never_published(tmp_path: Path) -> None:
+    write(tmp_path, 10, keep=1)
+    with pytest.raises(IncompleteCheckpoint, match="trainer/rng.pt"):
+        write(tmp_path, 20, keep=1, trainer=FakeTrainer(20, skip="rng.pt"))
+    assert listing(tmp_path) == ["step_10"]  # and not pruned for it
+
+
+def test_a_failed_prune_does_not_fail_the_published_checkpoint(tmp_path: Path, monkeypatch, caplog) -> None:
+    write(tmp_path, 10, keep=1)
+
+    def no_room(path) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(trainer_checkpoint, "remove_dir", no_room)
+    with caplog.at_level(logging.WARNING, logger="turnkeep.checkpoint"):
+        ckpt = write(tmp_path, 20, keep=1)
+    assert ckpt.name == "step_20" and verifies(tmp_path, 20)
+    assert listing(tmp_path) == ["step_10", "step_20"]
+    assert any("could not prune" in r.getMessage() and "step_10" in r.getMessage() for r in caplog.records)
