@@ -35,7 +35,8 @@ class Processes:
     trainer: object
     policy: object
     env: object | None
-    """The run's own environment server actor (None when every environment is remote)."""
+    """The run's own environment server (`workers.local_env_server.LocalEnvServer`; None when every
+    environment is remote); its `revive()` starts it again on the same port."""
     model_dir: Path
     policy_url: str
     env_url: str | None

@@ -16,13 +16,14 @@ from pathlib import Path
 
 import aiohttp
 
-from controller.processes import Processes
+from controller.processes import EnvServerEndpoint, Processes
 from controller.pumps.env_client import EnvClient
 from controller.pumps.env_router import EnvRouter, EnvServerLink
 from controller.pumps.rollout_pump import RolloutPump
 from controller.pumps.train_pump import StepReport, TrainPump
 from controller.rollout_levels import RolloutLevelPlan, local_level_plans
 from controller.state.claim_ledger import ClaimLedger
+from controller.state.cut_state import cut_summary
 from controller.state.data_plane import DataPlane
 from controller.state.dataloader import PromptDataloader
 from controller.state.group_ledger import GroupLedger
@@ -36,7 +37,7 @@ from primitives.audit_log import AuditLog
 from primitives.deadlines import DeadlineRegistry
 from primitives.gc_pause import collector_paused
 from primitives.holds import HoldSet
-from schemas.audit import SnapshotPublished
+from schemas.audit import CutTaken, HoldChanged, SnapshotPublished
 from schemas.config import TurnkeepConfig
 
 log = logging.getLogger("turnkeep.run")
@@ -51,6 +52,10 @@ class RunSummary:
     peak_rss_mib: float
     preempted: str | None = None
     """What a preemption's final save left (None when the run was not preempted)."""
+
+
+WATCH_GRACE_S = 5.0
+"""How long a failed pump waits for the run's watch to name the death that caused it."""
 
 
 class RunStopped(RuntimeError):
@@ -82,7 +87,8 @@ class Controller:
         self.stop_reason: str | None = None
         self.last_metrics: dict | None = None
         self.env_client = EnvRouter(
-            [EnvServerLink(EnvClient(ep.url, session, ep.token, ep.name), ep.environments, ep.attach)
+            [EnvServerLink(EnvClient(ep.url, session, ep.token, ep.name), ep.environments, ep.attach,
+                           revive=_reviver(processes, ep))
              for ep in processes.env_servers],
             absence_warn_s=cfg.env.absence_warn_s,
         )
@@ -144,6 +150,11 @@ class Controller:
             self.audit.emit(SnapshotPublished, checkpoint_id=checkpoint_id, step=step, snapshot_dir=snapshot_dir,
                             cut_unix_s=cut_unix_s)
 
+    def audit_hold(self, change: str, holder: str, holds: list[str], lease_s: float | None = None) -> None:
+        """A holder taken, renewed or released in the named hold sets (checked against its lease afterwards)."""
+        if self.audit is not None:
+            self.audit.emit(HoldChanged, change=change, holder=holder, holds=holds, lease_s=lease_s)
+
     def request_stop(self, reason: str) -> None:
         """Stop both pumps and return from `run` normally (a preemption that already saved)."""
         self.stop_reason = reason
@@ -154,6 +165,8 @@ class Controller:
             with collector_paused():
                 state = self.state_dict()
             state["cut_unix_s"] = time.time()
+            if self.audit is not None:
+                self.audit.emit(CutTaken, kind="trainer_checkpoint", **cut_summary(state))
         await write_trainer_checkpoint(
             self.cfg.run.run_dir, step, self.processes.trainer, state, self.cfg.train.keep_checkpoints,
             identity=self._checkpoint_identity,
@@ -173,6 +186,16 @@ class Controller:
         if watch_task is not None:
             tasks.add(watch_task)
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        if watch_task is not None and watch_task not in done and any(_failed(task) for task in done):
+            # A pump that failed because a process died: the watch names that death in a moment, and a
+            # reason beats the pump's raw error.
+            done |= (await asyncio.wait({watch_task}, timeout=WATCH_GRACE_S))[0]
+        if watch_task is not None and watch_task in done and not watch_task.cancelled() \
+                and watch_task.exception() is None:
+            for task in tasks - {watch_task}:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise RunStopped(watch_task.result())
         for task in (rollout_task, watch_task, stop_task):
             if task is not None and task not in done:
                 task.cancel()
@@ -186,3 +209,14 @@ class Controller:
                 raise task.exception()
         if watch_task is not None and watch_task in done and not watch_task.cancelled():
             raise RunStopped(watch_task.result())
+
+
+def _failed(task: asyncio.Task) -> bool:
+    return task.done() and not task.cancelled() and task.exception() is not None
+
+
+def _reviver(processes: Processes, endpoint: EnvServerEndpoint):
+    """The run's own environment server is started again when it dies; a stand-alone one is its operator's."""
+    if endpoint.remote or processes.env is None or not hasattr(processes.env, "revive"):
+        return None
+    return processes.env.revive

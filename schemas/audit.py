@@ -7,6 +7,8 @@ has `t` (unix seconds), `inc` (controller incarnation) and `event`.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable
 from typing import Annotated, Literal, Union
 
 from pydantic import Field, TypeAdapter
@@ -67,6 +69,9 @@ class Restored(_Event):
     """Groups in the restored recovery ledger (not yet trained or discarded)."""
     next_group_index: int
     """Dataloader position restored."""
+    agents_not_continued: list[str] = []
+    """Saved agents (attempt N) of the snapshot that this restore reruns from scratch instead of continuing,
+    because their environment's recovery level does not continue saved turns. Empty in logs from before it."""
 
 
 class GroupAdmitted(_Event):
@@ -153,6 +158,14 @@ class GroupRerun(_Event):
     """Sealed siblings whose rows this rerun threw away."""
 
 
+class GroupDropped(_Event):
+    event: Literal["group_dropped"] = "group_dropped"
+    group_id: str
+    reason: str
+    """The failure that used the group's last whole-group round; its rows are deleted now and the train pump
+    discards the group later (`groups_discarded`)."""
+
+
 class DeadlineExpired(_Event):
     event: Literal["deadline_expired"] = "deadline_expired"
     rollout_id: str
@@ -167,6 +180,41 @@ class SnapshotPublished(_Event):
     step: int
     snapshot_dir: str
     cut_unix_s: float
+
+
+class CutTaken(_Event):
+    """The controller's state captured under the data-plane barrier (a snapshot attempt's cut, or the state a
+    trainer checkpoint saves): counts and digests (`ids_digest`) rather than lists, so the line stays small
+    however many rows the data plane holds. A restore of this state reports the same `cut_unix_s`."""
+
+    event: Literal["cut_taken"] = "cut_taken"
+    kind: Literal["snapshot", "trainer_checkpoint"]
+    step: int
+    cut_unix_s: float
+    """The `cut_unix_s` saved in the state."""
+    rows: int
+    rows_digest: str
+    """Of `row_key` of every row in the data plane."""
+    groups: int
+    groups_digest: str
+    """Of the id of every unfinished group (the group ledger)."""
+    next_group_index: int
+    """Dataloader position saved."""
+    continuations: int = 0
+    continuations_digest: str = ""
+    """Of the rollout id (attempt N) of every saved agent the cut checked (none for a trainer checkpoint)."""
+
+
+class HoldChanged(_Event):
+    """A holder added to, renewed in or released from the controller's hold sets."""
+
+    event: Literal["hold_changed"] = "hold_changed"
+    change: Literal["taken", "renewed", "released"]
+    holder: str
+    holds: list[str]
+    """Hold sets by name: `admission`, `deadlines` (as in `run_ended`)."""
+    lease_s: float | None = None
+    """Seconds from `t` until the holder's lease runs out (None: no lease, or a release)."""
 
 
 class RunEnded(_Event):
@@ -185,7 +233,18 @@ AuditEvent = Annotated[
     Union[
         RunStarted, Restored, GroupAdmitted, SiblingStarted, TurnCommitted, SiblingSealed, SiblingFailed,
         StepTrained, GroupsDiscarded, GroupRerun, DeadlineExpired, SnapshotPublished, RunEnded,
+        CutTaken, GroupDropped, HoldChanged,
     ],
     Field(discriminator="event"),
 ]
 AUDIT_EVENT = TypeAdapter(AuditEvent)
+
+
+def row_key(group_id: str, sibling: int) -> str:
+    """A data-plane row's id in `cut_taken` digests: `<group_id>.<sibling>`."""
+    return f"{group_id}.{sibling}"
+
+
+def ids_digest(ids: Iterable[str]) -> str:
+    """Digest of a set of ids, whatever their order (24 hex digits): what `cut_taken` records of a cut."""
+    return hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest()[:24]

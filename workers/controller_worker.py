@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+from ray.exceptions import RayActorError
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
@@ -69,15 +70,19 @@ class SnapshotRuntime:
         A Temporal server that is away (restarting, a network blip) is waited for: the
         history is on its disk, and the workflow goes on when it is back.
         """
-        while True:
-            try:
-                result = await self.handle.result()
-                return result.stopped_reason
-            except RPCError as err:
-                if not _temporal_away(err):
-                    raise
-                log.warning("Temporal does not answer (%s); waiting for it, the run goes on", err)
-                await asyncio.sleep(TEMPORAL_RETRY_S)
+        return (await workflow_result(self.handle)).stopped_reason
+
+
+async def workflow_result(handle: WorkflowHandle):
+    """The workflow's result, waiting out a Temporal server that is away (restarting, a network blip)."""
+    while True:
+        try:
+            return await handle.result()
+        except RPCError as err:
+            if not _temporal_away(err):
+                raise
+            log.warning("Temporal does not answer (%s); waiting for it, the run goes on", err)
+            await asyncio.sleep(TEMPORAL_RETRY_S)
 
 
 TEMPORAL_RETRY_S = 2.0
@@ -227,17 +232,26 @@ async def stop_snapshots(runtime: SnapshotRuntime | None, reason: str, grace_s: 
         return
     runtime.stopped = True
     try:
-        await runtime.handle.signal(RunWorkflow.stop, reason)
-        await asyncio.wait_for(runtime.handle.result(), timeout=grace_s)
+        await runtime.handle.signal(RunWorkflow.stop, reason)  # the client retries a short outage by itself
+        await asyncio.wait_for(workflow_result(runtime.handle), timeout=grace_s)
     except asyncio.TimeoutError:
         log.warning("the run workflow did not stop within %.0fs; cancelling it", grace_s)
-        await runtime.handle.cancel()
+        try:
+            await runtime.handle.cancel()
+        except RPCError as err:  # Temporal is away: the next start's recovery closes what this run left open
+            log.warning("could not cancel the run workflow: %s", err)
     except Exception as err:  # noqa: BLE001 - it may already have ended with a failure
         log.info("run workflow ended: %s", err)
-    # A checkpoint taken while the run workflow was stopping has no attempt to take over its hold.
-    for holder in await runtime.ctx.trainer.hold_holders.remote():
-        if holder.startswith(CHECKPOINT_HOLDER_PREFIX):
-            await runtime.ctx.trainer.hold_release.remote(holder)
-    await runtime.ctx.trainer.stop_temporal_worker.remote()
-    await runtime.ctx.controller.processes.policy.stop_temporal_worker.remote()
+    try:
+        # A checkpoint taken while the run workflow was stopping has no attempt to take over its hold.
+        for holder in await runtime.ctx.trainer.hold_holders.remote():
+            if holder.startswith(CHECKPOINT_HOLDER_PREFIX):
+                await runtime.ctx.trainer.hold_release.remote(holder)
+        await runtime.ctx.trainer.stop_temporal_worker.remote()
+    except RayActorError as err:  # the trainer died alone: its holds and its worker went with it
+        log.info("trainer gone while stopping: %s", str(err).splitlines()[0] if str(err) else err)
+    try:
+        await runtime.ctx.controller.processes.policy.stop_temporal_worker.remote()
+    except RayActorError as err:
+        log.info("policy server gone while stopping: %s", str(err).splitlines()[0] if str(err) else err)
     await runtime.worker.shutdown()

@@ -17,8 +17,10 @@ import ray
 from controller.processes import EnvServerEndpoint, Processes
 from envs.kinds import local_environments
 from primitives.control_token import create_control_token
+from primitives.pid_files import write_pid_file
 from schemas.config import TurnkeepConfig
 from workers.gpu_placement import PlacementError, actor_options, reserve
+from workers.local_env_server import LocalEnvServer
 from workers.ray_security import ensure_ray_token
 
 
@@ -68,7 +70,6 @@ def _make_model(cfg_json: str) -> str:
 
 async def launch(cfg: TurnkeepConfig, incarnation: int | None = None, gpus=None) -> Processes:
     """Start the three processes; with `incarnation`, the environment server writes turn commits to the audit log."""
-    from envs.env_actor import EnvServerActor
     from gpu_workers.policy_actor import PolicyActor
     from gpu_workers.trainer_actor import TrainerActor
 
@@ -80,22 +81,28 @@ async def launch(cfg: TurnkeepConfig, incarnation: int | None = None, gpus=None)
     policy_cfg = cfg.policy.model_copy(update={"dtype": cfg.policy.dtype or cfg.model.dtype})
     policy_url = await policy.start.remote(model_dir, policy_cfg.model_dump_json(), cfg.run.seed, token)
     await trainer.setup.remote(model_dir, cfg_json)
+    for role, actor in (("trainer", trainer), ("policy", policy)):
+        write_pid_file(cfg.run.run_dir, role, await actor.__ray_call__.remote(_pid_of))
     local = sorted(local_environments(cfg.environments))
     env, env_url, servers = None, None, []
     if local:
-        env = EnvServerActor.options(name="env").remote()
-        env_url = await env.start.remote(model_dir, policy_url, cfg_json, token, incarnation)
+        env = LocalEnvServer(cfg, Path(model_dir), policy_url, token, incarnation)
+        env_url = await env.start()
         servers.append(EnvServerEndpoint("env", env_url, token, local))
     return Processes(trainer, policy, env, Path(model_dir), policy_url, env_url, token, servers)
 
 
+def _pid_of(actor) -> int:
+    return os.getpid()
+
+
 async def shutdown(processes: Processes | None) -> None:
     if processes is not None:
-        for actor in (processes.env, processes.policy):
-            if actor is None:
+        for process in (processes.env, processes.policy):
+            if process is None:
                 continue
             try:
-                await actor.stop.remote()
+                await (process.stop() if isinstance(process, LocalEnvServer) else process.stop.remote())
             except Exception:  # noqa: BLE001 - best effort on the way out
                 pass
     ray.shutdown()

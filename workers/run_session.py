@@ -27,6 +27,7 @@ from controller.stores.run_dir import RunIdentity, open_run_dir
 from controller.stores.trainer_checkpoint import CheckpointIdentity
 from primitives.atomic_files import append_jsonl
 from primitives.audit_log import AUDIT_FILE, AuditLog
+from primitives.pid_files import write_pid_file
 from schemas.audit import RunEnded, RunStarted
 from schemas.config import TurnkeepConfig
 from schemas.recovery import RecoveryResult, SourceKind
@@ -37,10 +38,12 @@ from workers.controller_worker import (
 )
 from workers.placement import launch, reserve_gpus, shutdown, start_ray
 from workers.preemption import PreemptionHandler
+from workers.process_watch import first_death, first_of
 from workers.remote_envs import attach_remote_servers, probe_remote_servers
 from workers.startup_checks import check_before_start
 from workers.temporal_server import start_dev_server, stop_dev_server
 from workers.temporal_service import check_temporal_service
+from workers.temporal_supervisor import TemporalSupervisor
 
 log = logging.getLogger("turnkeep.run")
 
@@ -56,13 +59,14 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
     if identity.resumed:
         print(f"turnkeep: resuming run {identity.run_id} in {run_dir} (incarnation {identity.incarnation})",
               flush=True)
+    write_pid_file(run_dir, "controller", os.getpid())
     audit = AuditLog(run_dir / AUDIT_FILE, identity.incarnation)
     audit.emit(RunStarted, run_id=identity.run_id, pid=os.getpid(), resumed=identity.resumed)
     audit.start()
     started = time.monotonic()
     async with AsyncExitStack() as stack:
         stack.push_async_callback(audit.close)
-        temporal_address = await _start_temporal(cfg, stack)
+        temporal_address, temporal_supervisor = await _start_temporal(cfg, stack)
         start_ray(cfg, run_dir)
         processes = await launch(cfg, identity.incarnation, reserve_gpus(cfg))
         stack.push_async_callback(shutdown, processes)
@@ -92,8 +96,10 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
             _report_recovery(run_dir, identity, await _recover_without_temporal(recovery))
         preemption = PreemptionHandler(controller, snapshots, cfg.snapshot.preemption_grace_s)
         preemption.install()
+        deaths = first_death({"trainer": processes.trainer, "policy server": processes.policy})
         try:
-            await controller.run(max_steps, watch)
+            temporal_lost = temporal_supervisor.lost() if temporal_supervisor is not None else None
+            await controller.run(max_steps, first_of(watch, deaths, temporal_lost))
         finally:
             preemption.uninstall()
         if snapshots is not None:
@@ -156,12 +162,17 @@ async def _audit_end(controller: Controller, processes, reason: str) -> None:
     controller.audit.flush()
 
 
-async def _start_temporal(cfg: TurnkeepConfig, stack: AsyncExitStack) -> str | None:
+async def _start_temporal(cfg: TurnkeepConfig, stack: AsyncExitStack) -> tuple[str | None, TemporalSupervisor | None]:
+    """The Temporal address (None with snapshots off) and, for the embedded server, its supervisor."""
     if not cfg.snapshot.enabled:
-        return None
+        return None, None
     if cfg.temporal.address is not None:
-        return cfg.temporal.address
+        return cfg.temporal.address, None
     endpoint = await start_dev_server(cfg.temporal, cfg.run.run_dir)
     stack.callback(stop_dev_server, endpoint)
-    print(f"turnkeep: Temporal UI at {endpoint.ui_url} (server {endpoint.address})", flush=True)
-    return endpoint.address
+    supervisor = TemporalSupervisor(endpoint)
+    supervisor.start()
+    stack.push_async_callback(supervisor.stop)  # first on the way out: the server's stop is no death
+    taken_over = f", pid {endpoint.pid}, taken over from the previous controller" if endpoint.reused else ""
+    print(f"turnkeep: Temporal UI at {endpoint.ui_url} (server {endpoint.address}{taken_over})", flush=True)
+    return endpoint.address, supervisor

@@ -1,22 +1,50 @@
 """The embedded Temporal dev server: `temporal server start-dev` with its database file in
 the run directory, the UI on a known port, throttling off, and turnkeep's search
-attributes registered. It stops with the run."""
+attributes registered. It stops with the run.
+
+The run directory names its server in a record (`workers.temporal_pidfile`). A
+controller killed alone leaves its server running; the next start on the same run
+directory takes that server over when it answers within a few seconds (the restart is
+then faster), or stops it and starts a fresh one on the same database, so two servers
+never share one database file. A record naming a dead process, or a pid that now
+belongs to something else, is removed and that process is left alone. A configured
+port held by anything else is refused in one line.
+
+`restart_dev_server` starts the server again on the same database and the same ports
+(those chosen at the first start, when the config says 0); `TemporalSupervisor`
+(`workers.temporal_supervisor`) calls it when the server dies mid-run.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 from temporalio.client import Client
 
+from controller.config_file import ConfigError
 from schemas import search_attributes
 from schemas.config import TemporalConfig
+from workers.temporal_pidfile import (
+    ProcessId,
+    ServerRecord,
+    boot_id,
+    cmdline,
+    read_record,
+    remove_record,
+    servers_on,
+    terminate,
+    write_record,
+)
 
 log = logging.getLogger("turnkeep.temporal")
 
@@ -26,6 +54,18 @@ UNTHROTTLED = (
     "history.transferProcessorMaxPollHostRPS=10000",
 )
 TYPE_NAMES = {"KEYWORD": "Keyword", "INT": "Int"}
+DB_FILE = "temporal.db"
+LOG_FILE = "temporal.log"
+REUSE_CHECK_S = 5.0
+"""How long a leftover server gets to answer before it is stopped and replaced."""
+STOP_GRACE_S = 15.0
+"""SIGTERM, then SIGKILL after this long."""
+CONNECT_ATTEMPT_S = 3.0
+
+
+class TemporalStartError(ConfigError):
+    """The embedded dev server cannot start (a port held by another process, a server that exits or does not
+    answer); one line naming the setting or temporal.log. A ConfigError, so the CLI prints it without a traceback."""
 
 
 @dataclass
@@ -33,6 +73,34 @@ class TemporalEndpoint:
     address: str
     ui_url: str | None
     process: subprocess.Popen | None = None
+    """The server when this process started it; None for one taken over from an earlier controller."""
+    run_dir: Path | None = None
+    namespace: str = "default"
+    args: list[str] = field(default_factory=list)
+    """The command line, with the ports fixed at the first start: a restart reuses it."""
+    server: ProcessId | None = None
+    reused: bool = False
+    """Taken over from an earlier controller of the same run directory."""
+
+    @property
+    def pid(self) -> int | None:
+        return self.server.pid if self.server is not None else None
+
+    def exit_status(self) -> str | None:
+        """None while the server runs; otherwise how it ended, in words."""
+        if self.process is not None:
+            code = self.process.poll()
+            if code is None:
+                return None
+            if code < 0:
+                try:
+                    return f"killed by {signal.Signals(-code).name}"
+                except ValueError:
+                    return f"killed by signal {-code}"
+            return f"exit code {code}"
+        if self.server is None or self.server.running():
+            return None
+        return "exit status unknown: it was started by an earlier controller"
 
 
 def temporal_binary() -> str:
@@ -49,22 +117,45 @@ def _free_port(ip: str) -> int:
         return sock.getsockname()[1]
 
 
-def _check_port(ip: str, port: int, setting: str) -> None:
+def _port_free(ip: str, port: int) -> bool:
     with socket.socket() as sock:
         # Like the server's own listener: connections of a run that just died (TIME_WAIT) do not block it.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((ip, port))
         except OSError:
-            raise RuntimeError(
-                f"port {port} on {ip} is in use (another run's Temporal?); set {setting} to a free port or 0"
-            ) from None
+            return False
+        return True
+
+
+def _check_port(ip: str, port: int, setting: str) -> None:
+    if not _port_free(ip, port):
+        raise TemporalStartError(
+            f"{setting} = {port}: port {port} on {ip} is in use by {_holder(port)}, not by this run's Temporal "
+            f"server; set {setting} to a free port (or 0 to pick one), or stop that process"
+        )
+
+
+def _holder(port: int) -> str:
+    """Who listens on `port`, as far as this user can see."""
+    try:
+        pids = {c.pid for c in psutil.net_connections("tcp")
+                if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid}
+    except (psutil.Error, OSError):
+        pids = set()
+    for pid in sorted(pids):
+        args = cmdline(pid)
+        if args[1:3] == ["server", "start-dev"] and "--db-filename" in args[:-1]:
+            return f"another Temporal dev server (pid {pid}, database {args[args.index('--db-filename') + 1]})"
+        if args:
+            return f"pid {pid} ({Path(args[0]).name})"
+    return "another process"
 
 
 def dev_server_args(cfg: TemporalConfig, run_dir: Path, port: int, ui_port: int) -> list[str]:
     args = [
         temporal_binary(), "server", "start-dev",
-        "--db-filename", str(run_dir / "temporal.db"),
+        "--db-filename", str(run_dir / DB_FILE),
         "--ip", cfg.ip, "--port", str(port), "--ui-port", str(ui_port),
         "--namespace", cfg.namespace, "--log-level", "warn",
     ]
@@ -76,48 +167,182 @@ def dev_server_args(cfg: TemporalConfig, run_dir: Path, port: int, ui_port: int)
 
 
 async def start_dev_server(cfg: TemporalConfig, run_dir: Path, timeout_s: float = 60.0) -> TemporalEndpoint:
+    """The run directory's own server: the one an earlier controller left running if it answers, else a new one."""
+    run_dir = Path(run_dir)
+    endpoint = await _take_over_leftover(cfg, run_dir)
+    if endpoint is not None:
+        return endpoint
     port = cfg.port or _free_port(cfg.ip)
     ui_port = cfg.ui_port or _free_port(cfg.ip)
     _check_port(cfg.ip, port, "temporal.port")
     _check_port(cfg.ip, ui_port, "temporal.ui_port")
-    log_file = open(run_dir / "temporal.log", "ab")
-    process = subprocess.Popen(
-        dev_server_args(cfg, run_dir, port, ui_port), stdout=log_file, stderr=subprocess.STDOUT,
-        start_new_session=True,
+    endpoint = TemporalEndpoint(
+        f"{cfg.ip}:{port}", f"http://{cfg.ip}:{ui_port}", run_dir=run_dir, namespace=cfg.namespace,
+        args=dev_server_args(cfg, run_dir, port, ui_port),
     )
-    endpoint = TemporalEndpoint(f"{cfg.ip}:{port}", f"http://{cfg.ip}:{ui_port}", process)
-    await _wait_until_serving(endpoint, cfg.namespace, timeout_s, run_dir)
+    _spawn(endpoint)
+    await _wait_until_serving(endpoint, timeout_s)
     return endpoint
 
 
-async def _wait_until_serving(endpoint: TemporalEndpoint, namespace: str, timeout_s: float, run_dir: Path) -> None:
+async def restart_dev_server(endpoint: TemporalEndpoint, timeout_s: float = 30.0) -> None:
+    """Start the server again after it died: the same database, the same ports. Raises TemporalStartError."""
+    stop_dev_server(endpoint, forget=False)  # whatever is left of the old one (normally nothing)
+    ip, port = endpoint.address.rsplit(":", 1)
+    ui_port = endpoint.args[endpoint.args.index("--ui-port") + 1]
+    _check_port(ip, int(port), "temporal.port")
+    _check_port(ip, int(ui_port), "temporal.ui_port")
+    _spawn(endpoint)
+    await _wait_until_serving(endpoint, timeout_s)
+
+
+async def _take_over_leftover(cfg: TemporalConfig, run_dir: Path) -> TemporalEndpoint | None:
+    db = run_dir / DB_FILE
+    record = read_record(run_dir)
+    if record is not None and not record.names_server_on(db):
+        log.info("the Temporal pid file of %s names pid %d, which is not this run directory's server any more; "
+                 "removing the file and leaving that pid alone", run_dir, record.pid)
+        remove_record(run_dir)
+        record = None
+    for stray in servers_on(db):  # a server no record names (a controller killed before it wrote one)
+        if record is None or stray != record.server:
+            log.warning("stopping a Temporal dev server (pid %d) on %s that the run directory does not name",
+                        stray.pid, db)
+            terminate(stray, STOP_GRACE_S)
+    if record is None:
+        return None
+    _refuse_a_live_owner(record, run_dir)
+    args = dev_server_args(cfg, run_dir, record.port, record.ui_port)
+    same_settings = (cfg.port in (0, record.port) and cfg.ui_port in (0, record.ui_port)
+                     and cmdline(record.pid)[1:] == args[1:])
+    if same_settings and await _answers(record.address, cfg.namespace, REUSE_CHECK_S):
+        endpoint = TemporalEndpoint(record.address, record.ui_url, run_dir=run_dir, namespace=cfg.namespace,
+                                    args=args, server=record.server, reused=True)
+        _write_record(endpoint)  # this controller owns it now: it stops it at the end
+        log.info("taking over this run directory's Temporal server (pid %d at %s), left running by an earlier "
+                 "controller", record.pid, record.address)
+        return endpoint
+    why = "it does not answer" if same_settings else "it runs with other settings"
+    log.warning("stopping this run directory's leftover Temporal server (pid %d at %s): %s; a fresh one starts "
+                "on the same database", record.pid, record.address, why)
+    terminate(record.server, STOP_GRACE_S)
+    remove_record(run_dir, record.pid)
+    return None
+
+
+def _refuse_a_live_owner(record: ServerRecord, run_dir: Path) -> None:
+    """The server belongs to a controller that still runs: another `turnkeep run` on this run directory."""
+    owner = record.owner
+    if owner.pid == os.getpid() or not owner.running():
+        return
+    name = Path(cmdline(owner.pid)[0]).name if cmdline(owner.pid) else "?"
+    raise TemporalStartError(
+        f"run directory {run_dir} is in use: its Temporal server (pid {record.pid}, {record.address}) belongs to "
+        f"process {owner.pid} ({name}), which is still running; stop that run first or pick another --run-dir"
+    )
+
+
+async def _answers(address: str, namespace: str, timeout_s: float) -> bool:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while True:
-        if endpoint.process is not None and endpoint.process.poll() is not None:
-            raise RuntimeError(f"the Temporal dev server exited at start; see {run_dir / 'temporal.log'}")
         try:
-            client = await Client.connect(endpoint.address, namespace=namespace)
-            await client.service_client.check_health()
+            await _health(address, namespace, deadline)
+            return True
+        except Exception:  # noqa: BLE001 - not (yet) serving
+            if loop.time() > deadline:
+                return False
+            await asyncio.sleep(0.2)
+
+
+async def _health(address: str, namespace: str, deadline: float) -> None:
+    """One health check, given at most CONNECT_ATTEMPT_S (a server that accepts but hangs must not stall us)."""
+
+    async def check() -> None:
+        client = await Client.connect(address, namespace=namespace)
+        await client.service_client.check_health()
+
+    left = deadline - asyncio.get_running_loop().time()
+    await asyncio.wait_for(check(), max(0.1, min(CONNECT_ATTEMPT_S, left)))
+
+
+def _spawn(endpoint: TemporalEndpoint) -> None:
+    assert endpoint.run_dir is not None
+    with open(endpoint.run_dir / LOG_FILE, "ab") as log_file:
+        process = subprocess.Popen(endpoint.args, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    endpoint.process = process
+    endpoint.server = ProcessId.of(process.pid) or ProcessId(process.pid, -1)
+    endpoint.reused = False
+    # Before waiting for it to serve: a controller killed from here on leaves a server the next start can find.
+    _write_record(endpoint)
+
+
+def _write_record(endpoint: TemporalEndpoint) -> None:
+    assert endpoint.run_dir is not None and endpoint.server is not None
+    ip, port = endpoint.address.rsplit(":", 1)
+    owner = ProcessId.of(os.getpid())
+    assert owner is not None
+    write_record(endpoint.run_dir, ServerRecord(
+        pid=endpoint.server.pid, start_ticks=endpoint.server.start_ticks, boot_id=boot_id(),
+        owner_pid=owner.pid, owner_start_ticks=owner.start_ticks, address=endpoint.address, ip=ip, port=int(port),
+        ui_port=int(endpoint.args[endpoint.args.index("--ui-port") + 1]), ui_url=endpoint.ui_url or "",
+        db=str(endpoint.run_dir / DB_FILE), namespace=endpoint.namespace,
+    ))
+
+
+async def _wait_until_serving(endpoint: TemporalEndpoint, timeout_s: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        ended = endpoint.exit_status()
+        if ended is not None:
+            stop_dev_server(endpoint)
+            raise TemporalStartError(f"the Temporal dev server exited at start ({ended}){_last_log_line(endpoint)}; "
+                                     f"see {_log_path(endpoint)}")
+        try:
+            await _health(endpoint.address, endpoint.namespace, deadline)
             return
         except Exception:  # noqa: BLE001 - the server is still starting
             if loop.time() > deadline:
                 stop_dev_server(endpoint)
-                raise RuntimeError(
-                    f"the Temporal dev server did not answer within {timeout_s:.0f}s; see {run_dir / 'temporal.log'}"
+                raise TemporalStartError(
+                    f"the Temporal dev server did not answer on {endpoint.address} within {timeout_s:.0f}s; "
+                    f"see {_log_path(endpoint)}"
                 ) from None
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.2)
 
 
-def stop_dev_server(endpoint: TemporalEndpoint | None) -> None:
-    if endpoint is None or endpoint.process is None or endpoint.process.poll() is not None:
-        return
-    endpoint.process.terminate()
+def _log_path(endpoint: TemporalEndpoint) -> Path:
+    assert endpoint.run_dir is not None
+    return endpoint.run_dir / LOG_FILE
+
+
+def _last_log_line(endpoint: TemporalEndpoint) -> str:
     try:
-        endpoint.process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        endpoint.process.kill()
-        endpoint.process.wait()
+        with open(_log_path(endpoint), "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            lines = [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return f": {lines[-1][:200]}" if lines else ""
+
+
+def stop_dev_server(endpoint: TemporalEndpoint | None, forget: bool = True) -> None:
+    """Stop the server (SIGTERM, SIGKILL after a grace period); `forget`: remove the run directory's record of it."""
+    if endpoint is None:
+        return
+    if endpoint.process is not None:
+        if endpoint.process.poll() is None:
+            endpoint.process.terminate()
+            try:
+                endpoint.process.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                endpoint.process.kill()
+                endpoint.process.wait()
+    elif endpoint.server is not None:
+        terminate(endpoint.server, STOP_GRACE_S)
+    if forget and endpoint.run_dir is not None and endpoint.server is not None:
+        remove_record(endpoint.run_dir, endpoint.server.pid)
 
 
 async def register_search_attributes(client: Client, namespace: str) -> None:

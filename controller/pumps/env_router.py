@@ -5,8 +5,8 @@ A server that stops answering (killed, restarting, its machine gone) is marked a
 Its in-flight rollouts fail and are retried by the pump's usual rules, but a retry
 first waits here until the server answers again, so an absence spends no attempts;
 meanwhile a probe polls its `/health`, re-attaches a stand-alone server that came back
-without the run (a fresh process), and one warning names a server that stays away
-longer than `absence_warn_s`. A snapshot attempt during an absence fails at once with
+without the run (a fresh process), starts the run's own server again when it stays away
+(`revive`), and one warning names a server that stays away longer than `absence_warn_s`. A snapshot attempt during an absence fails at once with
 a reason naming the server (`away()`).
 
 A server that hangs counts as away too: every call has a time limit (`EnvClient`), and a
@@ -21,6 +21,7 @@ import asyncio
 import logging
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -32,6 +33,9 @@ from schemas.rollout import RolloutRequest, RolloutResult
 log = logging.getLogger("turnkeep.env")
 
 PROBE_S = 0.5
+REVIVE_AFTER_S = 2.0
+"""A server of the run's own that does not answer this long is started again (and again this often)."""
+REVIVE_TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -41,6 +45,9 @@ class EnvServerLink:
     """The run's environment names this server runs."""
     attach: AttachRequest | None = None
     """How to re-attach a stand-alone server that restarted (None: the run's own server, attached in-process)."""
+    revive: Callable[[], Awaitable[None]] | None = None
+    """Starts the server again when it stays away (the run's own server; a stand-alone one is its operator's)."""
+    revived_at: float | None = None
     away_since: float | None = None
     reason: str = ""
     back: asyncio.Event = field(default_factory=asyncio.Event)
@@ -186,9 +193,21 @@ class EnvRouter:
                 print(f"turnkeep: warning: {message}", file=sys.stderr, flush=True)
             if await self._answers(link):
                 break
+            if link.revive is not None and away_s > REVIVE_AFTER_S and (
+                    link.revived_at is None or time.monotonic() - link.revived_at > REVIVE_AFTER_S):
+                await self._revive(link)
         log.info("environment server %s is back after %.1fs", link.name, time.monotonic() - (link.away_since or 0))
         link.away_since, link.reason, link.probe = None, "", None
         link.back.set()
+
+    async def _revive(self, link: EnvServerLink) -> None:
+        try:
+            await asyncio.wait_for(link.revive(), REVIVE_TIMEOUT_S)
+        except Exception as err:  # noqa: BLE001 - reported; the probe tries again
+            link.reason = f"restarting it failed: {type(err).__name__}: {err}"[:300]
+            log.warning("environment server %s: %s", link.name, link.reason)
+        finally:
+            link.revived_at = time.monotonic()
 
     async def _answers(self, link: EnvServerLink) -> bool:
         try:

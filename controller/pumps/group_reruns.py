@@ -22,7 +22,7 @@ from controller.state.data_plane import DataPlane
 from controller.state.group_ledger import GroupLedger
 from controller.state.run_stats import RunStats
 from primitives.audit_log import AuditLog
-from schemas.audit import GroupRerun
+from schemas.audit import GroupDropped, GroupRerun
 from schemas.environments import JudgeRequest
 
 log = logging.getLogger("turnkeep.rollout")
@@ -75,6 +75,8 @@ class GroupReruns:
             else:
                 # The train pump discards it as untrainable once the caller settles it.
                 self._ledger.drop_group(group_id, reason)
+                if self._audit is not None:
+                    self._audit.emit(GroupDropped, group_id=group_id, reason=reason)  # its rows are deleted below
                 log.warning("group %s dropped after %d whole-group rounds: %s", group_id, self._max_rounds, reason)
             self._data_plane.delete([group_id])
         for rollout_id in running:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import orjson
@@ -76,9 +77,11 @@ class CrashRestore:
         c.load_state_dict(state, version)
         saved = read_saved_agents(Path(source.snapshot_dir)) if source.snapshot_dir else []
         # Only environments at the `turn` level continue saved agents; the others rerun those siblings.
-        continuations = {key: cont for key, cont in self._continuations(saved).items()
+        every = self._continuations(saved)
+        continuations = {key: cont for key, cont in every.items()
                          if c.rollouts.groups.plan(key[0]).continues_saved_turns}
-        self._audit(source, state, continuations)
+        rerun = [cont.rollout_id for key, cont in every.items() if key not in continuations]
+        self._audit(source, state, continuations, rerun)
         for path in source.agents_files:
             participant = self._environments.get(Path(path).parent.name)
             if participant is None:
@@ -105,12 +108,14 @@ class CrashRestore:
         c = self._controller
         await c.processes.policy.open_admission.remote(self.holder)
         c.admission.release(self.holder)
+        c.audit_hold("released", self.holder, [c.admission.name])
         paused_s = 0.0 if self._paused_at is None else time.monotonic() - self._paused_at
         self._paused_at = None
         return round(paused_s, 3)
 
     def _pause(self) -> None:
         self._controller.admission.add(self.holder)
+        self._controller.audit_hold("taken", self.holder, [self._controller.admission.name])
         if self._paused_at is None:
             self._paused_at = time.monotonic()
 
@@ -133,7 +138,9 @@ class CrashRestore:
             )
         return continuations
 
-    def _audit(self, source: RecoverySource, state: dict | None, continuations: dict) -> None:
+    def _audit(
+        self, source: RecoverySource, state: dict | None, continuations: dict, rerun_agents: Sequence[str] = (),
+    ) -> None:
         audit = self._controller.audit
         if audit is None:
             return
@@ -153,6 +160,7 @@ class CrashRestore:
             snapshot_dir=source.snapshot_dir, checkpoint_dir=source.checkpoint_dir, reason=source.reason,
             skipped=source.skipped, cut_unix_s=state.get("cut_unix_s") if state else None, rows=rows,
             continuations=refs, unfinished_groups=unfinished, next_group_index=c.dataloader.next_index,
+            agents_not_continued=sorted(rerun_agents),
         )
         audit.flush()
 

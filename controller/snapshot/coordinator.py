@@ -64,6 +64,7 @@ class SnapshotCoordinator:
         holder = snapshot_holder(checkpoint_id)
         self.controller.admission.add(holder, lease_s)
         self.controller.deadline_holds.add(holder, lease_s)
+        self.controller.audit_hold("taken", holder, ["admission", "deadlines"], lease_s)
         self.admission_closed_at.setdefault(checkpoint_id, time.monotonic())
 
     def reopen_admission(self, checkpoint_id: str) -> float:
@@ -71,6 +72,7 @@ class SnapshotCoordinator:
         holder = snapshot_holder(checkpoint_id)
         self.controller.admission.release(holder)
         self.controller.deadline_holds.release(holder)
+        self.controller.audit_hold("released", holder, ["admission", "deadlines"])
         closed_at = self.admission_closed_at.pop(checkpoint_id, None)
         return 0.0 if closed_at is None else time.monotonic() - closed_at
 
@@ -79,6 +81,7 @@ class SnapshotCoordinator:
         for holds in (self.controller.admission, self.controller.deadline_holds):
             if holder in holds.holders():
                 holds.renew(holder, lease_s)
+                self.controller.audit_hold("renewed", holder, [holds.name], lease_s)
         await self.trainer.hold_renew.remote(holder, lease_s)
         if participants:
             for participant in self.environments:

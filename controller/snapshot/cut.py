@@ -20,8 +20,9 @@ from pathlib import Path
 
 from controller.errors import InvariantBroken, TrainerMoved
 from controller.state.continuations import read_saved_agents
-from controller.state.cut_state import write_cut_state
+from controller.state.cut_state import cut_summary, write_cut_state
 from controller.stores import snapshot_store
+from schemas.audit import CutTaken
 from schemas.participant import Artifact, SavedAgent
 from schemas.snapshot import TrainerHoldResult
 
@@ -73,6 +74,7 @@ async def cut_under_barrier(
         path = staging / STATE_FILE
         state = write_cut_state(controller, saved_agents, path)
         if controller.audit is not None:
+            controller.audit.emit(CutTaken, kind="snapshot", **cut_summary(state))  # under the barrier: in row order
             controller.audit.flush()  # every row the cut saves is in the audit log first
         if under_barrier is not None:
             await under_barrier()

@@ -1,4 +1,5 @@
 import argparse
+import pathlib
 import random
 import sys
 from collections import Counter
@@ -11,16 +12,19 @@ from schemas.audit import DeadlineExpired, RunEnded, RunStarted
 from workers.chaos import (
     ALL_POINTS,
     Round,
+    _Incarnation,
     _one_round,
     add_chaos_parser,
     build_report,
     count_train_steps,
     format_report,
+    kill_schedule,
     parse_points,
     point_schedule,
     run_chaos,
 )
 from workers.chaos_invariants import check_invariants
+from workers.chaos_targets import parse_targets
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -58,7 +62,8 @@ def test_points_are_checked_and_deduplicated():
 def test_parser_defaults():
     args = parse(["--run-dir", "runs/x"])
     assert (args.kills, args.steps, args.phase_timeout_s, args.set) == (20, 200, 300.0, [])
-    assert parse_points(args.points) == ["training", *POINTS]
+    assert args.points is None and parse_points(args.at) == ["random"] and parse_targets(args.target) == ["all"]
+    assert parse_points("training," + ",".join(POINTS)) == ["training", *POINTS]
     assert args.config.name == "tiny.toml" and args.config.is_file()
 
 
@@ -143,6 +148,14 @@ def test_a_run_that_finishes_early_is_a_warning():
     assert report["warnings"] == ["the run finished after 2 of 4 kills; give it more --steps"]
 
 
+def _round(command, run_dir, point, target="all"):
+    incarnation = _Incarnation(command, run_dir, 1, point)
+    try:
+        return _one_round(incarnation, run_dir, target, point, 20, random.Random(0))
+    finally:
+        incarnation.close()
+
+
 FAKE_RUN = """
 import pathlib, sys, time
 run_dir = pathlib.Path(sys.argv[1])
@@ -161,8 +174,7 @@ time.sleep(60)
 
 def test_a_round_kills_the_run_at_its_point_and_keeps_its_log(tmp_path):
     run_dir = tmp_path / "run"
-    record = _one_round([sys.executable, "-c", FAKE_RUN, str(run_dir), "wait"], run_dir, 1, "cut", 20,
-                        random.Random(0))
+    record = _round([sys.executable, "-c", FAKE_RUN, str(run_dir), "wait"], run_dir, "cut")
     assert (record.outcome, record.exit_code, record.processes_killed) == ("killed", -9, 1)
     assert record.log == str(run_dir / "chaos" / "incarnation-1.log")
     assert (run_dir / "chaos" / "incarnation-1.log").read_text().startswith("started")
@@ -171,16 +183,79 @@ def test_a_round_kills_the_run_at_its_point_and_keeps_its_log(tmp_path):
 
 def test_a_round_whose_run_crashes_records_the_exit_code(tmp_path):
     run_dir = tmp_path / "run"
-    record = _one_round([sys.executable, "-c", FAKE_RUN, str(run_dir), "crash"], run_dir, 1, "cut", 20,
-                        random.Random(0))
+    record = _round([sys.executable, "-c", FAKE_RUN, str(run_dir), "crash"], run_dir, "cut")
     assert (record.outcome, record.exit_code, record.processes_killed) == ("crashed", 3, 0)
     assert "AssertionError" not in (run_dir / "chaos" / "incarnation-1.log").read_text()
 
 
 def test_a_run_that_dies_before_claiming_its_directory_leaves_it_startable(tmp_path):
     run_dir = tmp_path / "run"
-    record = _one_round([sys.executable, "-c", "print('no'); raise SystemExit(2)"], run_dir, 1, "cut", 20,
-                        random.Random(0))
+    record = _round([sys.executable, "-c", "print('no'); raise SystemExit(2)"], run_dir, "cut")
     assert (record.outcome, record.exit_code) == ("crashed", 2)
     assert not run_dir.exists() or not any(run_dir.iterdir())
     assert (tmp_path / ".run.chaos-incarnation-1.log").read_text() == "no\n"
+
+
+# A run with one helper process under a pid file. `repair`: it starts the helper again and trains on;
+# `stop`: it stops with the one-line reason; `ignore`: it does neither.
+FAKE_SUPERVISED_RUN = """
+import json, pathlib, subprocess, sys, time
+sys.path.insert(0, sys.argv[3])
+from primitives.pid_files import write_pid_file
+run_dir, mode = pathlib.Path(sys.argv[1]), sys.argv[2]
+run_dir.mkdir(parents=True, exist_ok=True)
+(run_dir / "run.json").write_text("{}")
+metrics = run_dir / "metrics.jsonl"
+def step():
+    with open(metrics, "a") as out:
+        out.write(json.dumps({"kind": "train_step"}) + "\\n")
+def helper():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    write_pid_file(run_dir, "env", child.pid)
+    return child
+child = helper()
+step()
+while True:
+    time.sleep(0.1)
+    if child.poll() is not None:
+        if mode == "stop":
+            print("turnkeep: the run was stopped: the env process died; run the same command again", flush=True)
+            sys.exit(1)
+        if mode == "repair":
+            child = helper()
+            step()
+"""
+
+
+def _supervised(tmp_path, mode):
+    run_dir = tmp_path / "run"
+    root = str(pathlib.Path(__file__).resolve().parents[2])
+    return _round([sys.executable, "-c", FAKE_SUPERVISED_RUN, str(run_dir), mode, root], run_dir, "random", "env")
+
+
+def test_a_process_killed_alone_that_the_run_starts_again_is_repaired(tmp_path):
+    record = _supervised(tmp_path, "repair")
+    assert (record.outcome, record.target, record.processes_killed) == ("repaired", "env", 1)
+    assert record.after_kill_s is not None and record.after_kill_s < 10
+
+
+def test_a_run_that_stops_after_a_kill_gives_its_one_line_reason(tmp_path):
+    record = _supervised(tmp_path, "stop")
+    assert (record.outcome, record.exit_code) == ("stopped", 1)
+    assert record.reason.startswith("turnkeep: the run was stopped: the env process died")
+
+
+def test_a_run_that_neither_repairs_nor_stops_fails_the_chaos_run(tmp_path, monkeypatch):
+    monkeypatch.setattr("workers.chaos.AFTER_KILL_TIMEOUT_S", 2.0)
+    record = _supervised(tmp_path, "ignore")
+    assert record.outcome == "hung" and record.exit_code == -9
+    report = _report([record], Round(2, "none", "finished", 0, 5.0), _verdict(ok=True))
+    assert not report["ok"] and "neither stopped nor repaired" in report["failures"][0]
+
+
+def test_targets_and_moments_are_mixed_over_a_schedule():
+    schedule = kill_schedule(parse_targets("every"), ["random", "cut"], 24, random.Random(1))
+    assert Counter(target for target, _ in schedule) == {t: 4 for t in parse_targets("every")}
+    assert {moment for _, moment in schedule} == {"random", "cut"}
+    with pytest.raises(ValueError, match="choose from all, controller"):
+        parse_targets("trainer,gpu")

@@ -9,6 +9,7 @@ from controller.pumps.train_pump import TrainPump
 from controller.snapshot.coordinator import SnapshotCoordinator
 from controller.state.data_plane import DataPlane
 from controller.state.run_stats import RunStats
+from primitives.holds import HoldSet
 
 
 class Health:
@@ -44,3 +45,29 @@ def test_the_anchor_is_the_train_pumps_newest_checkpoint_and_an_unchanged_run_is
     assert skip(12) is None
     controller.training.continue_from(13, policy_version=13)
     assert skip(12) == "no trainer checkpoint for the current step 13 (newest is step_12)"
+
+
+def test_an_attempts_holds_are_written_as_they_are_taken_renewed_and_released(tmp_path):
+    changes = []
+
+    class Trainer:
+        class hold_renew:  # noqa: N801 - a Ray actor method's shape: `.remote(...)`
+            @staticmethod
+            async def remote(holder, lease_s):
+                return True
+
+    controller = SimpleNamespace(admission=HoldSet("admission"), deadline_holds=HoldSet("deadlines"),
+                                 audit_hold=lambda *args: changes.append(args))
+    coordinator = SnapshotCoordinator(run_id="r", incarnation=1, run_dir=tmp_path, fingerprint="f",
+                                      controller=controller, trainer=Trainer, environments=[], interval_s=5)
+    coordinator.close_admission("r.snapshot.3.1", 30.0)
+    asyncio.run(coordinator.renew_leases("r.snapshot.3.1", 30.0, participants=False))
+    coordinator.reopen_admission("r.snapshot.3.1")
+    holder = "snapshot:r.snapshot.3.1"
+    assert changes == [
+        ("taken", holder, ["admission", "deadlines"], 30.0),
+        ("renewed", holder, ["admission"], 30.0),
+        ("renewed", holder, ["deadlines"], 30.0),
+        ("released", holder, ["admission", "deadlines"]),
+    ]
+    assert controller.admission.is_clear() and controller.deadline_holds.is_clear()

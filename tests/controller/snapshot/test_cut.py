@@ -11,6 +11,9 @@ import pytest
 from bench.filled_controller import STEP, FilledController
 from controller.errors import InvariantBroken, TrainerMoved
 from controller.snapshot.cut import STATE_FILE, cut_data_plane
+from controller.state.cut_state import cut_summary
+from primitives.audit_log import AUDIT_FILE, AuditLog, read_audit
+from schemas.audit import CutTaken, ids_digest, row_key
 from schemas.snapshot import TrainerHoldResult
 
 
@@ -44,3 +47,36 @@ def test_without_a_hold_a_step_past_the_anchor_wastes_the_attempt(tmp_path):
     with pytest.raises(TrainerMoved, match=f"step {STEP} -> {STEP + 1}"):
         asyncio.run(cut_data_plane(controller, tmp_path, STEP, hold=None))
     assert not (tmp_path / STATE_FILE).exists()
+
+
+def test_a_cut_records_what_it_holds_in_the_audit_log_before_the_barrier_opens(tmp_path):
+    controller = _controller()
+    controller.audit = AuditLog(tmp_path / AUDIT_FILE, 3)
+    hold = TrainerHoldResult(step=STEP, policy_version=controller.training.policy_version)
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    cut = asyncio.run(cut_data_plane(controller, staging, STEP, hold))
+    [event] = list(read_audit(tmp_path))  # flushed by the cut itself
+    state = orjson.loads((staging / STATE_FILE).read_bytes())
+    rows = [row_key(row["group_id"], row["sibling"]) for row in state["data_plane"]["rows"]]
+    groups = [group["group_id"] for group in state["group_ledger"]["groups"]]
+    assert isinstance(event, CutTaken) and (event.kind, event.step, event.inc) == ("snapshot", STEP, 3)
+    assert event.cut_unix_s == cut.cut_unix_s == state["cut_unix_s"]  # the key a restore of it reports
+    assert (event.rows, event.rows_digest) == (20, ids_digest(rows))
+    assert (event.groups, event.groups_digest) == (len(groups), ids_digest(groups))
+    assert event.next_group_index == state["dataloader"]["next_index"]
+    assert (event.continuations, event.continuations_digest) == (0, ids_digest([]))
+
+
+def test_a_cut_summary_counts_and_digests_without_listing():
+    state = {
+        "step": 7, "cut_unix_s": 12.5, "dataloader": {"next_index": 9},
+        "data_plane": {"rows": [{"group_id": "g1", "sibling": 1}, {"group_id": "g1", "sibling": 0}]},
+        "group_ledger": {"groups": [{"group_id": "g1"}, {"group_id": "g8"}]},
+        "continuations": [{"rollout_id": "g8.0.2"}],
+    }
+    assert cut_summary(state) == {
+        "step": 7, "cut_unix_s": 12.5, "next_group_index": 9,
+        "rows": 2, "rows_digest": ids_digest(["g1.0", "g1.1"]), "groups": 2, "groups_digest": ids_digest(["g8", "g1"]),
+        "continuations": 1, "continuations_digest": ids_digest(["g8.0.2"]),
+    }

@@ -1,0 +1,52 @@
+"""What a restore writes to the audit log, without the stack: its pause as a hold taken and released,
+and the saved agents it continues apart from those its level reruns from scratch."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from controller.pumps.rollout_pump import Continuation
+from controller.restore.crash_restore import CrashRestore
+from controller.state.data_plane import DataPlane
+from primitives.audit_log import AUDIT_FILE, AuditLog, read_audit
+from primitives.holds import HoldSet
+from schemas.audit import Restored
+from schemas.recovery import RecoverySource, SourceKind
+
+
+class _Gate:
+    @staticmethod
+    async def remote(holder: str) -> bool:
+        return True
+
+
+def _restore(controller) -> CrashRestore:
+    return CrashRestore(None, controller, SimpleNamespace(incarnation=4, run_id="r"), [])
+
+
+def test_the_restore_pause_is_a_hold_taken_and_released():
+    changes = []
+    controller = SimpleNamespace(admission=HoldSet("admission"), audit_hold=lambda *args: changes.append(args),
+                                 processes=SimpleNamespace(policy=SimpleNamespace(open_admission=_Gate)))
+    restore = _restore(controller)
+    restore._pause()
+    assert not controller.admission.is_clear()
+    asyncio.run(restore.resume())
+    assert changes == [("taken", "recovery:4", ["admission"]), ("released", "recovery:4", ["admission"])]
+    assert controller.admission.is_clear()
+
+
+def test_the_restored_event_names_the_saved_agents_rerun_from_scratch(tmp_path):
+    audit = AuditLog(tmp_path / AUDIT_FILE, 4)
+    controller = SimpleNamespace(audit=audit, data_plane=DataPlane(), dataloader=SimpleNamespace(next_index=9))
+    source = RecoverySource(kind=SourceKind.SNAPSHOT, step=3, policy_version=3, checkpoint_dir="c", snapshot_dir="s",
+                            reason="newest")
+    state = {"cut_unix_s": 12.5, "group_ledger": {"groups": [{"group_id": "g0000007"}, {"group_id": "g0000008"}]}}
+    continued = {("g0000007", 1): Continuation(rollout_id="g0000007.1.0", turn_index=2, segments=5,
+                                               boundary_sha="abc")}
+    _restore(controller)._audit(source, state, continued, ["g0000008.1.0", "g0000008.0.2"])
+    [event] = list(read_audit(tmp_path))
+    assert isinstance(event, Restored) and event.cut_unix_s == 12.5 and event.next_group_index == 9
+    assert [c.next_rollout_id for c in event.continuations] == ["g0000007.1.1"]
+    assert event.agents_not_continued == ["g0000008.0.2", "g0000008.1.0"]

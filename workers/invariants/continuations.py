@@ -1,0 +1,138 @@
+"""Invariant 2: a restored sibling continues from exactly the turn it was saved at, and every
+saved agent a restore brings back is continued (or, where its level says so, rerun).
+
+`invariant_2` judges the continuation's own events; `saved_agents_continued` looks for the
+events that should exist and do not: a saved agent whose attempt N+1 never started while the
+incarnation went on running, or one the restore dropped between its cut and itself.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from schemas.audit import (
+    ContinuationRef,
+    CutTaken,
+    GroupDropped,
+    GroupRerun,
+    Restored,
+    RunEnded,
+    SiblingSealed,
+    SiblingStarted,
+    TurnCommitted,
+    ids_digest,
+)
+from schemas.recovery import SourceKind
+from workers.invariants.results import AuditCounts, InvariantResult, joined
+from workers.invariants.timeline import after_restores, attempt_after, cut_of, cuts_by_time, group_of
+
+CONTINUE_GRACE_S = 5.0
+"""Restored siblings all start the moment admission opens; an incarnation that lived this long
+after its first start without starting one of them never will."""
+
+
+def invariant_2(events: list, counts: AuditCounts) -> InvariantResult:
+    # (incarnation, rollout id) -> its events: attempt N+1 can exist again in a later incarnation
+    # that restored the same snapshot, so a continuation is judged only within its own incarnation.
+    by_rollout: dict[tuple[int, str], list] = defaultdict(list)
+    for event in events:
+        if isinstance(event, (SiblingStarted, TurnCommitted, SiblingSealed)):
+            by_rollout[(event.inc, event.rollout_id)].append(event)
+    violations: list[str] = []
+    restored = resumed = sealed = never_sealed = 0
+    for event in events:
+        if not isinstance(event, Restored):
+            continue
+        for c in event.continuations:
+            restored += 1
+            own = by_rollout.get((event.inc, c.next_rollout_id), [])
+            resumed += bool(own)
+            never_sealed += not any(isinstance(e, SiblingSealed) for e in own)
+            for e in own:
+                problem = _continuation_problem(c, e)
+                if problem:
+                    violations.append(f"{problem} (incarnation {event.inc})")
+                elif isinstance(e, SiblingSealed):
+                    sealed += 1
+    counts.continuations_restored, counts.continuations_resumed, counts.continuations_sealed = restored, resumed, sealed
+    note = f"{never_sealed} continuations never sealed (killed again or failed)" if never_sealed else ""
+    return InvariantResult(2, "restored siblings resume at their saved turn", not violations, restored,
+                           violations, note)
+
+
+def _continuation_problem(c: ContinuationRef, e: SiblingStarted | TurnCommitted | SiblingSealed) -> str | None:
+    if isinstance(e, TurnCommitted) and e.turn <= c.turn_index:
+        return (f"{c.next_rollout_id} committed turn {e.turn} again: {c.rollout_id} was saved after "
+                f"turn {c.turn_index}")
+    if isinstance(e, SiblingStarted) and (e.resumed_from, e.resumed_turn) != (c.rollout_id, c.turn_index):
+        return (f"{c.next_rollout_id} started from {e.resumed_from} at turn {e.resumed_turn}, "
+                f"expected {c.rollout_id} at turn {c.turn_index}")
+    if isinstance(e, SiblingSealed) and (e.prefix_sha, e.resumed_turn) != (c.boundary_sha, c.turn_index):
+        return (f"{c.next_rollout_id} sealed with prefix {e.prefix_sha} after {e.resumed_turn} turns; "
+                f"the saved boundary was {c.boundary_sha} after {c.turn_index} turns")
+    return None
+
+
+def saved_agents_continued(events: list, grace_s: float = CONTINUE_GRACE_S) -> InvariantResult:
+    """Each saved agent of each restore (continued, or rerun by its level) has its attempt N+1 started
+    in that incarnation, unless its group was given up whole; and a restore brings back exactly the
+    saved agents its cut checked (`cut_taken`). An item is one saved agent or one restore matched to its cut."""
+    cuts = cuts_by_time(events)
+    violations: list[str] = []
+    checked = unverifiable = unmatched = 0
+    for restored, following in after_restores(events):
+        if restored.source == SourceKind.FRESH:
+            continue
+        agents = [c.rollout_id for c in restored.continuations] + list(restored.agents_not_continued)
+        cut = cut_of(restored, cuts)
+        if cut is None:
+            unmatched += 1
+        else:
+            checked += 1
+            problem = _agents_against_cut(restored, agents, cut)
+            if problem:
+                violations.append(problem)
+        started = {e.rollout_id for e in following if isinstance(e, SiblingStarted)}
+        first_start = min((e.t for e in following if isinstance(e, SiblingStarted)), default=None)
+        given_up = _groups_given_up(following)
+        ended = any(isinstance(e, RunEnded) for e in following)
+        lived_until = max((e.t for e in following), default=restored.t)
+        for agent in agents:
+            checked += 1
+            if attempt_after(agent) in started or group_of(agent) in given_up:
+                continue
+            if first_start is None or not (ended or lived_until >= first_start + grace_s):
+                unverifiable += 1  # killed before (or as) its restored siblings started
+                continue
+            violations.append(
+                f"saved agent {agent} restored by incarnation {restored.inc} at step {restored.step} was never "
+                f"continued: {attempt_after(agent)} never started, though the incarnation started others and "
+                f"{'ended cleanly' if ended else f'lived {lived_until - first_start:.0f}s longer'}"
+            )
+    notes = [f"{unverifiable} saved agents unverifiable (killed before their siblings started)" if unverifiable
+             else ""]
+    if unmatched and not cuts:
+        notes.append("restores not compared with their cuts: no cut_taken events in this log")
+    elif unmatched:
+        notes.append(f"{unmatched} restores whose cut is not in the log")
+    return InvariantResult(2, "every saved agent continued or rerun", not violations, checked, violations,
+                           joined(*notes))
+
+
+def _agents_against_cut(restored: Restored, agents: list[str], cut: CutTaken) -> str | None:
+    if (len(agents), ids_digest(agents)) == (cut.continuations, cut.continuations_digest):
+        return None
+    if len(agents) < cut.continuations:
+        what = f"{cut.continuations - len(agents)} saved agents lost between the cut and the restore"
+    elif len(agents) > cut.continuations:
+        what = f"{len(agents) - cut.continuations} saved agents the cut never checked"
+    else:
+        what = "not the same ones"
+    return (f"restore of incarnation {restored.inc} brought back {len(agents)} saved agents (continued or rerun); "
+            f"its {cut.kind} cut at step {cut.step} checked {cut.continuations}: {what}")
+
+
+def _groups_given_up(following: list) -> set[str]:
+    """Groups rerun whole or dropped: a saved agent of theirs has nothing left to continue. (A group
+    cannot be trained or discarded while a restored sibling of it never started: it never settles.)"""
+    return {e.group_id for e in following if isinstance(e, (GroupRerun, GroupDropped))}

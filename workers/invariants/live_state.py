@@ -1,0 +1,237 @@
+"""Invariant 7: every admitted group ends exactly one way, the dataloader skips no index, and
+every row sealed before a cut is in that cut.
+
+The walk rebuilds, from the controller's own events in file order, what its state must hold at
+every moment: the rows sealed and not yet trained, discarded or thrown away by a rerun; the
+groups admitted (or restored) and not yet trained or discarded; the dataloader's next index.
+It starts empty at a new run and from a restore's lists at a restore, and it is compared with
+what the controller saved or said: each cut (`cut_taken`: counts and digests), each restore
+against the cut it brought back, and the groups `run_ended` leaves outstanding.
+
+Each check returns its own row: `rows_in_cuts` (a), `groups_end_once` (b), `dataloader_contiguous` (c).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from schemas.audit import (
+    CutTaken,
+    GroupAdmitted,
+    GroupDropped,
+    GroupRerun,
+    GroupsDiscarded,
+    Restored,
+    RunEnded,
+    RunStarted,
+    SiblingSealed,
+    StepTrained,
+    ids_digest,
+    row_key,
+)
+from schemas.recovery import SourceKind
+from workers.invariants.results import InvariantResult, joined, not_checked
+from workers.invariants.timeline import cut_of, cuts_by_time, group_index
+
+ROWS = "every sealed row is in the next cut"
+GROUPS = "every admitted group ends exactly once"
+DATALOADER = "the dataloader skips no index"
+
+
+@dataclass
+class _Live:
+    """What the controller of one incarnation must hold now, by its events."""
+
+    inc: int
+    known: bool
+    """False between a restart and its restore: nothing is known until the restore says."""
+    rows: dict[str, set[int]] = field(default_factory=dict)
+    groups: set[str] = field(default_factory=set)
+    next_index: int | None = None
+
+    def row_keys(self) -> list[str]:
+        return [row_key(group, sibling) for group, siblings in self.rows.items() for sibling in siblings]
+
+
+@dataclass
+class _Findings:
+    rows: list[str] = field(default_factory=list)
+    groups: list[str] = field(default_factory=list)
+    dataloader: list[str] = field(default_factory=list)
+    cuts_checked: int = 0
+    restores_checked: int = 0
+    restores_unmatched: int = 0
+    group_ends: int = 0
+    ends_compared: int = 0
+    admissions: int = 0
+    unindexed: int = 0
+
+
+def invariant_7(events: list) -> list[InvariantResult]:
+    found = _walk(events)
+    cuts = any(isinstance(e, CutTaken) for e in events)
+    unmatched = f"{found.restores_unmatched} restores whose cut is not in the log" if found.restores_unmatched else ""
+    no_cuts = "" if cuts else "cuts not checked: no cut_taken events in this log"
+    if cuts:
+        rows = InvariantResult(7, ROWS, not found.rows, found.cuts_checked + found.restores_checked, found.rows,
+                               unmatched)
+    else:
+        rows = not_checked(7, ROWS, "cut_taken")
+    groups = InvariantResult(
+        7, GROUPS, not found.groups, found.group_ends + found.ends_compared + found.cuts_checked, found.groups,
+        joined(no_cuts, unmatched if cuts else ""),
+    )
+    unindexed = f"{found.unindexed} group ids without a dataloader index" if found.unindexed else ""
+    dataloader = InvariantResult(
+        7, DATALOADER, not found.dataloader, found.admissions + found.restores_checked + found.cuts_checked,
+        found.dataloader, joined(unindexed, no_cuts),
+    )
+    return [rows, groups, dataloader]
+
+
+def _walk(events: list) -> _Findings:
+    found = _Findings()
+    cuts = cuts_by_time(events)
+    live = _Live(inc=0, known=False)
+    highest_admitted = -1  # over every branch: a restore cannot start past what was ever handed out
+    for event in events:
+        if isinstance(event, RunStarted):
+            live = _Live(event.inc, known=not event.resumed, next_index=None if event.resumed else 0)
+            continue
+        if event.inc != live.inc:
+            continue  # the environment server's events, or a stray line of a dead incarnation
+        if isinstance(event, Restored):
+            _restore(event, cut_of(event, cuts), live, found, highest_admitted)
+            live = _Live(event.inc, True, _rows_of(event), set(event.unfinished_groups), event.next_group_index)
+        elif isinstance(event, GroupAdmitted):
+            highest_admitted = max(highest_admitted, _admit(event, live, found))
+        elif isinstance(event, SiblingSealed):
+            live.rows.setdefault(event.group_id, set()).add(event.sibling)
+        elif isinstance(event, (StepTrained, GroupsDiscarded)):
+            _end_groups(event, live, found)
+        elif isinstance(event, (GroupRerun, GroupDropped)):
+            live.rows.pop(event.group_id, None)  # its sealed rows are thrown away; the group goes on (or is discarded)
+        elif isinstance(event, CutTaken) and live.known:
+            found.cuts_checked += 1
+            _compare(f"{event.kind} cut at step {event.step} (incarnation {event.inc})", event, live, found)
+        elif isinstance(event, RunEnded) and live.known:
+            _run_ended(event, live, found)
+    return found
+
+
+def _rows_of(restored: Restored) -> dict[str, set[int]]:
+    rows: dict[str, set[int]] = {}
+    for row in restored.rows:
+        rows.setdefault(row.group_id, set()).add(row.sibling)
+    return rows
+
+
+def _admit(event: GroupAdmitted, live: _Live, found: _Findings) -> int:
+    found.admissions += 1
+    if live.known and event.group_id in live.groups:
+        found.groups.append(f"group {event.group_id} admitted again by incarnation {event.inc} while it was open")
+    live.groups.add(event.group_id)
+    index = group_index(event.group_id)
+    if index is None:
+        found.unindexed += 1
+        live.next_index = None
+        return -1
+    expected = live.next_index
+    if expected is not None and index > expected:
+        skipped = f"index {expected}" if index == expected + 1 else f"indices {expected} to {index - 1}"
+        found.dataloader.append(f"incarnation {event.inc} admitted {event.group_id} when the dataloader was at "
+                                f"index {expected}: {skipped} skipped")
+    elif expected is not None and index < expected:
+        found.dataloader.append(f"incarnation {event.inc} admitted {event.group_id} when the dataloader was at "
+                                f"index {expected}: index {index} handed out again")
+    live.next_index = index + 1
+    return index
+
+
+def _end_groups(event: StepTrained | GroupsDiscarded, live: _Live, found: _Findings) -> None:
+    how = f"trained at step {event.step}" if isinstance(event, StepTrained) else f"discarded ({event.reason})"
+    for group in dict.fromkeys(event.group_ids):
+        found.group_ends += 1
+        if live.known and group not in live.groups:
+            found.groups.append(f"group {group} {how} by incarnation {event.inc}, but it was not open "
+                                "(never admitted or restored, or it had ended already)")
+        live.groups.discard(group)
+        live.rows.pop(group, None)
+
+
+def _compare(what: str, cut: CutTaken, live: _Live, found: _Findings) -> None:
+    """The state a cut recorded against what the events say it must hold."""
+    if gap := _gap(cut.rows, cut.rows_digest, live.row_keys(), "rows"):
+        found.rows.append(f"{what} holds {cut.rows} rows; {len(live.row_keys())} were sealed before it and not "
+                          f"trained, discarded or rerun: {gap}")
+    if gap := _gap(cut.groups, cut.groups_digest, live.groups, "groups"):
+        found.groups.append(f"{what} holds {cut.groups} unfinished groups; {len(live.groups)} were admitted or "
+                            f"restored and not trained or discarded: {gap}")
+    if live.next_index is not None and cut.next_group_index != live.next_index:
+        found.dataloader.append(f"{what} saved dataloader index {cut.next_group_index}, but the groups admitted "
+                                f"before it reach index {live.next_index - 1}: "
+                                f"{_moved(cut.next_group_index, live.next_index)}")
+
+
+def _gap(recorded: int, digest: str, expected: list[str] | set[str], things: str) -> str | None:
+    """None when the recorded count and digest are those of `expected`; else how they differ."""
+    return _differ(recorded, digest, len(expected), ids_digest(expected), things)
+
+
+def _differ(recorded: int, digest: str, expected: int, expected_digest: str, things: str) -> str | None:
+    if (recorded, digest) == (expected, expected_digest):
+        return None
+    if recorded < expected:
+        return f"{expected - recorded} {things} missing"
+    if recorded > expected:
+        return f"{recorded - expected} {things} too many"
+    return f"as many {things}, but not the same ones"
+
+
+def _moved(recorded: int, expected: int) -> str:
+    if recorded > expected:
+        return f"{recorded - expected} indices would be skipped"
+    return f"{expected - recorded} indices would be handed out again"
+
+
+def _restore(restored: Restored, cut: CutTaken | None, live: _Live, found: _Findings, highest_admitted: int) -> None:
+    if restored.source == SourceKind.FRESH:
+        return
+    what = f"restore of incarnation {restored.inc} at step {restored.step}"
+    if cut is None:
+        found.restores_unmatched += 1
+    else:
+        # What the cut held is what the restore must bring back.
+        found.restores_checked += 1
+        held = f"its {cut.kind} cut at step {cut.step} held"
+        rows = [row_key(r.group_id, r.sibling) for r in restored.rows]
+        if gap := _differ(len(rows), ids_digest(rows), cut.rows, cut.rows_digest, "rows"):
+            found.rows.append(f"{what} brought back {len(rows)} rows; {held} {cut.rows}: {gap}")
+        groups = set(restored.unfinished_groups)
+        if gap := _differ(len(groups), ids_digest(groups), cut.groups, cut.groups_digest, "groups"):
+            found.groups.append(f"{what} brought back {len(groups)} unfinished groups; {held} {cut.groups}: {gap}")
+        if restored.next_group_index != cut.next_group_index:
+            moved = _moved(restored.next_group_index, cut.next_group_index)
+            found.dataloader.append(f"{what} put the dataloader at index {restored.next_group_index}; {held} "
+                                    f"{cut.next_group_index}: {moved}")
+    position = restored.next_group_index
+    if position > highest_admitted + 1:
+        found.dataloader.append(f"{what} put the dataloader at index {position}, but no group past index "
+                                f"{highest_admitted} was ever admitted: {position - highest_admitted - 1} skipped")
+    restored_groups = set(restored.unfinished_groups) | {r.group_id for r in restored.rows}
+    ahead = sorted(g for g in restored_groups if (index := group_index(g)) is not None and index >= position)
+    if ahead:
+        found.dataloader.append(f"{what} brought back {', '.join(ahead[:5])} at or past its dataloader index "
+                                f"{position}: those indices would be handed out again")
+
+
+def _run_ended(event: RunEnded, live: _Live, found: _Findings) -> None:
+    """The groups the events leave open are exactly the ones the run says it leaves outstanding."""
+    outstanding = set(event.outstanding_groups)
+    found.ends_compared += len(live.groups | outstanding)
+    for group in sorted(live.groups - outstanding):
+        found.groups.append(f"group {group} was never trained, discarded or left outstanding: incarnation "
+                            f"{event.inc} ended without it")
+    for group in sorted(outstanding - live.groups):
+        found.groups.append(f"group {group} left outstanding by incarnation {event.inc}, but it was never admitted "
+                            "or restored, or it had ended already")

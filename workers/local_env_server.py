@@ -1,0 +1,75 @@
+"""The run's own environment server: a Ray actor, started again when its process dies alone.
+
+Its URL is the run's for good: a restart binds the same port, so the controller's router
+(which marked the server away when its calls failed) finds it again by its usual probe.
+The new process is attached in-process at start, as the first one was; its agents are
+gone, so their rollouts are retried by the pump's usual rules.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import ray
+
+from primitives.pid_files import write_pid_file
+from schemas.config import TurnkeepConfig
+
+log = logging.getLogger("turnkeep.env")
+
+
+class LocalEnvServer:
+    def __init__(self, cfg: TurnkeepConfig, model_dir: Path, policy_url: str, token: str,
+                 incarnation: int | None) -> None:
+        self._cfg = cfg
+        self._model_dir = model_dir
+        self._policy_url = policy_url
+        self._token = token
+        self._incarnation = incarnation
+        self.actor = None
+        self.url: str | None = None
+        self.restarts = 0
+
+    async def start(self) -> str:
+        self.url = await self._start(self._cfg, "env")
+        return self.url
+
+    async def revive(self) -> None:
+        """Start a new process on the same port (the old one is killed first, should it only hang)."""
+        if self.actor is not None:
+            try:
+                ray.kill(self.actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already dead is the usual case
+                pass
+        port = urlsplit(self.url).port
+        same_port = self._cfg.model_copy(update={"env": self._cfg.env.model_copy(update={"port": port})})
+        self.restarts += 1
+        message = (f"the run's environment server ({self.url}) died; starting it again on the same port "
+                   f"(restart {self.restarts}); its in-flight rollouts are retried")
+        log.warning("%s", message)
+        print(f"turnkeep: warning: {message}", file=sys.stderr, flush=True)
+        url = await self._start(same_port, f"env-restart-{self.restarts}")
+        if url != self.url:
+            raise RuntimeError(f"the restarted environment server answers at {url}, not {self.url}")
+        log.info("the run's environment server is running again at %s", url)
+
+    async def stop(self) -> None:
+        if self.actor is not None:
+            await self.actor.stop.remote()
+
+    async def _start(self, cfg: TurnkeepConfig, name: str) -> str:
+        from envs.env_actor import EnvServerActor
+
+        self.actor = EnvServerActor.options(name=name).remote()
+        url = await self.actor.start.remote(str(self._model_dir), self._policy_url, cfg.model_dump_json(),
+                                            self._token, self._incarnation)
+        write_pid_file(cfg.run.run_dir, "env", await self.actor.__ray_call__.remote(_pid_of))
+        return url
+
+
+def _pid_of(actor) -> int:
+    return os.getpid()
