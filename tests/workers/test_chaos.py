@@ -14,7 +14,9 @@ from primitives.audit_log import AUDIT_FILE, read_audit
 from tests.run_command import short_run_dir, small_run_settings, turnkeep
 from workers.chaos_invariants import check_run_dir
 
-pytestmark = pytest.mark.integration
+# Seven starts of the whole stack (six kills and the last run): each start of Ray, vLLM and Temporal takes
+# 40 to 90 s on a 2-core machine, more than the suite's 600 s per test in all.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 POINTS = ["gym_prepare", "gym_commit", "cut", "publish", "resume", "restore"]
 EVERY_KIND = '{"calc": {"kind": "calc"}, "workspace": {"kind": "workspace"}, "lab": {"kind": "lab"}, ' \
