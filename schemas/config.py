@@ -337,23 +337,14 @@ class TemporalSecurity(StrictModel):
         return {key: path for key, path in named.items() if path is not None}
 
 
-class TemporalConfig(StrictModel):
+class TemporalConfig(TemporalSecurity):
+    """The run's Temporal: the embedded dev server, or a server you run (`address`, reached with the inherited
+    TLS and API key settings)."""
+
     address: str | None = Field(default=None, min_length=1)
     """Temporal frontend `host:port` to use (None: start `temporal server start-dev` inside the run directory)."""
     namespace: str = Field(default="default", min_length=1)
     """Temporal namespace of the run's workflows."""
-    tls: bool = False
-    """Connect to `address` with TLS (implied by tls_cert, tls_ca or api_key_file)."""
-    tls_cert: ConfigPath | None = None
-    """PEM client certificate for mutual TLS (with tls_key), readable where the controller, trainer and policy run."""
-    tls_key: ConfigPath | None = None
-    """PEM private key of tls_cert (keep it 0600)."""
-    tls_ca: ConfigPath | None = None
-    """PEM certificate of the CA that signed the server's certificate (None: the system's roots)."""
-    tls_server_name: str | None = None
-    """Name to check the server's certificate against (None: the address's host)."""
-    api_key_file: ConfigPath | None = None
-    """File holding a Temporal Cloud API key (keep it 0600); sent with every call, over TLS."""
     port: int = Field(default=7233, ge=0, le=65535)
     """Frontend port of the embedded dev server (0: pick a free one)."""
     ui_port: int = Field(default=8233, ge=0, le=65535)
@@ -363,15 +354,13 @@ class TemporalConfig(StrictModel):
 
     @model_validator(mode="after")
     def _security_needs_an_address(self) -> "TemporalConfig":
-        security = self.security()  # refuses a certificate without its key
-        if self.address is None and security.uses_tls():
+        if self.address is None and self.uses_tls():
             raise ValueError("temporal TLS and API key settings apply to a server you run (temporal.address); the "
                              "embedded dev server listens on loopback without them")
         return self
 
     def security(self) -> TemporalSecurity:
-        return TemporalSecurity(tls=self.tls, tls_cert=self.tls_cert, tls_key=self.tls_key, tls_ca=self.tls_ca,
-                                tls_server_name=self.tls_server_name, api_key_file=self.api_key_file)
+        return TemporalSecurity(**self.model_dump(include=set(TemporalSecurity.model_fields)))
 
 
 class SnapshotConfig(StrictModel):
