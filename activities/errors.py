@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from controller.errors import InvariantBroken, TrainerMoved
-from participants.errors import ParticipantInvariantBroken, ParticipantRefused
+from participants.errors import ParticipantInvariantBroken, ParticipantRefused, ParticipantUnavailable
 from schemas.names import ErrorType
 
 
@@ -34,13 +34,25 @@ def translated_errors() -> Iterator[None]:
     """Controller and participant refusals as the error types the workflows match on.
 
     A broken invariant is never retried and stops the run; a participant's refusal fails
-    the attempt; a participant that is unavailable stays retryable.
+    the attempt; a participant that is unavailable stays retryable. Refusals and
+    unavailability are expected outcomes (benign: logged without a traceback); a broken
+    invariant is not.
     """
     try:
         yield
     except (InvariantBroken, ParticipantInvariantBroken) as err:
         raise invariant_broken(str(err)) from err
     except TrainerMoved as err:
-        raise ApplicationError(str(err), type=ErrorType.TRAINER_MOVED, non_retryable=True) from err
+        raise ApplicationError(str(err), type=ErrorType.TRAINER_MOVED, non_retryable=True,
+                               category=ApplicationErrorCategory.BENIGN) from err
     except ParticipantRefused as err:
-        raise ApplicationError(str(err), type=ErrorType.PARTICIPANT_REFUSED, non_retryable=True) from err
+        raise participant_refused(str(err)) from err
+    except ParticipantUnavailable as err:
+        raise ApplicationError(str(err), type=ErrorType.PARTICIPANT_UNAVAILABLE,
+                               category=ApplicationErrorCategory.BENIGN) from err
+
+
+def participant_refused(message: str) -> ApplicationError:
+    """An expected end of an attempt: the workflow's outcome and reason report it, so the worker logs no traceback."""
+    return ApplicationError(message, type=ErrorType.PARTICIPANT_REFUSED, non_retryable=True,
+                            category=ApplicationErrorCategory.BENIGN)

@@ -12,10 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
 from activities.budget import remaining_budget_s
-from activities.errors import check_incarnation, translated_errors
+from activities.errors import check_incarnation, participant_refused, translated_errors
 from activities.heartbeat import heartbeating
 from activities.input_checks import check_lease, check_staging_dir, parse_attempt_id
 from controller.snapshot.coordinator import SnapshotCoordinator
@@ -25,7 +24,7 @@ from controller.snapshot.gym_phase import (
     release_participants,
 )
 from primitives.chaos_points import reached
-from schemas.names import Activity, ErrorType
+from schemas.names import Activity
 from schemas.snapshot import (
     GymCommitResult,
     GymInput,
@@ -46,8 +45,8 @@ class GymActivities:
         parse_attempt_id("checkpoint_id", inp.checkpoint_id, snapshots.run_id)
         if away := snapshots.controller.env_client.away():
             # Its agents cannot be saved, and waiting for it would hold admission for nothing.
-            raise ApplicationError("; ".join(away) + "; this attempt fails, the previous snapshot stays the restore "
-                                   "point", type=ErrorType.PARTICIPANT_REFUSED, non_retryable=True)
+            raise participant_refused("; ".join(away) + "; this attempt fails, the previous snapshot stays the restore "
+                                      "point")
         snapshots.close_admission(inp.checkpoint_id, inp.lease_s)
         # Rows being stored hold the barrier until their ACK is sent: passing it flushes them.
         async with snapshots.controller.data_plane.barrier:

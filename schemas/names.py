@@ -113,6 +113,8 @@ class ErrorType(StrEnum):
     INVARIANT_BROKEN = "InvariantBroken"
     """A bug: fails the attempt and stops the run."""
     PARTICIPANT_REFUSED = "ParticipantRefused"
+    PARTICIPANT_UNAVAILABLE = "ParticipantUnavailable"
+    """Transient (connection refused, 5xx, timeout): retried within the attempt's budget."""
     INVALID_INPUT = "InvalidInput"
     """An activity input refused before anything moved (not retried: the same input is refused again)."""
     STALE_INCARNATION = "StaleIncarnation"

@@ -82,8 +82,15 @@ def test_two_remote_servers_and_the_local_one_snapshot_restore_and_survive_a_kil
         servers["remote_a"] = env_server(REMOTES["remote_a"], ports["remote_a"], root / "remote_a.token",
                                          root / "remote_a.log")
         published_before = len(snapshot_dirs(run_dir))
-        wait_until(lambda: train_steps(run_dir) >= killed_at_step + 3 and len(snapshot_dirs(run_dir)) > published_before,
-                   300, "training and a published snapshot after remote_a came back", run)
+
+        def remote_agents_parked_after_the_return() -> bool:
+            # A snapshot taken at a quiet moment parks nobody; the restore below needs one that parked some.
+            published = snapshot_dirs(run_dir)
+            return (train_steps(run_dir) >= killed_at_step + 3 and len(published) > published_before
+                    and sum(len(saved_agents(published[-1] / name)) for name in REMOTES) > 0)
+
+        wait_until(remote_agents_parked_after_the_return, 300,
+                   "training and a published snapshot with remote agents parked after remote_a came back", run)
         output = log.read_text()
         assert re.search(r"environment server remote_a \(http://127\.0\.0\.1:\d+\) has been away for", output)
         assert "re-attached environment server remote_a" in output or "remote_a is back" in output
