@@ -97,10 +97,12 @@ def test_a_parked_rollout_longer_than_its_budget_is_not_timed_out(stack, stack_c
                 return
 
     last = [""]
-    cfg = scenario_config(stack_config, rollout={"rollout_timeout_s": 2.0, "max_inflight_groups": 24})
+    # The park (prepare delayed 12 s) is half again the budget, and the budget is far above a rollout's own running
+    # time even on a loaded machine (a 2 s budget there timed out rollouts that had merely run slowly).
+    cfg = scenario_config(stack_config, rollout={"rollout_timeout_s": 8.0, "max_inflight_groups": 24})
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"save_period": 1000})})
     result = asyncio.run(run_scenario(stack, temporal_address, cfg, steps=None, during=snapshot_until_agents_were_parked,
-                                      env_faults=FaultPlan(delay_s={"prepare": 4.0})))
+                                      env_faults=FaultPlan(delay_s={"prepare": 12.0})))
     parked = [line for line in result.snapshot_lines if line["parked_agents"] > 0]
     assert parked, result.snapshot_lines
     assert parked[0]["outcome"] == "published"
