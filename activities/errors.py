@@ -16,12 +16,16 @@ def invariant_broken(message: str) -> ApplicationError:
     return ApplicationError(message, type=ErrorType.INVARIANT_BROKEN, non_retryable=True)
 
 
+def expected_failure(message: str, error_type: ErrorType, retryable: bool = False) -> ApplicationError:
+    """A failure the workflow's outcome and reason report (benign: the worker logs it without a traceback)."""
+    return ApplicationError(message, type=error_type, non_retryable=not retryable,
+                            category=ApplicationErrorCategory.BENIGN)
+
+
 def stale_incarnation(got: int, current: int) -> ApplicationError:
-    # Benign: refusing a dead incarnation's leftovers is the expected path after every restart.
-    return ApplicationError(
-        f"activity from controller incarnation {got} refused: this controller is incarnation {current}",
-        type=ErrorType.STALE_INCARNATION, non_retryable=True, category=ApplicationErrorCategory.BENIGN,
-    )
+    # Refusing a dead incarnation's leftovers is the expected path after every restart.
+    return expected_failure(f"activity from controller incarnation {got} refused: this controller is incarnation "
+                            f"{current}", ErrorType.STALE_INCARNATION)
 
 
 def check_incarnation(got: int, current: int) -> None:
@@ -43,16 +47,8 @@ def translated_errors() -> Iterator[None]:
     except (InvariantBroken, ParticipantInvariantBroken) as err:
         raise invariant_broken(str(err)) from err
     except TrainerMoved as err:
-        raise ApplicationError(str(err), type=ErrorType.TRAINER_MOVED, non_retryable=True,
-                               category=ApplicationErrorCategory.BENIGN) from err
+        raise expected_failure(str(err), ErrorType.TRAINER_MOVED) from err
     except ParticipantRefused as err:
-        raise participant_refused(str(err)) from err
+        raise expected_failure(str(err), ErrorType.PARTICIPANT_REFUSED) from err
     except ParticipantUnavailable as err:
-        raise ApplicationError(str(err), type=ErrorType.PARTICIPANT_UNAVAILABLE,
-                               category=ApplicationErrorCategory.BENIGN) from err
-
-
-def participant_refused(message: str) -> ApplicationError:
-    """An expected end of an attempt: the workflow's outcome and reason report it, so the worker logs no traceback."""
-    return ApplicationError(message, type=ErrorType.PARTICIPANT_REFUSED, non_retryable=True,
-                            category=ApplicationErrorCategory.BENIGN)
+        raise expected_failure(str(err), ErrorType.PARTICIPANT_UNAVAILABLE, retryable=True) from err

@@ -14,7 +14,7 @@ from pathlib import Path
 from temporalio import activity
 
 from activities.budget import remaining_budget_s
-from activities.errors import check_incarnation, participant_refused, translated_errors
+from activities.errors import check_incarnation, expected_failure, translated_errors
 from activities.heartbeat import heartbeating
 from activities.input_checks import check_lease, check_staging_dir, parse_attempt_id
 from controller.snapshot.coordinator import SnapshotCoordinator
@@ -24,7 +24,7 @@ from controller.snapshot.gym_phase import (
     release_participants,
 )
 from primitives.chaos_points import reached
-from schemas.names import Activity
+from schemas.names import Activity, ErrorType
 from schemas.snapshot import (
     GymCommitResult,
     GymInput,
@@ -45,8 +45,8 @@ class GymActivities:
         parse_attempt_id("checkpoint_id", inp.checkpoint_id, snapshots.run_id)
         if away := snapshots.controller.env_client.away():
             # Its agents cannot be saved, and waiting for it would hold admission for nothing.
-            raise participant_refused("; ".join(away) + "; this attempt fails, the previous snapshot stays the restore "
-                                      "point")
+            raise expected_failure("; ".join(away) + "; this attempt fails, the previous snapshot stays the restore "
+                                   "point", ErrorType.PARTICIPANT_REFUSED)
         snapshots.close_admission(inp.checkpoint_id, inp.lease_s)
         # Rows being stored hold the barrier until their ACK is sent: passing it flushes them.
         async with snapshots.controller.data_plane.barrier:
