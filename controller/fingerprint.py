@@ -30,3 +30,11 @@ def fingerprint_fields(cfg: TurnkeepConfig) -> dict:
 def config_fingerprint(cfg: TurnkeepConfig) -> str:
     blob = orjson.dumps(fingerprint_fields(cfg), option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def process_digest(cfg: TurnkeepConfig) -> str:
+    """The config the run's processes were started with, as a digest: a restarted controller reuses a surviving
+    trainer, policy server or environment server only when it would have started it with the same settings.
+    `run.steps` is left out: running the same command with a later `--steps` changes nothing they do."""
+    dumped = cfg.model_dump_json(exclude={"run": {"steps"}})
+    return hashlib.sha256(dumped.encode()).hexdigest()[:16]

@@ -44,3 +44,5 @@ class Processes:
     """Bearer token of the participants' `/checkpoint/*` routes."""
     env_servers: list[EnvServerEndpoint] = field(default_factory=list)
     """Every environment server of the run, the run's own first."""
+    reused: bool = False
+    """Left running by a controller that crashed, and re-attached (`workers.survivors`)."""

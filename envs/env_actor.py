@@ -15,6 +15,7 @@ from envs.server import EnvServer
 from participants.http_server import ControlAuth
 from primitives.audit_log import AUDIT_FILE, AuditLog
 from primitives.control_token import token_path
+from primitives.run_member import RunMember
 from schemas.config import TurnkeepConfig
 
 
@@ -28,7 +29,7 @@ def loop_limits(cfg: TurnkeepConfig) -> LoopLimits:
 
 
 @ray.remote(num_cpus=0)
-class EnvServerActor:
+class EnvServerActor(RunMember):
     async def start(
         self, model_dir: str, policy_url: str, cfg_json: str, control_token: str | None = None,
         incarnation: int | None = None,
@@ -39,6 +40,7 @@ class EnvServerActor:
         """
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         cfg = TurnkeepConfig.model_validate_json(cfg_json)
+        self._run_dir = cfg.run.run_dir
         control = ControlAuth(control_token, where=str(token_path(cfg.run.run_dir)))
         audit = None if incarnation is None else AuditLog(cfg.run.run_dir / AUDIT_FILE, incarnation)
         # Workspaces of a previous incarnation's episodes died with it: start from an empty folder.
@@ -49,6 +51,13 @@ class EnvServerActor:
         url = await self._server.start()
         self._server.attach_local(Path(model_dir), policy_url, loop_limits(cfg), f"local:{incarnation}")
         return url
+
+    async def fence(self, incarnation: int) -> dict:
+        """A new controller took over: the dead one's agents and unACKed results are dropped (its controller will
+        never collect them), the checkpoint it left prepared is aborted, and turn commits go to the audit log under
+        the new incarnation."""
+        audit = AuditLog(self._run_dir / AUDIT_FILE, incarnation)
+        return await self._server.rebind_local(f"local:{incarnation}", audit)
 
     async def stop(self) -> None:
         await self._server.stop()

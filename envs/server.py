@@ -347,6 +347,19 @@ class EnvServer:
     async def _handle_cancel_all(self, http: web.Request) -> web.Response:
         return web.json_response(await self._stop_all_agents())
 
+    async def rebind_local(self, attachment: str, audit: AuditLog) -> dict:
+        """The run's own server under a new controller incarnation (see `EnvServerActor.fence`)."""
+        dropped = await self._stop_all_agents() if attachment != self.attachment else {}
+        aborted = self.participant.abandon()
+        if self._audit is not None:
+            await self._audit.close()
+        self._audit = audit
+        audit.start()
+        log.info("re-attached to %s (was %s; dropped %s, aborted checkpoint %s)", attachment, self.attachment,
+                 dropped, aborted)
+        self.attachment = attachment
+        return {"dropped": dropped, "aborted_checkpoint": aborted}
+
     async def _stop_all_agents(self) -> dict[str, int]:
         tasks = list(self._running.values())
         self._running.clear()

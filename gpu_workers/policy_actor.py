@@ -14,11 +14,12 @@ from typing import Any
 import ray
 
 from gpu_workers.policy_server import PolicyServer
+from primitives.run_member import RunMember
 from schemas.config import PolicyServerConfig
 
 
 @ray.remote
-class PolicyActor:
+class PolicyActor(RunMember):
     """Owns one PolicyServer (vLLM engine + completions endpoint)."""
 
     def __init__(self) -> None:
@@ -70,6 +71,16 @@ class PolicyActor:
         if self._worker is not None:
             await self._worker.shutdown()
             self._worker = None
+
+    async def fence(self) -> dict[str, Any]:
+        """A new controller took over: the dead one's Temporal worker goes, the checkpoint it left prepared is
+        aborted and its admission holds are released (the restore closes admission again under its own)."""
+        await self.stop_temporal_worker()
+        abandoned = self._server.participant.abandon()
+        holders = sorted(self._server.gate.holders())
+        for holder in holders:
+            self._server.open_admission(holder)
+        return {"aborted_checkpoint": abandoned, "released_holders": holders}
 
     async def stop(self) -> None:
         await self.stop_temporal_worker()

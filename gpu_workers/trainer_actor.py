@@ -10,12 +10,13 @@ from pathlib import Path
 import ray
 
 from primitives.holds import HoldSet, UnknownHolder
+from primitives.run_member import RunMember
 from schemas.config import TurnkeepConfig
 from schemas.rollout import RolloutRow
 
 
 @ray.remote(num_cpus=0)
-class TrainerActor:
+class TrainerActor(RunMember):
     async def setup(self, model_dir: str, cfg_json: str) -> int:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         from gpu_workers.trainer import Trainer  # torch loads only inside the trainer process
@@ -88,6 +89,16 @@ class TrainerActor:
     async def stop_temporal_worker(self) -> None:
         if self._worker is not None:
             await self._worker.shutdown()
+            self._worker = None
+
+    async def fence(self) -> int:
+        """A new controller took over: the dead one's Temporal worker and holds go, and a step it left running is
+        waited out; returns the policy version (the restore then loads the checkpoint it chose)."""
+        await self.stop_temporal_worker()
+        for holder in sorted(self.hold.holders()):
+            self.hold.release(holder)
+        async with self._stepping:
+            return self._trainer.policy_version
 
     async def hold_release(self, holder: str) -> bool:
         return self.hold.release(holder)

@@ -186,6 +186,13 @@ class ParticipantCore:
     def abort(self, checkpoint_id: str) -> ControlReply:
         return self._end(checkpoint_id, "aborted")
 
+    def abandon(self) -> str | None:
+        """A new controller took over: the checkpoint the dead one left prepared is aborted (its id, or None)."""
+        current = self.current
+        if current is not None:
+            self._release(current, "aborted (its controller died)")
+        return current
+
     # -- internals -------------------------------------------------------------------
 
     def _end(self, checkpoint_id: str, how: str) -> ControlReply:

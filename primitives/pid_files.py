@@ -23,22 +23,29 @@ def pid_file(run_dir: Path, role: str) -> Path:
     return run_dir / PIDS_DIR / f"{role}.json"
 
 
-def write_pid_file(run_dir: Path, role: str, pid: int) -> None:
+def write_pid_file(run_dir: Path, role: str, pid: int, **serves: str) -> None:
+    """`serves`: what the process answers at (an address), so a reader can check it is still that process's."""
     folder = run_dir / PIDS_DIR
     folder.mkdir(mode=0o700, exist_ok=True)
     atomic_write_json(pid_file(run_dir, role), {"role": role, "pid": pid,
-                                                "create_time": psutil.Process(pid).create_time()})
+                                                "create_time": psutil.Process(pid).create_time(), **serves})
 
 
-def live_pid(run_dir: Path, role: str) -> int | None:
-    """The pid of the run's `role` process if that very process still runs, else None."""
+def live_record(run_dir: Path, role: str) -> dict | None:
+    """The pid file of the run's `role` process if that very process still runs, else None."""
     try:
         record = orjson.loads(pid_file(run_dir, role).read_bytes())
         process = psutil.Process(int(record["pid"]))
         same = abs(process.create_time() - float(record["create_time"])) < CREATE_TIME_TOLERANCE_S
-        return process.pid if same and process.status() != psutil.STATUS_ZOMBIE else None
+        return record if same and process.status() != psutil.STATUS_ZOMBIE else None
     except (OSError, ValueError, KeyError, TypeError, psutil.Error):
         return None
+
+
+def live_pid(run_dir: Path, role: str) -> int | None:
+    """The pid of the run's `role` process if that very process still runs, else None."""
+    record = live_record(run_dir, role)
+    return None if record is None else int(record["pid"])
 
 
 def live_pids(run_dir: Path) -> dict[str, int]:

@@ -304,6 +304,10 @@ class RayConfig(StrictModel):
     token_file: ConfigPath | None = None
     """Ray's authentication token (0600). Local Ray: made there if absent (None: `<run_dir>/ray_token`). Joining a
     cluster (address): the token the cluster was started with; the run refuses to start without it."""
+    survive_controller_s: float = Field(default=300.0, ge=0, le=86_400)
+    """Local Ray only: how long the trainer, the policy server and the environment server wait for a new controller
+    after the controller process died alone; the same command started within it re-attaches to them instead of
+    starting them again. 0: they die with the controller."""
 
 
 class TemporalSecurity(StrictModel):

@@ -14,6 +14,11 @@ from enum import StrEnum
 # -- task queues: one per process that runs a Temporal worker --------------------------
 
 
+def ray_namespace(run_id: str) -> str:
+    """The run's Ray namespace: its actors' names are looked up in it after a controller crash."""
+    return f"turnkeep-{run_id}"
+
+
 def controller_queue(run_id: str) -> str:
     """The workflows and the controller's activities."""
     return f"{run_id}.controller"

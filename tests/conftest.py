@@ -28,6 +28,14 @@ def small_config(run_dir: Path, cache_dir: Path) -> TurnkeepConfig:
     )
 
 
+@pytest.fixture(autouse=True)
+def _no_run_left_running():
+    yield
+    from tests.run_command import kill_leftovers
+
+    kill_leftovers()
+
+
 @pytest.fixture(scope="session")
 def stack_config() -> TurnkeepConfig:
     # Ray's socket paths must stay short, so the run lives under a short temp dir.

@@ -13,6 +13,7 @@ import orjson
 
 from schemas.config import TurnkeepConfig
 from workers.chaos import count_train_steps
+from workers.chaos_targets import kill_everything
 
 
 def small_run_settings(cfg: TurnkeepConfig) -> list[str]:
@@ -31,9 +32,23 @@ def small_run_settings(cfg: TurnkeepConfig) -> list[str]:
     return [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
 
 
+RUN_DIRS: list[Path] = []
+"""Every run directory a test made: what is left running in them is killed after the test (`kill_leftovers`)."""
+
+
 def short_run_dir(prefix: str) -> Path:
     # Ray's socket paths must stay short.
-    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp")) / "run"
+    run_dir = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp")) / "run"
+    RUN_DIRS.append(run_dir)
+    return run_dir
+
+
+def kill_leftovers() -> int:
+    """A test that SIGKILLs a controller leaves the run's Ray (its own session) waiting for a new one: kill it."""
+    killed = 0
+    while RUN_DIRS:
+        killed += kill_everything(RUN_DIRS.pop(), None)
+    return killed
 
 
 def turnkeep(*args: str, log: Path) -> subprocess.Popen:

@@ -32,6 +32,7 @@ from workers.chaos_targets import (
     REPAIRED_BY_THE_RUN,
     STOPS_THE_RUN,
     TARGETS,
+    kill_everything,
     kill_target,
     parse_targets,
     repaired,
@@ -354,6 +355,7 @@ def run_chaos(args) -> int:
         if current is not None:
             current.close()
         sessions_cleanup(sessions)
+        kill_everything(run_dir, None)
 
     verdict = check_run_dir(run_dir, newest_snapshot_problems=problems, snapshot_checks=checks)
     meta = {"run_dir": str(run_dir), "config": str(config), "steps": args.steps, "seed": seed,
@@ -439,7 +441,7 @@ def _one_round(current: _Incarnation, run_dir: Path, target: str, point: str, ti
             return record("repaired", kill.killed, after_kill_s=round(time.monotonic() - killed_at, 2))
         time.sleep(POLL_S)
     expected = "stop with a reason" if target in STOPS_THE_RUN else "start it again and train"
-    kill_tree(current.proc.pid)
+    kill_everything(run_dir, current.proc.pid)
     current.proc.wait()
     return record("hung", kill.killed, f"it did not {expected} within {AFTER_KILL_TIMEOUT_S:.0f}s")
 

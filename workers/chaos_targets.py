@@ -2,7 +2,7 @@
 
 - `all`: the whole process tree, as a preempted machine loses it; the next start restores.
 - `controller`: the `turnkeep run` process alone (the OOM killer's pick); everything it
-  started lives on, and the next start must cope with the leftovers by itself.
+  started lives on, and the next start re-attaches to it (`workers.survivors`).
 - `trainer`, `policy`: that process alone; the run stops with a one-line reason, and the
   next start restores.
 - `env`, `temporal`: that process alone; the run starts it again and goes on, no restart.
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-from primitives.pid_files import live_pid
+from primitives.pid_files import live_pid, live_pids
 from primitives.process_tree import kill_tree
 
 TARGETS = ("all", "controller", "trainer", "policy", "env", "temporal")
@@ -54,7 +54,7 @@ class Kill:
 def kill_target(target: str, run_dir: Path, root_pid: int) -> Kill:
     """SIGKILL the target now; `root_pid` is the `turnkeep run` process of the current incarnation."""
     if target == "all":
-        return Kill(kill_tree(root_pid), root_pid)
+        return Kill(kill_everything(run_dir, root_pid), root_pid)
     pid = root_pid if target == "controller" else live_pid(run_dir, target)
     if pid is None:
         return Kill(0, None)
@@ -63,6 +63,15 @@ def kill_target(target: str, run_dir: Path, root_pid: int) -> Kill:
     except ProcessLookupError:
         return Kill(0, pid)
     return Kill(1, pid)
+
+
+def kill_everything(run_dir: Path, root_pid: int | None) -> int:
+    """SIGKILL the controller's tree and every process of the run in a session of its own (Temporal, the run's
+    Ray, found by their pid files), as a lost machine loses them."""
+    killed = kill_tree(root_pid) if root_pid is not None else 0
+    for pid in live_pids(run_dir).values():
+        killed += kill_tree(pid)
+    return killed
 
 
 def repaired(run_dir: Path, target: str, killed_pid: int | None) -> bool:

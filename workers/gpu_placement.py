@@ -62,8 +62,9 @@ def check_gpus(placement: PlacementConfig, cluster_gpus: float) -> None:
         )
 
 
-def reserve(placement: PlacementConfig):
-    """Check the cluster, then reserve the plan's bundles; None when nothing asks for a GPU."""
+def reserve(placement: PlacementConfig, detached: bool = False):
+    """Check the cluster, then reserve the plan's bundles; None when nothing asks for a GPU. `detached`: the
+    reservation outlives this controller, as the detached actors placed in it do."""
     import ray
     from ray.util.placement_group import placement_group
 
@@ -71,7 +72,8 @@ def reserve(placement: PlacementConfig):
     plan = plan_gpus(placement)
     if not plan.bundles:
         return None
-    group = placement_group(plan.bundles, strategy="PACK", name="turnkeep-gpus")
+    group = placement_group(plan.bundles, strategy="PACK", name="turnkeep-gpus",
+                            lifetime="detached" if detached else None)
     ray.get(group.ready(), timeout=READY_TIMEOUT_S)
     return group
 

@@ -24,15 +24,21 @@ log = logging.getLogger("turnkeep.env")
 
 class LocalEnvServer:
     def __init__(self, cfg: TurnkeepConfig, model_dir: Path, policy_url: str, token: str,
-                 incarnation: int | None) -> None:
+                 incarnation: int | None, identity: dict | None = None) -> None:
         self._cfg = cfg
         self._model_dir = model_dir
         self._policy_url = policy_url
         self._token = token
         self._incarnation = incarnation
+        self._identity = identity
+        """The run's stamp (`primitives.run_member`): with it, the server is a detached actor that outlives us."""
         self.actor = None
         self.url: str | None = None
         self.restarts = 0
+
+    def adopt(self, actor, url: str, restarts: int) -> None:
+        """The server an earlier controller of this run left running (`workers.survivors`)."""
+        self.actor, self.url, self.restarts = actor, url, restarts
 
     async def start(self) -> str:
         self.url = await self._start(self._cfg, "env")
@@ -64,10 +70,14 @@ class LocalEnvServer:
     async def _start(self, cfg: TurnkeepConfig, name: str) -> str:
         from envs.env_actor import EnvServerActor
 
-        self.actor = EnvServerActor.options(name=name).remote()
+        detached = {"lifetime": "detached"} if self._identity is not None else {}
+        self.actor = EnvServerActor.options(name=name, **detached).remote()
         url = await self.actor.start.remote(str(self._model_dir), self._policy_url, cfg.model_dump_json(),
                                             self._token, self._incarnation)
         write_pid_file(cfg.run.run_dir, "env", await self.actor.__ray_call__.remote(_pid_of))
+        if self._identity is not None:
+            await self.actor.stamp.remote({**self._identity, "model_dir": str(self._model_dir), "url": url,
+                                           "restarts": self.restarts})
         return url
 
 

@@ -13,10 +13,13 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 
 import psutil
 
 from controller.runtime import Controller
+from primitives.pid_files import live_pids
+from primitives.process_tree import kill_tree
 from schemas.snapshot import Outcome, SnapshotNowSignal
 from workers.controller_worker import SnapshotRuntime
 
@@ -48,7 +51,7 @@ class PreemptionHandler:
         if self._task is not None:
             print(f"turnkeep: second {name}: exiting at once; the newest published snapshot stays authoritative",
                   file=sys.stderr, flush=True)
-            _kill_children()
+            _kill_children(self._controller.cfg.run.run_dir)
             os._exit(EXIT_AT_ONCE)
         print(f"turnkeep: {name}: taking a final snapshot (at most snapshot.preemption_grace_s = "
               f"{self._grace_s:g}s); send it again to exit at once", file=sys.stderr, flush=True)
@@ -88,8 +91,9 @@ class PreemptionHandler:
         return f"trainer checkpoint checkpoints/step_{training.step} (its data plane; in-flight rollouts start over)"
 
 
-def _kill_children() -> None:
-    """Ray, vLLM and the Temporal dev server must not outlive a run that exits at once."""
+def _kill_children(run_dir: Path) -> None:
+    """Ray, vLLM and the Temporal dev server must not outlive a run that exits at once, also when an earlier
+    controller started them (its pid files name them)."""
     children = psutil.Process().children(recursive=True)
     for child in children:
         try:
@@ -97,3 +101,9 @@ def _kill_children() -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(children, timeout=10)
+    for pid in live_pids(run_dir).values():
+        if pid != os.getpid():
+            try:
+                kill_tree(pid, timeout_s=10)
+            except TimeoutError:
+                pass

@@ -19,8 +19,10 @@ from pathlib import Path
 
 import aiohttp
 
-from controller.fingerprint import fingerprint_fields
+from controller.fingerprint import fingerprint_fields, process_digest
+from controller.processes import Processes
 from controller.restore.crash_restore import CrashRestore
+from controller.restore.restore_source import has_trainer_checkpoint
 from controller.rollout_levels import RolloutLevelPlan, plan_levels
 from controller.runtime import Controller, RunSummary
 from controller.stores.run_dir import RunIdentity, open_run_dir
@@ -30,17 +32,20 @@ from primitives.audit_log import AUDIT_FILE, AuditLog
 from primitives.pid_files import write_pid_file
 from schemas.audit import RunEnded, RunStarted
 from schemas.config import TurnkeepConfig
+from schemas.names import ray_namespace
 from schemas.recovery import RecoveryResult, SourceKind
 from workers.controller_worker import (
     participant_clients,
     start_snapshots,
     stop_snapshots,
 )
-from workers.placement import launch, reserve_gpus, shutdown, start_ray
+from workers.placement import join_ray, launch, reserve_gpus, shutdown
 from workers.preemption import PreemptionHandler
 from workers.process_watch import first_death, first_of
+from workers.ray_head import RayHead, stop_head
 from workers.remote_envs import attach_remote_servers, probe_remote_servers
 from workers.startup_checks import check_before_start
+from workers.survivors import reattach
 from workers.temporal_server import start_dev_server, stop_dev_server
 from workers.temporal_service import check_temporal_service
 from workers.temporal_supervisor import TemporalSupervisor
@@ -67,8 +72,10 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
     async with AsyncExitStack() as stack:
         stack.push_async_callback(audit.close)
         temporal_address, temporal_supervisor = await _start_temporal(cfg, stack)
-        start_ray(cfg, run_dir)
-        processes = await launch(cfg, identity.incarnation, reserve_gpus(cfg))
+        head = join_ray(cfg, run_dir, ray_namespace(identity.run_id))
+        if head is not None:
+            stack.callback(stop_head, head)  # after the processes' own stop (the stack unwinds last in, first out)
+        processes = await _processes(cfg, identity, head)
         stack.push_async_callback(shutdown, processes)
         session = await stack.enter_async_context(
             aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None))
@@ -110,6 +117,23 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
             controller.training.step, time.monotonic() - started, run_dir, controller.last_metrics,
             controller.metrics.peak_rss_mib, preempted=preemption.saved if controller.stop_reason else None,
         )
+
+
+async def _processes(cfg: TurnkeepConfig, identity: RunIdentity, head: RayHead | None) -> Processes:
+    """The trainer, the policy server and the environment server: re-attached when a crashed controller of this run
+    left them running in its Ray, started otherwise."""
+    if head is None:
+        return await launch(cfg, identity.incarnation, reserve_gpus(cfg))
+    stamp = {"run_id": identity.run_id, "digest": process_digest(cfg)}
+    if head.reused:
+        began = time.monotonic()
+        restorable = identity.resumed and has_trainer_checkpoint(cfg.run.run_dir)
+        survivors = await reattach(cfg, stamp, identity.incarnation, restorable)
+        if survivors is not None:
+            print(f"turnkeep: re-attached the trainer, the policy server and the environment server an earlier "
+                  f"controller left running ({time.monotonic() - began:.1f}s)", flush=True)
+            return survivors
+    return await launch(cfg, identity.incarnation, reserve_gpus(cfg, detached=True), identity=stamp)
 
 
 async def _recovery_plans(cfg: TurnkeepConfig, processes, session) -> dict[str, RolloutLevelPlan]:

@@ -64,6 +64,11 @@ class CrashRestore:
         _remove_partial_staging(self._cfg.run.run_dir)
         _set_aside_rejected(self._cfg.run.run_dir, source, self._identity.incarnation)
         if source.kind is SourceKind.FRESH:
+            if c.processes.reused:
+                raise CrashRestoreError(
+                    f"no trainer checkpoint could be restored ({source.reason}), and the processes kept from the "
+                    "crashed controller hold trained weights; run the same command again: they are stopped now "
+                    "and a fresh start follows")
             self._audit(source, None, {})
             return RestoreResult(step=0, policy_version=0, data_plane_rows=0, unfinished_groups=0, continuations=0,
                                  restarted_siblings=0)

@@ -329,6 +329,11 @@ def newest_published_problem(run_dir: Path, run_id: str, fingerprint: str) -> Sk
     return skip
 
 
+def has_trainer_checkpoint(run_dir: Path) -> bool:
+    """A published trainer checkpoint exists (not verified: `choose_source` does that)."""
+    return bool(_checkpoint_steps(run_dir))
+
+
 def _checkpoint_steps(run_dir: Path) -> list[int]:
     """Published trainer checkpoint steps, newest first (staging dirs never match)."""
     root = checkpoint_root(run_dir)
