@@ -52,6 +52,8 @@ from workers.temporal_supervisor import TemporalSupervisor
 
 log = logging.getLogger("turnkeep.run")
 
+STOP_GRACE_AFTER_DEATH_S = 5.0
+
 
 async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary:
     # Participants in other processes get paths from us; they must not depend on our cwd.
@@ -103,20 +105,30 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
             _report_recovery(run_dir, identity, await _recover_without_temporal(recovery))
         preemption = PreemptionHandler(controller, snapshots, cfg.snapshot.preemption_grace_s)
         preemption.install()
-        deaths = first_death({"trainer": processes.trainer, "policy server": processes.policy})
+        died: list[str] = []
+        deaths = _noted(first_death({"trainer": processes.trainer, "policy server": processes.policy}), died)
         try:
             temporal_lost = temporal_supervisor.lost() if temporal_supervisor is not None else None
             await controller.run(max_steps, first_of(watch, deaths, temporal_lost))
         finally:
             preemption.uninstall()
         if snapshots is not None:
-            await stop_snapshots(snapshots, controller.stop_reason or "training finished", cfg.snapshot.phase_timeout_s)
+            # An attempt in flight cannot finish without the process that died: waiting the full phase timeout
+            # for it would only delay the one-line stop.
+            grace_s = STOP_GRACE_AFTER_DEATH_S if died else cfg.snapshot.phase_timeout_s
+            await stop_snapshots(snapshots, controller.stop_reason or "training finished", grace_s)
         await _audit_end(controller, processes, controller.stop_reason or "finished")
         controller.metrics.finish()
         return RunSummary(
             controller.training.step, time.monotonic() - started, run_dir, controller.last_metrics,
             controller.metrics.peak_rss_mib, preempted=preemption.saved if controller.stop_reason else None,
         )
+
+
+async def _noted(watch, noted: list[str]) -> str:
+    reason = await watch
+    noted.append(reason)
+    return reason
 
 
 async def _processes(cfg: TurnkeepConfig, identity: RunIdentity, head: RayHead | None) -> Processes:
