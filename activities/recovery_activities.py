@@ -14,8 +14,11 @@ import logging
 from pathlib import Path
 
 from temporalio import activity
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.workflowservice.v1 import ResetStickyTaskQueueRequest
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
 
 from activities.errors import stale_incarnation
 from activities.input_checks import check_int, check_run_id, refused, resolved_inside
@@ -55,13 +58,26 @@ class RecoveryActivities:
             raise stale_incarnation(incarnation, self._incarnation)
         check_run_id("run_id", run_id, self._run_id)
 
+    async def _unstick(self, workflow_id: str, run_id: str | None) -> None:
+        """The dead controller's worker had the workflow cached on its own (sticky) queue; without this its next
+        task (the cancel) would wait out the sticky timeout before any live worker may take it."""
+        request = ResetStickyTaskQueueRequest(namespace=self._client.namespace,
+                                              execution=WorkflowExecution(workflow_id=workflow_id, run_id=run_id or ""))
+        try:
+            await self._client.workflow_service.reset_sticky_task_queue(request)
+        except RPCError as err:
+            log.info("could not reset the sticky queue of %s (%s); its cancel may wait a few seconds", workflow_id, err)
+
     @activity.defn(name=Activity.RECOVERY_CANCEL_STALE)
     async def cancel_stale(self, inp: RecoveryStepInput) -> CancelStaleResult:
         """Cancel the run workflow and attempts the previous incarnation left open; wait until they close."""
         self._check(inp.incarnation, inp.run_id)  # the run id goes into the query: only this run's workflows
         query = f"{sa.RUN_ID.name} = '{inp.run_id}' AND ExecutionStatus = 'Running'"
         own = activity.info().workflow_id
-        stale = [(wf.id, wf.workflow_type) async for wf in self._client.list_workflows(query) if wf.id != own]
+        listed = [wf async for wf in self._client.list_workflows(query) if wf.id != own]
+        stale = [(wf.id, wf.workflow_type) for wf in listed]
+        for wf in listed:
+            await self._unstick(wf.id, wf.run_id)
         handles = [self._client.get_workflow_handle(workflow_id) for workflow_id, _ in stale]
         for handle, (_, workflow_type) in zip(handles, stale):
             if workflow_type == WorkflowType.RUN:

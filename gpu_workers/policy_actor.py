@@ -13,7 +13,6 @@ from typing import Any
 
 import ray
 
-from gpu_workers.policy_server import PolicyServer
 from primitives.run_member import RunMember
 from schemas.config import PolicyServerConfig
 
@@ -23,6 +22,10 @@ class PolicyActor(RunMember):
     """Owns one PolicyServer (vLLM engine + completions endpoint)."""
 
     def __init__(self) -> None:
+        # Imported in the actor's process only: the controller holds this class (to start the actor, or a handle
+        # to re-attach to it) without importing vLLM, which takes seconds.
+        from gpu_workers.policy_server import PolicyServer
+
         self._server = PolicyServer()
         self._worker = None
 
@@ -76,6 +79,7 @@ class PolicyActor(RunMember):
         """A new controller took over: the dead one's Temporal worker goes, the checkpoint it left prepared is
         aborted and its admission holds are released (the restore closes admission again under its own)."""
         await self.stop_temporal_worker()
+        self._server.expect_restore()
         abandoned = self._server.participant.abandon()
         holders = sorted(self._server.gate.holders())
         for holder in holders:

@@ -52,6 +52,7 @@ class PolicyServer:
         self.weight_shapes: Shapes | None = None
         self._runner: web.AppRunner | None = None
         self._refit_lock = asyncio.Lock()
+        self._restore_pending = False
         self.participant = ParticipantCore(POLICY_CAPABILITIES, PolicyParticipant(self))
         self.faults = FaultInjector()
         """Injected checkpoint faults (served with `policy.fault_injection`; empty otherwise)."""
@@ -165,14 +166,20 @@ class PolicyServer:
 
     # -- weights -------------------------------------------------------------------
 
+    def expect_restore(self) -> None:
+        """A new controller re-attached to this server after a crash: its restore may load an older version than
+        the one served (the newest snapshot predates the dead controller's last steps), once."""
+        self._restore_pending = True
+
     async def load_weights(self, blob: bytes, version: int, drain_timeout_s: float | None = 120.0) -> float:
         """Load new weights as `version`; return the seconds admission was closed.
 
         A retry with the current version reloads the same weights (harmless); an
-        older version is refused, so a late retry can never roll the policy back.
+        older version is refused, so a late retry can never roll the policy back,
+        except for the one load a restore makes after `expect_restore`.
         """
         async with self._refit_lock:
-            if version < self.policy_version:
+            if version < self.policy_version and not self._restore_pending:
                 raise ValueError(f"refusing weights for version {version}: serving {self.policy_version}")
             check_blob(blob, self.weight_shapes)
             started = time.monotonic()
@@ -188,6 +195,7 @@ class PolicyServer:
                     raise
                 self.policy_version = version
                 self.weights_ok = True
+                self._restore_pending = False
             finally:
                 self.gate.open(REFIT_HOLDER)
             closed_s = time.monotonic() - started
