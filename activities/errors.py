@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
-from controller.errors import InvariantBroken, TrainerMoved
+from controller.errors import AcksInFlight, InvariantBroken, TrainerMoved
 from participants.errors import ParticipantInvariantBroken, ParticipantRefused, ParticipantUnavailable
 from schemas.names import ErrorType
 
@@ -48,6 +48,8 @@ def translated_errors() -> Iterator[None]:
         raise invariant_broken(str(err)) from err
     except TrainerMoved as err:
         raise expected_failure(str(err), ErrorType.TRAINER_MOVED) from err
+    except AcksInFlight as err:
+        raise expected_failure(str(err), ErrorType.PARTICIPANT_REFUSED) from err
     except ParticipantRefused as err:
         raise expected_failure(str(err), ErrorType.PARTICIPANT_REFUSED) from err
     except ParticipantUnavailable as err:

@@ -1,7 +1,7 @@
 """`gym.*`: the Gym phase of an attempt over the environment servers, from the controller's worker.
 
 prepare closes admission and suspends the rollout deadlines (one holder, in both hold
-sets), flushes pending ACKs, then parks every environment server's agents
+sets), flushes pending ACKs (sent outside the data-plane barrier; see `pending_acks`), then parks every environment server's agents
 (`controller.snapshot.gym_phase`); resume and abort release them and reopen admission.
 The policy server is fenced after this and resumed before it, by its own activities
 (`policy.*`, in its process).
@@ -32,6 +32,20 @@ from schemas.snapshot import (
     GymReleaseResult,
 )
 
+ACK_FLUSH_S = 15.0
+"""How long prepare waits for ACKs in flight; one still unanswered then is named by the server's readiness."""
+
+
+async def flush_acks(data_plane) -> None:
+    """Rows being stored hold the barrier and add their receipt: passing it, then waiting for the
+    receipts, sends every pending ACK before the participants are asked to prepare."""
+    async with data_plane.barrier:
+        pass
+    budget_s = remaining_budget_s()
+    if late := await data_plane.pending_acks.drained(ACK_FLUSH_S if budget_s is None else min(ACK_FLUSH_S, budget_s)):
+        activity.logger.warning("%d ACKs still in flight after %.0f s (%s); the environment server's readiness "
+                                "names what it waits on", len(late), ACK_FLUSH_S, ", ".join(late[:3]))
+
 
 class GymActivities:
     def __init__(self, snapshots: SnapshotCoordinator) -> None:
@@ -48,9 +62,7 @@ class GymActivities:
             raise expected_failure("; ".join(away) + "; this attempt fails, the previous snapshot stays the restore "
                                    "point", ErrorType.PARTICIPANT_REFUSED)
         snapshots.close_admission(inp.checkpoint_id, inp.lease_s)
-        # Rows being stored hold the barrier until their ACK is sent: passing it flushes them.
-        async with snapshots.controller.data_plane.barrier:
-            pass
+        await flush_acks(snapshots.controller.data_plane)
         with translated_errors(), heartbeating("preparing participants"):
             prepared = await prepare_participants(
                 snapshots.environments, inp.checkpoint_id, inp.lease_s,

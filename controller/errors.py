@@ -16,3 +16,12 @@ class TrainerMoved(Exception):
             f"trainer_state_changed: a train step finished during the Gym phase (step {anchor} -> {step}); "
             "the attempt is thrown away. snapshot.trainer_hold = true prevents this."
         )
+
+
+class AcksInFlight(Exception):
+    """An ACK still unanswered at the cut: its server was prepared, so this should not happen; the attempt
+    fails rather than save a row its server may save too."""
+
+    def __init__(self, receipts: list[str]) -> None:
+        super().__init__(f"{len(receipts)} ACKs still in flight at the cut ({', '.join(receipts[:3])}); this "
+                         "attempt fails, the previous snapshot stays the restore point")

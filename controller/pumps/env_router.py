@@ -11,8 +11,8 @@ a reason naming the server (`away()`).
 
 A server that hangs counts as away too: every call has a time limit (`EnvClient`), and a
 call that runs out of it marks the server away with the call and the server's URL as
-the reason. An ACK to a server that is away fails at once instead of waiting: the
-rollout pump ACKs under the data-plane barrier, which must never wait on the network.
+the reason. An ACK to a server that is away fails at once instead of waiting: a
+snapshot's prepare waits for the ACKs in flight.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class EnvRouter:
         if link is None:
             raise EnvServerError(f"receipt {receipt} was not issued by any server this run knows")
         if link.away_since is not None:
-            # Callers ACK under the data-plane barrier: fail now rather than wait for a server that is away.
+            # A snapshot's prepare waits for the ACKs in flight: fail now rather than wait for a server that is away.
             raise EnvServerError(f"cannot ACK {receipt}: environment server {link.name} ({link.client.base_url}) "
                                  f"is away: {link.reason}")
         await self._guarded(link, link.client.ack(receipt))

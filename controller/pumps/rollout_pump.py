@@ -1,8 +1,8 @@
 """Rollout pump: dataloader -> prompt group -> admission gate -> one /run per sibling.
 
 A sibling's row is written to the data plane under the barrier and only then is its
-receipt ACKed, so a finished result is always either stored here or still held by the
-environment server. Failed or timed-out attempts are retried up to
+receipt ACKed (after the barrier opens), so a finished result is always either stored
+here or still held by the environment server. Failed or timed-out attempts are retried up to
 `rollout.max_attempts`, then the sibling is dropped with its reason; where the
 environment's recovery level asks for it (`group_reruns`), a failure reruns the whole
 group instead, and a group-scored group is judged before the trainer sees it.
@@ -271,11 +271,10 @@ class RolloutPump:
             # After a restore attempt N continues as N+1: a row of any other attempt must never land.
             raise RuntimeError(f"row of {result.rollout_id} is not the current attempt of its sibling ({entry})")
         async with self._data_plane.barrier:
-            if self._ledger.round(row.group_id) != round_:
-                # Checked under the barrier: a rerun deletes the group's rows under it too.
-                await self._ack(result.receipt)
-                return False
-            if self._data_plane.put(row):
+            # Registered with the row, so a flush that passes the barrier waits for this ACK too.
+            self._data_plane.pending_acks.add(result.receipt)
+            current = self._ledger.round(row.group_id) == round_  # a rerun deletes the group's rows under it too
+            if current and self._data_plane.put(row):
                 self._stats.generated_tokens += row.generated_tokens()
                 self._stats.rows_sealed += 1
                 self._emit(
@@ -285,9 +284,12 @@ class RolloutPump:
                     resumed_turn=continuation.turn_index if continuation else 0,
                     prefix_sha=segments_digest(row.segments[: continuation.segments]) if continuation else None,
                 )
-            # ACK only after the row is stored, and never while a cut holds the barrier.
+        # ACK only after the row is stored, and outside the barrier: a slow server must not hold up a cut.
+        try:
             await self._ack(result.receipt)
-        return True
+        finally:
+            self._data_plane.pending_acks.done(result.receipt)
+        return current
 
     async def _ack(self, receipt: str) -> None:
         for attempt in range(5):

@@ -1,14 +1,16 @@
 """`data_plane.cut`: the controller's state at one moment, under the data-plane barrier.
 
-Under the barrier no row is stored and no receipt ACKed, so the data plane, the claim
-and group ledgers, the dataloader and the checked continuations are captured at once.
+Under the barrier no row is stored, so the data plane, the claim and group ledgers, the
+dataloader and the checked continuations are captured at once. No ACK is in flight
+either: the servers are prepared, so each row's ACK was answered (checked here).
 First the train pump's step is checked against what the attempt expects: with the
 trainer hold it cannot have moved (if it did, that is a bug); without it a step that
 finished during the Gym phase makes the attempt worthless, as in the peer system.
 
-Nothing under the barrier waits on the network: while it is held no row is stored and
-no receipt ACKed anywhere in the controller, so a call to a server that hangs would stall
-the cut, the trainer checkpoint and every rollout with it. What needs a server (the
+Nothing under the barrier waits on the network, ACKs included (they go out after it
+opens, `pending_acks`): while it is held no row is stored anywhere in the controller, so
+a call to a server that hangs would stall the cut, the trainer checkpoint and every
+rollout with it. What needs a server (the
 environment servers' counters of the progress marker) is asked before the barrier.
 """
 
@@ -18,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from controller.errors import InvariantBroken, TrainerMoved
+from controller.errors import AcksInFlight, InvariantBroken, TrainerMoved
 from controller.state.continuations import read_saved_agents
 from controller.state.cut_state import cut_summary, write_cut_state
 from controller.stores import snapshot_store
@@ -61,8 +63,11 @@ async def cut_under_barrier(
     controller, staging: Path, saved_agents: list[SavedAgent], anchor_step: int, hold: TrainerHoldResult | None,
     under_barrier: Callable[[], Awaitable[None]] | None = None,
 ) -> Cut:
-    """Everything the cut does while no row is stored and no receipt ACKed."""
+    """Everything the cut does while no row is stored (and, the servers being prepared, no ACK in flight)."""
     async with controller.data_plane.barrier:
+        if in_flight := controller.data_plane.pending_acks.receipts():
+            # Prepared servers hold no unACKed result; one in flight now could be saved by its server as well.
+            raise AcksInFlight(in_flight)
         training = controller.training
         if hold is None and training.step != anchor_step:
             raise TrainerMoved(anchor_step, training.step)

@@ -3,13 +3,15 @@
 Rows are written only after the environment server returned them and before their
 receipt is ACKed, so a row is either here or still owned by the server. The barrier
 (an asyncio lock) is what a snapshot's cut takes: while it is held no row is written
-or deleted and no receipt is ACKed.
+or deleted. Its receipt joins `pending_acks` under the barrier with the row; the ACK
+itself is sent after the barrier opens (see `pending_acks`).
 """
 
 from __future__ import annotations
 
 import asyncio
 
+from controller.state.pending_acks import PendingAcks
 from schemas.rollout import RolloutRow
 
 
@@ -17,6 +19,7 @@ class DataPlane:
     def __init__(self) -> None:
         self._rows: dict[str, dict[int, RolloutRow]] = {}
         self.barrier = asyncio.Lock()
+        self.pending_acks = PendingAcks()
 
     def put(self, row: RolloutRow) -> bool:
         """Store a sealed row; a duplicate delivery of the same sibling is ignored (returns False)."""

@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 
 import aiohttp
+import pytest
+from temporalio.exceptions import ApplicationError
 
 from activities.snapshot_activities import SnapshotActivities
 from bench.filled_controller import STEP, FilledController
@@ -20,7 +22,7 @@ from controller.snapshot.coordinator import SnapshotCoordinator
 from controller.snapshot.cut import STATE_FILE
 from controller.state.run_stats import RunStats
 from controller.stores import snapshot_store
-from schemas.names import checkpoint_id
+from schemas.names import ErrorType, checkpoint_id
 from schemas.snapshot import CutInput, TrainerHoldResult
 from tests.controller.pumps.test_env_timeouts import hanging_server
 
@@ -96,3 +98,18 @@ def test_a_hung_environment_server_neither_holds_the_barrier_nor_blocks_the_cut(
     asyncio.run(scenario())
     assert any("/health" in r.getMessage() and "127.0.0.1" in r.getMessage() and "did not answer" in r.getMessage()
                for r in caplog.records)
+
+
+def test_an_ack_still_in_flight_fails_the_cut_with_its_receipt_and_writes_nothing(tmp_path):
+    """A prepared server has no unACKed result, so an ACK in flight at the cut would be a row that server
+    may save too: the attempt fails with a reason naming the receipt, and no state file is written."""
+    env = WatchingHealth()
+    acts, ctx, staging = _setup(tmp_path, env)
+    env.barrier = ctx.controller.data_plane.barrier
+    ctx.controller.data_plane.pending_acks.add("r-g7.0.1")
+    with pytest.raises(ApplicationError, match=r"1 ACKs still in flight at the cut \(r-g7\.0\.1\)") as raised:
+        asyncio.run(acts.cut(_cut_input(ctx.controller, staging)))
+    assert raised.value.type == ErrorType.PARTICIPANT_REFUSED
+    assert not (staging / STATE_FILE).exists()
+    ctx.controller.data_plane.pending_acks.done("r-g7.0.1")
+    assert asyncio.run(acts.cut(_cut_input(ctx.controller, staging))).data_plane_rows == 8

@@ -111,7 +111,7 @@ def test_a_hung_ack_marks_the_server_away_and_the_next_ack_fails_at_once():
                     await _ends_within(router.ack("receipt-1"))
                 assert link.away_since is not None and "/ack" in link.reason and url in link.reason
                 assert any(url in line and "/ack" in line for line in router.away())
-                # The rollout pump retries ACKs under the data-plane barrier: while away, no retry waits.
+                # A snapshot's prepare waits for the ACKs in flight: while away, no retry waits.
                 started = time.monotonic()
                 with pytest.raises(Exception, match="is away"):
                     await _ends_within(router.ack("receipt-1"))

@@ -244,3 +244,45 @@ def test_two_siblings_failing_in_the_same_round_rerun_the_group_once():
     assert settled == [("g0000000", True)]
     assert stats.recovery_by_env["calc"]["groups_retried_whole"] == 1
     assert [row.attempt for row in plane.rows("g0000000")] == [1, 1, 1]
+
+
+def test_the_ack_goes_out_after_the_barrier_opens_and_a_flush_waits_for_it():
+    """A hung ACK must not hold the data-plane barrier (every cut and trainer step waits on it),
+    yet a flush that passes the barrier must still see the ACK as pending."""
+    release_ack = asyncio.Event()
+    seen: dict[str, object] = {}
+
+    async def scenario():
+        plane = DataPlane()
+        env = ScriptedEnv(lambda sibling, attempt: (0.0, RolloutOutcome.FINISHED))
+
+        async def slow_ack(receipt: str) -> None:
+            seen["barrier_held_during_ack"] = plane.barrier.locked()
+            seen["pending_during_ack"] = plane.pending_acks.receipts()
+            await release_ack.wait()
+            env.acked.append(receipt)
+
+        env.ack = slow_ack
+        ledger = GroupLedger()
+        pump = RolloutPump(
+            RolloutConfig(group_size=2, rollout_timeout_s=5, max_attempts=1), 1, PromptDataloader(TaskConfig(), seed=0),
+            ledger, plane, env, HoldSet("admission"), DeadlineRegistry(HoldSet("deadlines")), RunStats(),
+            on_group_settled=lambda gid, ok: None, plans={"calc": CALC},
+        )
+        task = asyncio.create_task(pump.run())
+        while "pending_during_ack" not in seen:
+            await asyncio.sleep(0.01)
+        # The ACK hangs, and the barrier is free: a cut or a train step takes it at once.
+        await asyncio.wait_for(plane.barrier.acquire(), timeout=0.5)
+        plane.barrier.release()
+        assert await plane.pending_acks.drained(0.1) == seen["pending_during_ack"]
+        release_ack.set()
+        left = await plane.pending_acks.drained(2.0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return left, env.acked, plane.num_rows()
+
+    left, acked, rows = asyncio.run(scenario())
+    assert seen["barrier_held_during_ack"] is False
+    assert seen["pending_during_ack"] and set(seen["pending_during_ack"]) <= set(acked)
+    assert left == [] and rows >= 1
