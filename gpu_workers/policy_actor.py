@@ -51,6 +51,10 @@ class PolicyActor(RunMember):
     async def open_admission(self, holder: str) -> bool:
         return self._server.open_admission(holder)
 
+    async def admission_leases(self) -> list[tuple[str, float | None]]:
+        """Every admission holder with its remaining lease (for the controller's audit log)."""
+        return [(h.name, h.lease_remaining_s) for h in self._server.gate.holds.snapshot()]
+
     async def drain(self, timeout_s: float | None = None) -> int:
         return await self._server.drain(timeout_s)
 

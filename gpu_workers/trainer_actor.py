@@ -65,6 +65,10 @@ class TrainerActor(RunMember):
     async def hold_holders(self) -> list[str]:
         return sorted(self.hold.holders())
 
+    async def hold_leases(self) -> list[tuple[str, float | None]]:
+        """Every holder with its remaining lease (for the controller's audit log, `controller.remote_holds`)."""
+        return [(h.name, h.lease_remaining_s) for h in self.hold.snapshot()]
+
     async def hold_renew(self, holder: str, lease_s: float) -> bool:
         """Extend a lease the holder still has; False when it is gone (never re-adds it)."""
         try:

@@ -206,13 +206,14 @@ class CutTaken(_Event):
 
 
 class HoldChanged(_Event):
-    """A holder added to, renewed in or released from the controller's hold sets."""
+    """A holder added to, renewed in or released from a hold set: the controller's own, or the trainer's and
+    the policy server's as sampled by `controller.remote_holds`."""
 
     event: Literal["hold_changed"] = "hold_changed"
     change: Literal["taken", "renewed", "released"]
     holder: str
     holds: list[str]
-    """Hold sets by name: `admission`, `deadlines` (as in `run_ended`)."""
+    """Hold sets by name: `admission`, `deadlines` (as in `run_ended`), `trainer`, `policy_admission`."""
     lease_s: float | None = None
     """Seconds from `t` until the holder's lease runs out (None: no lease, or a release)."""
 

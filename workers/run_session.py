@@ -10,6 +10,7 @@ when a later one failed to start.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sys
@@ -21,6 +22,7 @@ import aiohttp
 
 from controller.fingerprint import fingerprint_fields, process_digest
 from controller.processes import Processes
+from controller.remote_holds import RemoteHoldWatch, process_samplers, stop_watching
 from controller.restore.crash_restore import CrashRestore
 from controller.restore.restore_source import has_trainer_checkpoint
 from controller.rollout_levels import RolloutLevelPlan, plan_levels
@@ -103,6 +105,9 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
                 _report_recovery(run_dir, identity, snapshots.ctx.recovery)
         elif recovery is not None:
             _report_recovery(run_dir, identity, await _recover_without_temporal(recovery))
+        holds = RemoteHoldWatch(process_samplers(processes), controller.audit_hold)
+        sampling = asyncio.create_task(holds.run())
+        stack.push_async_callback(stop_watching, sampling)
         preemption = PreemptionHandler(controller, snapshots, cfg.snapshot.preemption_grace_s)
         preemption.install()
         died: list[str] = []
@@ -117,6 +122,8 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
             # for it would only delay the one-line stop.
             grace_s = STOP_GRACE_AFTER_DEATH_S if died else cfg.snapshot.phase_timeout_s
             await stop_snapshots(snapshots, controller.stop_reason or "training finished", grace_s)
+        await stop_watching(sampling)
+        await holds.sample()  # a release just before the end is not taken for a holder left behind
         await _audit_end(controller, processes, controller.stop_reason or "finished")
         controller.metrics.finish()
         return RunSummary(

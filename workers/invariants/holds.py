@@ -1,8 +1,9 @@
 """Invariant 4: the hold sets are released on every exit path, and a lease bounds every hold.
 
-`hold_spans` rebuilds, from `hold_changed` events alone, how long each holder held each of the
-controller's hold sets (the admission gate, the rollout deadline clocks): from its taking to its
-release, or to where its lease ran out, as the hold set itself would drop it. The deadline check
+`hold_spans` rebuilds, from `hold_changed` events alone, how long each holder held each hold set
+(the controller's admission gate and rollout deadline clocks; the trainer's hold and the policy
+server's admission gate, sampled from their processes): from its taking to its release, or to
+where its lease ran out, as the hold set itself would drop it. The deadline check
 (invariant 5) measures parked time on the same spans.
 
 `invariant_4` keeps the older checks (the holders `run_ended` reports; an incarnation that never
