@@ -31,7 +31,10 @@ def chaos_run(stack_config):
         "chaos", "--run-dir", str(run_dir), "--kills", str(len(POINTS)), "--points", ",".join(POINTS),
         "--steps", "36", "--seed", "3", "--phase-timeout-s", "240", *small_run_settings(stack_config),
         # Every environment kind at once: each must come back at its own recovery level.
-        "--set", f"environments={EVERY_KIND}", log=log,
+        "--set", f"environments={EVERY_KIND}",
+        # Slower tools keep generation behind training, so the snapshot the `resume` kill restores has agents in
+        # flight; with generation ahead, the data plane fills, the pump waits, and a snapshot may park none.
+        "--set", "env.tool_latency_s=0.3", log=log,
     )
     code = proc.wait(timeout=1800)
     return run_dir, code, log.read_text()
