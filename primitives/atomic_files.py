@@ -269,10 +269,17 @@ def remove_dir(path: PathLike) -> None:
 
     It is first renamed to a staging name (never read, cleaned up on restart), then deleted.
     """
+    doomed = retire_dir(path)
+    if doomed is not None:
+        shutil.rmtree(doomed, ignore_errors=True)
+
+
+def retire_dir(path: PathLike) -> Path | None:
+    """The first half of `remove_dir`: rename it to a staging name, durably; the new path (None: no such dir)."""
     target = Path(path)
     if not target.exists():
-        return
+        return None
     doomed = target.parent / f"{STAGING_PREFIX}removed-{target.name}-{secrets.token_hex(4)}"
     os.rename(target, doomed)
     fsync_dir(target.parent)
-    shutil.rmtree(doomed, ignore_errors=True)
+    return doomed

@@ -18,8 +18,10 @@ from primitives.atomic_files import atomic_write_text
 
 ENV_POINT = "TURNKEEP_CHAOS_KILL_AT"
 ENV_WAIT = "TURNKEEP_CHAOS_WAIT_S"
-POINTS = ("gym_prepare", "gym_commit", "cut", "publish", "resume", "restore")
-"""Points inside the code; `training` (a random moment between steps) needs no hook."""
+POINTS = ("gym_prepare", "gym_commit", "cut", "publish", "resume", "restore", "checkpoint_write", "prune")
+"""Points inside the code; `training` (a random moment between steps) needs no hook. `checkpoint_write` is in
+the middle of a trainer checkpoint (its files written, no manifest yet, not renamed into place); `prune` is in the
+middle of removing an old trainer checkpoint (renamed away, its files not deleted yet)."""
 
 _fired: set[str] = set()
 

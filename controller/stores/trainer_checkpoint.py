@@ -25,10 +25,11 @@ from primitives.atomic_files import (
     atomic_write_bytes,
     atomic_write_json,
     publish_dir,
-    remove_dir,
+    retire_dir,
     sha256_file,
     staging_dir,
 )
+from primitives.chaos_points import reached
 from schemas.participant import Artifact
 from schemas.recovery import TrainerCheckpointManifest
 
@@ -127,6 +128,7 @@ async def write_trainer_checkpoint(
                 f"trainer checkpoint step_{step} is incomplete, so it was not published: nothing wrote "
                 f"{', '.join(missing)} (the trainer's save_checkpoint must write {', '.join(REQUIRED_FILES[:-1])})"
             )
+        await reached("checkpoint_write", run_dir)  # a chaos kill point: every file written, no manifest yet
         if identity is not None:
             write_checkpoint_manifest(staging, step, identity)
         publish_dir(staging, final)
@@ -139,7 +141,7 @@ async def write_trainer_checkpoint(
         if disk_full is not None:
             raise CheckpointDiskFull(_disk_full_message(run_dir, step, err, *disk_full)) from err
         raise
-    _prune(root, keep)
+    await _prune(root, keep)
     log.info("trainer checkpoint written: %s", final)
     return final
 
@@ -201,7 +203,7 @@ def _disk_full_message(run_dir: Path, step: int, err: BaseException, free: int, 
     )
 
 
-def _prune(root: Path, keep: int) -> None:
+async def _prune(root: Path, keep: int) -> None:
     """Remove all but the newest `keep` checkpoints; only after a new one is published.
 
     A checkpoint that cannot be removed is kept and reported: the new one is already in
@@ -210,6 +212,9 @@ def _prune(root: Path, keep: int) -> None:
     steps = published_steps(root.parent)
     for step in steps[:-keep]:
         try:
-            remove_dir(root / f"step_{step}")
+            doomed = retire_dir(root / f"step_{step}")
+            await reached("prune", root.parent)  # a chaos kill point: renamed away, its files not deleted yet
+            if doomed is not None:
+                shutil.rmtree(doomed, ignore_errors=True)
         except OSError as err:
             log.warning("could not prune trainer checkpoint %s (%s); it stays on disk", root / f"step_{step}", err)

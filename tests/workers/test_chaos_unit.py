@@ -34,9 +34,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def test_schedule_hits_every_point_before_any_repeats():
-    schedule = point_schedule(list(ALL_POINTS), 20, random.Random(7))
-    assert len(schedule) == 20
-    first, second = schedule[:7], schedule[7:14]
+    n = len(ALL_POINTS)
+    schedule = point_schedule(list(ALL_POINTS), 2 * n + 3, random.Random(7))
+    assert len(schedule) == 2 * n + 3
+    first, second = schedule[:n], schedule[n:2 * n]
     assert sorted(first) == sorted(ALL_POINTS) and sorted(second) == sorted(ALL_POINTS)
     assert max(Counter(schedule).values()) - min(Counter(schedule).values()) <= 1
 

@@ -178,7 +178,7 @@ def test_a_failed_prune_does_not_fail_the_published_checkpoint(tmp_path: Path, m
     def no_room(path) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-    monkeypatch.setattr(trainer_checkpoint, "remove_dir", no_room)
+    monkeypatch.setattr(trainer_checkpoint, "retire_dir", no_room)
     with caplog.at_level(logging.WARNING, logger="turnkeep.checkpoint"):
         ckpt = write(tmp_path, 20, keep=1)
     assert ckpt.name == "step_20" and verifies(tmp_path, 20)
