@@ -1,6 +1,7 @@
 """The chaos command on the real stack: a SIGKILL of the whole process tree inside every
-attempt phase and during a restore, a restart after each, then the invariants from the
-audit log; and the checker fails loudly once an invariant is broken on purpose."""
+attempt phase, during a restore, in the middle of a trainer checkpoint and of a prune, a
+restart after each, then the invariants from the audit log; and the checker fails loudly
+once an invariant is broken on purpose."""
 
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ from primitives.audit_log import AUDIT_FILE, read_audit
 from tests.run_command import short_run_dir, small_run_settings, turnkeep
 from workers.chaos_invariants import check_run_dir
 
-# Seven starts of the whole stack (six kills and the last run): each start of Ray, vLLM and Temporal takes
+# Nine starts of the whole stack (eight kills and the last run): each start of Ray, vLLM and Temporal takes
 # 40 to 90 s on a 2-core machine, more than the suite's 600 s per test in all.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
-POINTS = ["gym_prepare", "gym_commit", "cut", "publish", "resume", "restore"]
+POINTS = ["gym_prepare", "gym_commit", "cut", "publish", "resume", "restore", "checkpoint_write", "prune"]
 EVERY_KIND = '{"calc": {"kind": "calc"}, "workspace": {"kind": "workspace"}, "lab": {"kind": "lab"}, ' \
              '"judge": {"kind": "judge"}}'
 
@@ -29,7 +30,7 @@ def chaos_run(stack_config):
     log = run_dir.parent / "chaos.log"
     proc = turnkeep(
         "chaos", "--run-dir", str(run_dir), "--kills", str(len(POINTS)), "--points", ",".join(POINTS),
-        "--steps", "36", "--seed", "3", "--phase-timeout-s", "240", *small_run_settings(stack_config),
+        "--steps", "48", "--seed", "3", "--phase-timeout-s", "240", *small_run_settings(stack_config),
         # Every environment kind at once: each must come back at its own recovery level.
         "--set", f"environments={EVERY_KIND}",
         # Slower tools keep generation behind training, so the snapshot the `resume` kill restores has agents in
