@@ -196,6 +196,16 @@ class Controller:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise RunStopped(watch_task.result())
+        if failed := [task for task in (rollout_task, train_task) if task in done and _failed(task)]:
+            # Either pump alone would wait for the other for good (the train pump for rows that never come).
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            err = failed[0].exception()
+            log.error("the %s failed", failed[0].get_name(), exc_info=err)
+            raise RunStopped(f"the {failed[0].get_name()} failed: {type(err).__name__}: {err} (the log has the "
+                             "details); the last snapshot stays the restore point: run the same command again (same "
+                             "--run-dir) once the cause is fixed") from err
         for task in (rollout_task, watch_task, stop_task):
             if task is not None and task not in done:
                 task.cancel()

@@ -287,6 +287,9 @@ class RolloutPump:
         # ACK only after the row is stored, and outside the barrier: a slow server must not hold up a cut.
         try:
             await self._ack(result.receipt)
+        except EnvServerError as err:
+            # The row is stored: a server that died lost the result with it, a live one drops it after its lease.
+            log.warning("%s; the server drops an unACKed result after its lease", err)
         finally:
             self._data_plane.pending_acks.done(result.receipt)
         return current

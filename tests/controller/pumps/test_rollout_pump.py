@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from controller.pumps.env_client import EnvServerError
 from controller.pumps.rollout_pump import RolloutPump
 from controller.rollout_levels import RolloutLevelPlan
 from controller.state.data_plane import DataPlane
@@ -68,11 +69,11 @@ CALC = RolloutLevelPlan("calc", "calc", "stateless", "turn")
 
 
 def run_one_group(script, *, timeout_s: float, max_attempts: int, hold_for_s: float = 0.0,
-                  plan: RolloutLevelPlan = CALC, group_size: int = 2):
+                  plan: RolloutLevelPlan = CALC, group_size: int = 2, env_class=None):
     async def scenario():
         admission = HoldSet("admission")
         settled: list[tuple[str, bool]] = []
-        env = ScriptedEnv(script)
+        env = (env_class or ScriptedEnv)(script)
         cfg = RolloutConfig(group_size=group_size, rollout_timeout_s=timeout_s, max_attempts=max_attempts)
         stats, plane, ledger = RunStats(), DataPlane(), GroupLedger()
         pump = RolloutPump(
@@ -286,3 +287,28 @@ def test_the_ack_goes_out_after_the_barrier_opens_and_a_flush_waits_for_it():
     assert seen["barrier_held_during_ack"] is False
     assert seen["pending_during_ack"] and set(seen["pending_during_ack"]) <= set(acked)
     assert left == [] and rows >= 1
+
+
+@pytest.mark.timeout(30)
+def test_an_ack_that_never_gets_through_keeps_the_row_and_settles_the_group(monkeypatch, caplog):
+    """A server that died after returning its results cannot take their ACKs: the rows are stored, so the
+    group settles and training goes on (before, the sibling task crashed and the pump with it)."""
+    monkeypatch.setattr(asyncio, "sleep", _no_backoff(asyncio.sleep))
+
+    class DeadOnAck(ScriptedEnv):
+        async def ack(self, receipt: str) -> None:
+            raise EnvServerError(f"cannot ACK {receipt}: environment server env is away")
+
+    script = lambda sibling, attempt: (0.0, RolloutOutcome.FINISHED)
+    settled, stats, plane, _, env = run_one_group(script, timeout_s=5, max_attempts=1, env_class=DeadOnAck)
+    assert settled == [(settled[0][0], True)] and stats.rows_sealed == 2 and plane.num_rows() == 2
+    assert plane.pending_acks.receipts() == []
+    assert any("could not ACK receipt" in r.getMessage() and "after its lease" in r.getMessage()
+               for r in caplog.records)
+
+
+def _no_backoff(real_sleep):
+    async def sleep(delay, *args):
+        return await real_sleep(0 if delay >= 0.2 else delay, *args)
+
+    return sleep
