@@ -8,7 +8,8 @@ directory takes that server over when it answers within a few seconds (the resta
 then faster), or stops it and starts a fresh one on the same database, so two servers
 never share one database file. A record naming a dead process, or a pid that now
 belongs to something else, is removed and that process is left alone. A configured
-port held by anything else is refused in one line.
+port held by something else (another run side by side) is replaced by a free one at
+the first start, and the choice printed; a restart keeps the ports it started with.
 
 `restart_dev_server` starts the server again on the same database and the same ports
 (those chosen at the first start, when the config says 0); `TemporalSupervisor`
@@ -113,7 +114,11 @@ def temporal_binary() -> str:
 
 def _free_port(ip: str) -> int:
     with socket.socket() as sock:
-        sock.bind((ip, 0))
+        try:
+            sock.bind((ip, 0))
+        except OSError as err:
+            raise TemporalStartError(f"temporal.ip = {ip}: the embedded server cannot listen there ({err.strerror}); "
+                                     "use 127.0.0.1 (the default) or an address of this machine") from None
         return sock.getsockname()[1]
 
 
@@ -126,6 +131,19 @@ def _port_free(ip: str, port: int) -> bool:
         except OSError:
             return False
         return True
+
+
+def _choose_port(ip: str, wanted: int, setting: str, what: str) -> int:
+    """`wanted`, or a free port when it is 0 or taken (another run side by side): the choice is printed, and a
+    restart of this run keeps it (its pid file records the command line)."""
+    chosen = _free_port(ip)  # first: an address this machine does not have is named as such
+    if wanted == 0:
+        return chosen
+    if _port_free(ip, wanted):
+        return wanted
+    print(f"turnkeep: {setting} = {wanted} on {ip} is in use by {_holder(wanted)}; {what} of this run is on port "
+          f"{chosen} instead (set {setting} to choose another)", file=sys.stderr, flush=True)
+    return chosen
 
 
 def _check_port(ip: str, port: int, setting: str) -> None:
@@ -172,10 +190,8 @@ async def start_dev_server(cfg: TemporalConfig, run_dir: Path, timeout_s: float 
     endpoint = await _take_over_leftover(cfg, run_dir)
     if endpoint is not None:
         return endpoint
-    port = cfg.port or _free_port(cfg.ip)
-    ui_port = cfg.ui_port or _free_port(cfg.ip)
-    _check_port(cfg.ip, port, "temporal.port")
-    _check_port(cfg.ip, ui_port, "temporal.ui_port")
+    port = _choose_port(cfg.ip, cfg.port, "temporal.port", "Temporal")
+    ui_port = _choose_port(cfg.ip, cfg.ui_port, "temporal.ui_port", "the Temporal web UI")
     endpoint = TemporalEndpoint(
         f"{cfg.ip}:{port}", f"http://{cfg.ip}:{ui_port}", run_dir=run_dir, namespace=cfg.namespace,
         args=dev_server_args(cfg, run_dir, port, ui_port),

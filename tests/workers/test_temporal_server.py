@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from workers.temporal_pidfile import (
     servers_on,
     write_record,
 )
-from workers.temporal_server import TemporalStartError, start_dev_server, stop_dev_server
+from workers.temporal_server import TemporalStartError, restart_dev_server, start_dev_server, stop_dev_server
 
 pytestmark = pytest.mark.integration  # real dev servers, a few seconds each
 
@@ -168,18 +169,36 @@ def test_a_record_naming_another_runs_server_neither_takes_it_over_nor_stops_it(
         stop_dev_server(other)
 
 
-def test_a_port_held_by_another_process_is_refused_in_one_line(tmp_path) -> None:
+def test_a_port_held_by_another_process_is_replaced_by_a_free_one_and_printed(tmp_path, capsys) -> None:
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         port = listener.getsockname()[1]
+        endpoint = asyncio.run(start_dev_server(TemporalConfig(port=port, ui_port=0), tmp_path))
+        try:
+            chosen = int(endpoint.address.rsplit(":", 1)[1])
+            assert chosen != port
+            [line] = capsys.readouterr().err.strip().splitlines()
+            assert line == (f"turnkeep: temporal.port = {port} on 127.0.0.1 is in use by pid {os.getpid()} "
+                            f"({Path(sys.executable).name}); Temporal of this run is on port {chosen} instead (set "
+                            "temporal.port to choose another)")
+        finally:
+            stop_dev_server(endpoint)
+
+
+def test_a_restart_whose_port_was_taken_meanwhile_is_refused_in_one_line(tmp_path) -> None:
+    endpoint = asyncio.run(start_dev_server(TemporalConfig(port=0, ui_port=0), tmp_path))
+    port = int(endpoint.address.rsplit(":", 1)[1])
+    stop_dev_server(endpoint, forget=False)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
         with pytest.raises(TemporalStartError) as raised:
-            asyncio.run(start_dev_server(TemporalConfig(port=port, ui_port=0), tmp_path))
-        message = str(raised.value)
-        assert "\n" not in message
-        assert f"temporal.port = {port}: port {port} on 127.0.0.1 is in use by pid {os.getpid()}" in message
-        assert "set temporal.port to a free port (or 0 to pick one)" in message
-        assert _servers(tmp_path) == [] and not record_path(tmp_path).exists()
+            asyncio.run(restart_dev_server(endpoint))
+    message = str(raised.value)
+    assert "\n" not in message
+    assert f"temporal.port = {port}: port {port} on 127.0.0.1 is in use by pid {os.getpid()}" in message
+    assert _servers(tmp_path) == []
 
 
 @pytest.fixture
@@ -190,14 +209,12 @@ def restored_umask():
     os.umask(before)
 
 
-def test_turnkeep_run_names_a_held_port_in_one_line_without_a_traceback(tmp_path, capsys, restored_umask) -> None:
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        port = listener.getsockname()[1]
-        config = tmp_path / "run.toml"
-        config.write_text(f'[run]\nrun_dir = "{tmp_path / "run"}"\n[temporal]\nport = {port}\nui_port = 0\n')
-        assert main(["run", "--config", str(config)]) == 2
+def test_turnkeep_run_names_an_address_it_cannot_listen_on_in_one_line_without_a_traceback(
+        tmp_path, capsys, restored_umask) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text(f'[run]\nrun_dir = "{tmp_path / "run"}"\n[temporal]\nip = "192.0.2.77"\nui_port = 0\n')
+    assert main(["run", "--config", str(config)]) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
-    assert line.startswith(f"turnkeep: temporal.port = {port}: port {port} on 127.0.0.1 is in use"), line
+    assert line.startswith("turnkeep: temporal.ip = 192.0.2.77: the embedded server cannot listen there ("), line
+    assert line.endswith("use 127.0.0.1 (the default) or an address of this machine"), line
     assert _servers(tmp_path / "run") == []
