@@ -43,6 +43,10 @@ class WorkflowType(StrEnum):
     RECOVERY = "TurnkeepRecovery"
 
 
+ATTEMPT_CANCELLED_SIGNAL = "attempt_cancelled"
+"""A cancelled attempt hands the run workflow its result this way: a Canceled workflow returns none."""
+
+
 def run_workflow_id(run_id: str) -> str:
     return f"{run_id}.run"
 

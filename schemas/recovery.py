@@ -148,8 +148,11 @@ class ResumeAfterRestoreResult(Wire):
 
 
 class RecoveryResult(Wire):
-    source: RecoverySource
+    source: RecoverySource | None
+    """None only when superseded before it chose one."""
     restore: RestoreResult | None
     cancelled: list[str]
     seconds: dict[str, float]
     """Seconds per recovery phase."""
+    superseded: str | None = None
+    """Why it stopped early: a newer incarnation of the run took over (nothing went wrong)."""

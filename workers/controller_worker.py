@@ -183,7 +183,7 @@ async def _recover(cfg: TurnkeepConfig, client: Client, run_id: str, incarnation
     """Run the recovery workflow to its end; a failure stops the run with its reason."""
     recovery_id = recovery_workflow_id(run_id, incarnation)
     try:
-        return await client.execute_workflow(
+        result = await client.execute_workflow(
             RecoveryWorkflow.run,
             RecoveryInput(run_id=run_id, incarnation=incarnation, phase_timeout_s=cfg.snapshot.phase_timeout_s),
             id=recovery_id, task_queue=controller_queue(run_id),
@@ -195,6 +195,10 @@ async def _recover(cfg: TurnkeepConfig, client: Client, run_id: str, incarnation
         while getattr(cause, "cause", None) is not None:
             cause = cause.cause
         raise RecoveryFailed(f"recovery {recovery_id} failed: {getattr(cause, 'message', None) or cause}") from None
+    if result.superseded is not None:
+        # Another controller started on this run directory meanwhile: it owns the run now.
+        raise RecoveryFailed(f"recovery {recovery_id} was superseded: {result.superseded}")
+    return result
 
 
 def next_snapshot_numbers(run_dir: Path) -> dict[str, int]:

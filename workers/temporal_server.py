@@ -54,7 +54,6 @@ UNTHROTTLED = (
     "history.transferProcessorMaxPollRPS=1000",
     "history.transferProcessorMaxPollHostRPS=10000",
 )
-TYPE_NAMES = {"KEYWORD": "Keyword", "INT": "Int"}
 DB_FILE = "temporal.db"
 LOG_FILE = "temporal.log"
 REUSE_CHECK_S = 5.0
@@ -180,7 +179,7 @@ def dev_server_args(cfg: TemporalConfig, run_dir: Path, port: int, ui_port: int)
     for value in UNTHROTTLED:
         args += ["--dynamic-config-value", value]
     for key in search_attributes.ALL:
-        args += ["--search-attribute", f"{key.name}={TYPE_NAMES[key.indexed_value_type.name]}"]
+        args += ["--search-attribute", f"{key.name}={search_attributes.TYPE_NAMES[key.indexed_value_type.name]}"]
     return args
 
 
@@ -367,7 +366,8 @@ async def register_search_attributes(client: Client, namespace: str) -> None:
     from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
     from temporalio.service import RPCError
 
-    kinds = {"KEYWORD": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD, "INT": IndexedValueType.INDEXED_VALUE_TYPE_INT}
+    kinds = {"KEYWORD": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD, "INT": IndexedValueType.INDEXED_VALUE_TYPE_INT,
+             "DOUBLE": IndexedValueType.INDEXED_VALUE_TYPE_DOUBLE}
     wanted = {key.name: kinds[key.indexed_value_type.name] for key in search_attributes.ALL}
     try:
         await client.operator_service.add_search_attributes(
@@ -377,6 +377,5 @@ async def register_search_attributes(client: Client, namespace: str) -> None:
         if "already" not in str(err).lower():
             raise RuntimeError(
                 f"could not register turnkeep's search attributes on {namespace}: {str(err)[:200]}. Register them with "
-                "`temporal operator search-attribute create` (TurnkeepRunId, TurnkeepTrigger, TurnkeepOutcome: "
-                "Keyword; TurnkeepAnchorStep: Int)"
+                f"`temporal operator search-attribute create` ({search_attributes.described()})"
             ) from err

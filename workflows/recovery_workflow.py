@@ -10,12 +10,14 @@ Temporal UI answers "where did this run continue from?".
 from __future__ import annotations
 
 from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError
 
 from workflows.retry_policies import RECOVERY_FEW_TRIES
 from workflows.timed_activity import timed_activity
 
 with workflow.unsafe.imports_passed_through():
-    from schemas.names import Activity, WorkflowType, policy_queue
+    from schemas import search_attributes as sa
+    from schemas.names import Activity, ErrorType, WorkflowType, policy_queue
     from schemas.recovery import (
         CancelStaleResult,
         ChooseSourceResult,
@@ -31,6 +33,19 @@ with workflow.unsafe.imports_passed_through():
     )
 
 
+OUTCOME_IN_LIST = "recovery-outcome-in-list"
+"""Patch id: the source as a search attribute, and a superseded recovery completes (it failed before)."""
+
+
+def _superseded_by(err: BaseException) -> str | None:
+    root = err
+    while root.__cause__ is not None:
+        root = root.__cause__
+    if isinstance(root, ApplicationError) and root.type == ErrorType.STALE_INCARNATION:
+        return root.message
+    return None
+
+
 @workflow.defn(name=WorkflowType.RECOVERY)
 class RecoveryWorkflow:
     def __init__(self) -> None:
@@ -42,12 +57,26 @@ class RecoveryWorkflow:
 
     @workflow.run
     async def run(self, inp: RecoveryInput) -> RecoveryResult:
-        step = RecoveryStepInput(run_id=inp.run_id, incarnation=inp.incarnation)
         seconds: dict[str, float] = {}
+        try:
+            return await self._recover(inp, seconds)
+        except ActivityError as err:
+            superseded = _superseded_by(err)
+            if superseded is None or not workflow.patched(OUTCOME_IN_LIST):
+                raise
+            # A newer incarnation took the run over: nothing went wrong, and the UI should not say Failed.
+            workflow.upsert_search_attributes([sa.RESTORE_SOURCE.value_set("superseded")])
+            workflow.set_current_details(f"superseded: {superseded}")
+            return RecoveryResult(source=None, restore=None, cancelled=[], seconds=seconds, superseded=superseded)
+
+    async def _recover(self, inp: RecoveryInput, seconds: dict[str, float]) -> RecoveryResult:
+        step = RecoveryStepInput(run_id=inp.run_id, incarnation=inp.incarnation)
         cancelled = await self._call("cancel_stale", Activity.RECOVERY_CANCEL_STALE, step, CancelStaleResult, inp, seconds,
                                      heartbeat_s=30)
         chosen = await self._call("choose_source", Activity.RECOVERY_CHOOSE_SOURCE, step, ChooseSourceResult, inp, seconds)
         source = chosen.source
+        if workflow.patched(OUTCOME_IN_LIST):
+            workflow.upsert_search_attributes([sa.RESTORE_SOURCE.value_set(str(source.kind))])
         workflow.set_current_details(f"restoring from {source.kind} (step {source.step}): {source.reason}")
         restored = await self._call("restore", Activity.RECOVERY_RESTORE,
                                     RestoreInput(run_id=inp.run_id, incarnation=inp.incarnation, source=source),

@@ -16,12 +16,13 @@ from typing import NamedTuple
 
 from temporalio import workflow
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ChildWorkflowError, is_cancelled_exception
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from schemas import search_attributes as sa
     from schemas.names import (
+        ATTEMPT_CANCELLED_SIGNAL,
         Activity,
         WorkflowType,
         checkpoint_holder,
@@ -89,6 +90,8 @@ class RunWorkflow:
         """Attempts finished in this run of the workflow (waiters of `snapshot_and_wait` count on it)."""
         self._last_by_trigger: dict[Trigger, tuple[int, SnapshotAttemptResult]] = {}
         self._run_id = inp.run_id
+        self._cancelled: dict[str, SnapshotAttemptResult] = {}
+        """Results handed over by attempts that were cancelled (a Canceled workflow returns none)."""
 
     @workflow.signal
     def trainer_checkpoint_saved(self, signal: TrainerCheckpointSignal) -> None:
@@ -133,6 +136,10 @@ class RunWorkflow:
             if result.outcome is not Outcome.SKIPPED:
                 return result
             workflow.logger.info("%s snapshot skipped (%s); asking again", trigger, result.reason)
+
+    @workflow.signal(name=ATTEMPT_CANCELLED_SIGNAL)
+    def attempt_cancelled(self, result: SnapshotAttemptResult) -> None:
+        self._cancelled[result.checkpoint_id] = result
 
     @workflow.signal
     def pause_snapshots(self) -> None:
@@ -226,16 +233,14 @@ class RunWorkflow:
         self._state.numbers[str(step)] = number + 1
         attempt_id = checkpoint_id(inp.run_id, step, number)
         self._running = attempt_id
+        attempt = SnapshotAttemptInput(
+            run_id=inp.run_id, checkpoint_id=attempt_id, number=number, trigger=trigger, anchor_step=step,
+            incarnation=inp.incarnation, trainer_hold=inp.trainer_hold, keep_latest_k=inp.keep_latest_k,
+            checkpoint_hold=checkpoint_holder(step) if held and inp.trainer_hold else None, timeouts=inp.timeouts,
+        )
         try:
             return await workflow.execute_child_workflow(
-                SnapshotAttemptWorkflow.run,
-                SnapshotAttemptInput(
-                    run_id=inp.run_id, checkpoint_id=attempt_id, number=number, trigger=trigger, anchor_step=step,
-                    incarnation=inp.incarnation, trainer_hold=inp.trainer_hold, keep_latest_k=inp.keep_latest_k,
-                    checkpoint_hold=checkpoint_holder(step) if held and inp.trainer_hold else None,
-                    timeouts=inp.timeouts,
-                ),
-                id=attempt_id,
+                SnapshotAttemptWorkflow.run, attempt, id=attempt_id,
                 # A cancelled run still compensates its attempt; TERMINATE would skip compensation.
                 parent_close_policy=ParentClosePolicy.REQUEST_CANCEL,
                 static_summary=f"{trigger} snapshot under step {step} (#{number}): {note}",
@@ -244,8 +249,25 @@ class RunWorkflow:
                     SearchAttributePair(sa.TRIGGER, str(trigger)), SearchAttributePair(sa.OUTCOME, "running"),
                 ]),
             )
+        except ChildWorkflowError as err:
+            if not is_cancelled_exception(err):
+                raise
+            # Cancelled from the CLI or the UI: it compensated, handed its result over and ended as Canceled.
+            return await self._cancelled_result(attempt_id, step, trigger)
         finally:
             self._running = None
+
+    async def _cancelled_result(self, attempt_id: str, step: int, trigger: Trigger) -> SnapshotAttemptResult:
+        try:
+            await workflow.wait_condition(lambda: attempt_id in self._cancelled, timeout=timedelta(seconds=10),
+                                          timeout_summary="result of a cancelled attempt")
+            return self._cancelled.pop(attempt_id)
+        except TimeoutError:
+            return SnapshotAttemptResult(
+                checkpoint_id=attempt_id, outcome=Outcome.ABORTED, anchor_step=step, trigger=trigger,
+                reason="cancelled (temporal workflow cancel) before it could report; the previous snapshot stays the "
+                       "restore point",
+            )
 
     def _account(self, inp: RunWorkflowInput, result: SnapshotAttemptResult) -> str | None:
         """Update the counters; return why the run must stop, if it must."""

@@ -22,7 +22,15 @@ from workflows.timed_activity import timed_activity
 
 with workflow.unsafe.imports_passed_through():
     from schemas import search_attributes as sa
-    from schemas.names import Activity, ErrorType, WorkflowType, policy_queue, snapshot_holder, trainer_queue
+    from schemas.names import (
+        ATTEMPT_CANCELLED_SIGNAL,
+        Activity,
+        ErrorType,
+        WorkflowType,
+        policy_queue,
+        snapshot_holder,
+        trainer_queue,
+    )
     from schemas.snapshot import (
         CutInput,
         CutResult,
@@ -49,6 +57,8 @@ with workflow.unsafe.imports_passed_through():
 
 from workflows.retry_policies import ATTEMPT_FEW_TRIES, ATTEMPT_PERSISTENT, ATTEMPT_TRANSIENT
 
+CANCEL_ENDS_CANCELED = "cancelled-attempt-ends-canceled"
+"""Patch id: a cancelled attempt compensates, then ends as Canceled (histories from before it completed)."""
 MIN_PREPARE_LEFT_S = 2.0
 """The policy server's fence gets at least this long, even when parking the agents used up the budget."""
 
@@ -88,10 +98,25 @@ class SnapshotAttemptWorkflow:
             await self._compensate(inp, progress)
             result = self._result(inp, progress, outcome, reason)
             result.invariant_broken = invariant
-        result.wall_s = round(workflow.time() - started, 3)
-        workflow.upsert_search_attributes([sa.OUTCOME.value_set(str(result.outcome))])
-        workflow.set_current_details(f"{result.outcome}: {result.reason}")
+            if is_cancelled_exception(err) and workflow.patched(CANCEL_ENDS_CANCELED):
+                self._close(result, started)
+                await _hand_to_parent(result)
+                # Compensated: the UI shows Canceled, as for any cancelled workflow; the details keep the reason.
+                raise asyncio.CancelledError(reason) from None
+        self._close(result, started)
         return result
+
+    def _close(self, result: SnapshotAttemptResult, started: float) -> None:
+        """The outcome where the UI's list shows it: search attributes and the details line."""
+        result.wall_s = round(workflow.time() - started, 3)
+        workflow.upsert_search_attributes([
+            sa.OUTCOME.value_set(str(result.outcome)), sa.PARKED_AGENTS.value_set(result.parked_agents),
+            sa.CLOSED_S.value_set(result.admission_closed_s),
+        ])
+        workflow.set_current_details(
+            f"{result.outcome}: {result.reason} (step {result.anchor_step}, {result.trigger}; {result.parked_agents} "
+            f"agents parked; admission closed {result.admission_closed_s:.2f} s)"
+        )
 
     async def _attempt(self, inp: SnapshotAttemptInput, progress: AttemptProgress) -> SnapshotAttemptResult:
         budget = inp.timeouts
@@ -224,6 +249,19 @@ class SnapshotAttemptWorkflow:
         )
 
 
+async def _hand_to_parent(result: SnapshotAttemptResult) -> None:
+    """The run workflow records the attempt (metrics, audit); a Canceled workflow has no result, so it is signalled.
+    Awaited, so the signal is in the parent's history before the cancellation is."""
+    parent = workflow.info().parent
+    if parent is None:
+        return
+    try:
+        await workflow.get_external_workflow_handle(parent.workflow_id, run_id=parent.run_id).signal(
+            ATTEMPT_CANCELLED_SIGNAL, result)
+    except Exception as err:  # the parent is gone (the run itself was cancelled): nobody to tell
+        workflow.logger.info("could not hand %s to the run workflow: %s", result.checkpoint_id, err)
+
+
 def _cause(err: BaseException) -> str:
     while err.__cause__ is not None:
         err = err.__cause__
@@ -237,6 +275,8 @@ def _classify(err: BaseException) -> tuple[Outcome, str, bool]:
     root = err
     while root.__cause__ is not None:
         root = root.__cause__
+    if isinstance(root, ApplicationError) and root.type == ErrorType.STALE_INCARNATION:
+        return Outcome.ABORTED, f"superseded: {root.message}", False
     if isinstance(root, ApplicationError) and root.type == ErrorType.INVARIANT_BROKEN:
         return Outcome.FAILED, f"invariant broken: {root.message}", True
     if isinstance(root, ApplicationError) and root.type == ErrorType.TRAINER_MOVED:

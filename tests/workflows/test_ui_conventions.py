@@ -1,0 +1,162 @@
+"""What the Temporal UI shows, on a real dev server with stand-in activities: an attempt cancelled from the CLI
+or the UI compensates and ends as Canceled (its outcome, parked agents and closed seconds in its search
+attributes, its full result recorded by the run), and a recovery a newer incarnation superseded completes with
+the reason instead of failing."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from temporalio import activity
+from temporalio.api.enums.v1 import WorkflowExecutionStatus
+from temporalio.exceptions import ApplicationError
+from temporalio.worker import Worker
+
+from schemas import search_attributes as sa
+from schemas.names import Activity, ErrorType, controller_queue, policy_queue, trainer_queue
+from schemas.recovery import CancelStaleResult, RecoveryInput, RecoveryStepInput
+from schemas.snapshot import (
+    AnchorQuery,
+    AnchorResult,
+    AttemptRecord,
+    GymInput,
+    GymPrepareResult,
+    GymReleaseResult,
+    PreflightInput,
+    PreflightResult,
+    RecordResult,
+    StagingInput,
+    StagingResult,
+    TrainerHoldInput,
+    TrainerHoldResult,
+    TrainerReleaseInput,
+    TrainerReleaseResult,
+)
+from tests.workflows.test_run_workflow import _dev_server, _run_input
+from workflows.recovery_workflow import RecoveryWorkflow
+from workflows.run_workflow import RunWorkflow
+from workflows.snapshot_attempt import SnapshotAttemptWorkflow
+
+RUN = "r"
+
+
+class Participants:
+    """The attempt's activities up to a prepare that never finishes, and the compensations."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.records: list[AttemptRecord] = []
+        self.preparing = asyncio.Event()
+
+    @activity.defn(name=Activity.ANCHOR)
+    async def anchor(self, inp: AnchorQuery) -> AnchorResult:
+        return AnchorResult(current_step=4, newest_checkpoint_step=4)
+
+    @activity.defn(name=Activity.PREFLIGHT)
+    async def preflight(self, inp: PreflightInput) -> PreflightResult:
+        return PreflightResult(skip_reason=None)
+
+    @activity.defn(name=Activity.OPEN_STAGING)
+    async def open_staging(self, inp: StagingInput) -> StagingResult:
+        return StagingResult(staging_dir="/nowhere/.staging-4")
+
+    @activity.defn(name=Activity.GYM_PREPARE)
+    async def gym_prepare(self, inp: GymInput) -> GymPrepareResult:
+        self.preparing.set()
+        while True:  # parks agents until it is cancelled
+            activity.heartbeat()
+            await asyncio.sleep(0.2)
+
+    @activity.defn(name=Activity.GYM_ABORT)
+    async def gym_abort(self, inp: GymInput) -> GymReleaseResult:
+        self.calls.append("gym.abort")
+        return GymReleaseResult(participant_s=0.01, admission_closed_s=1.25)
+
+    @activity.defn(name=Activity.POLICY_ABORT)
+    async def policy_abort(self, inp: GymInput) -> GymReleaseResult:
+        self.calls.append("policy.abort")
+        return GymReleaseResult(participant_s=0.01, admission_closed_s=0.0)
+
+    @activity.defn(name=Activity.DISCARD_STAGING)
+    async def discard_staging(self, inp) -> None:
+        self.calls.append("discard_staging")
+
+    @activity.defn(name=Activity.TRAINER_HOLD)
+    async def trainer_hold(self, inp: TrainerHoldInput) -> TrainerHoldResult:
+        return TrainerHoldResult(step=4, policy_version=4)
+
+    @activity.defn(name=Activity.TRAINER_RELEASE)
+    async def trainer_release(self, inp: TrainerReleaseInput) -> TrainerReleaseResult:
+        self.calls.append("trainer.release")
+        return TrainerReleaseResult(released=True, waited_s=0.0)
+
+    @activity.defn(name=Activity.RECORD)
+    async def record(self, inp: AttemptRecord) -> RecordResult:
+        self.records.append(inp)
+        return RecordResult()
+
+    def controller(self) -> list:
+        return [self.anchor, self.preflight, self.open_staging, self.gym_prepare, self.gym_abort,
+                self.discard_staging, self.record]
+
+
+def test_a_cancelled_attempt_compensates_ends_canceled_and_the_run_records_its_result():
+    async def scenario():
+        async with await _dev_server() as env:
+            parts = Participants()
+            client = env.client
+            async with (Worker(client, task_queue=controller_queue(RUN), workflows=[RunWorkflow,
+                                                                                       SnapshotAttemptWorkflow],
+                               activities=parts.controller()),
+                        Worker(client, task_queue=trainer_queue(RUN), activities=[parts.trainer_hold,
+                                                                                   parts.trainer_release]),
+                        Worker(client, task_queue=policy_queue(RUN), activities=[parts.policy_abort])):
+                run = await client.start_workflow(RunWorkflow.run, _run_input(attempt_interval_s=600),
+                                                  id=f"{RUN}.run.{uuid.uuid4().hex[:6]}",
+                                                  task_queue=controller_queue(RUN))
+                await run.signal(RunWorkflow.snapshot_now)
+                await asyncio.wait_for(parts.preparing.wait(), 30)
+                attempt_id = (await run.query(RunWorkflow.status)).running_attempt
+                attempt = client.get_workflow_handle(attempt_id)
+                await attempt.cancel()  # what `temporal workflow cancel --workflow-id <id>` does
+                while not parts.records:
+                    await asyncio.sleep(0.05)
+                described = await attempt.describe()
+                await run.signal(RunWorkflow.stop, "test over")
+                await run.result()
+        return described, parts
+
+    described, parts = asyncio.run(scenario())
+    assert described.status == WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_CANCELED
+    attributes = described.typed_search_attributes
+    assert attributes.get(sa.OUTCOME) == "aborted"
+    assert attributes.get(sa.CLOSED_S) == 1.25 and attributes.get(sa.PARKED_AGENTS) == 0
+    assert parts.calls[:2] == ["policy.abort", "gym.abort"] and "trainer.release" in parts.calls
+    assert "discard_staging" in parts.calls
+    [record] = parts.records
+    result = record.result
+    assert result.outcome == "aborted" and result.reason.startswith("cancelled (temporal workflow cancel")
+    assert "compensate" in result.phase_s and result.admission_closed_s == 1.25  # the attempt's own result
+
+
+def test_a_superseded_recovery_completes_with_the_reason_instead_of_failing():
+    @activity.defn(name=Activity.RECOVERY_CANCEL_STALE)
+    async def cancel_stale(inp: RecoveryStepInput) -> CancelStaleResult:
+        raise ApplicationError("activity from controller incarnation 2 refused: this controller is incarnation 3",
+                               type=ErrorType.STALE_INCARNATION, non_retryable=True)
+
+    async def scenario():
+        async with await _dev_server() as env:
+            queue = f"q-{uuid.uuid4().hex[:6]}"
+            async with Worker(env.client, task_queue=queue, workflows=[RecoveryWorkflow], activities=[cancel_stale]):
+                handle = await env.client.start_workflow(
+                    RecoveryWorkflow.run, RecoveryInput(run_id=RUN, incarnation=2, phase_timeout_s=5),
+                    id=f"{RUN}.recovery.2.{queue}", task_queue=queue)
+                result = await handle.result()
+                return result, await handle.describe()
+
+    result, described = asyncio.run(scenario())
+    assert described.status == WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_COMPLETED
+    assert result.source is None and "this controller is incarnation 3" in result.superseded
+    assert described.typed_search_attributes.get(sa.RESTORE_SOURCE) == "superseded"
