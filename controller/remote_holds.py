@@ -74,9 +74,18 @@ class RemoteHoldWatch:
             for change in changes:
                 self._emit(change.change, change.holder, [hold], change.lease_s)
 
-    async def run(self, every_s: float = SAMPLE_S) -> None:
+    def holders(self) -> dict[str, list[str]]:
+        """Every remote hold set's holders as last sampled."""
+        return {hold: sorted(seen) for hold, seen in self._seen.items()}
+
+    async def run(self, every_s: float = SAMPLE_S, after_each: Callable[[], None] | None = None) -> None:
         while True:
             await self.sample()
+            if after_each is not None:
+                try:
+                    after_each()
+                except OSError as err:  # a full disk must not stop the sampling (and the hold events)
+                    log.warning("could not write the run's live status: %s", err)
             await asyncio.sleep(every_s)
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import aiohttp
 
 from controller.fingerprint import fingerprint_fields, process_digest
+from controller.live_status import live_status, write_live_status
 from controller.processes import Processes
 from controller.remote_holds import RemoteHoldWatch, process_samplers, stop_watching
 from controller.restore.crash_restore import CrashRestore
@@ -106,7 +107,8 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
         elif recovery is not None:
             _report_recovery(run_dir, identity, await _recover_without_temporal(recovery))
         holds = RemoteHoldWatch(process_samplers(processes), controller.audit_hold)
-        sampling = asyncio.create_task(holds.run())
+        sampling = asyncio.create_task(holds.run(after_each=lambda: write_live_status(
+            run_dir, live_status(controller, holds.holders(), identity.incarnation))))
         stack.push_async_callback(stop_watching, sampling)
         preemption = PreemptionHandler(controller, snapshots, cfg.snapshot.preemption_grace_s)
         preemption.install()

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
+import orjson
 import psutil
 import pytest
 
@@ -40,6 +43,13 @@ def _kill_controller_alone(proc, run_dir) -> dict[str, int]:
     return before
 
 
+def _status(run_dir) -> dict:
+    """`turnkeep status --json`, as an operator runs it against the run directory."""
+    out = subprocess.run([sys.executable, "-m", "workers.cli", "status", str(run_dir), "--json"], capture_output=True,
+                         timeout=60, check=True)
+    return orjson.loads(out.stdout)
+
+
 def _running(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -66,7 +76,13 @@ def test_a_restarted_controller_reattaches_to_what_the_killed_one_left_and_other
     try:
         wait_until(lambda: _published(run_dir) > 0 and train_steps(run_dir) >= 3, 300, "training and a snapshot",
                    proc)
+        live = _status(run_dir)
+        assert live["up"] and live["temporal_view"]["answered"], live
+        assert set(live["live"]["holders"]) == {"admission", "deadlines", "trainer", "policy_admission"}, live
+        assert live["newest_snapshot"] is not None and live["training"]["step"] >= 3
         survivors = _kill_controller_alone(proc, run_dir)
+        down = _status(run_dir)
+        assert not down["up"] and down["processes"]["trainer"] == survivors["trainer"], down
 
         # The same command again: the survivors are re-attached, not started again.
         steps = train_steps(run_dir)
