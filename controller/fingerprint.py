@@ -35,6 +35,6 @@ def config_fingerprint(cfg: TurnkeepConfig) -> str:
 def process_digest(cfg: TurnkeepConfig) -> str:
     """The config the run's processes were started with, as a digest: a restarted controller reuses a surviving
     trainer, policy server or environment server only when it would have started it with the same settings.
-    `run.steps` is left out: running the same command with a later `--steps` changes nothing they do."""
-    dumped = cfg.model_dump_json(exclude={"run": {"steps"}})
+    `run.steps` and `[watchdog]` are left out: a later `--steps` or another stall limit changes nothing they do."""
+    dumped = cfg.model_dump_json(exclude={"run": {"steps"}, "watchdog": True})
     return hashlib.sha256(dumped.encode()).hexdigest()[:16]

@@ -393,6 +393,14 @@ class SnapshotConfig(StrictModel):
     set it below the scheduler's kill grace period. With snapshots off it writes a trainer checkpoint instead."""
 
 
+class WatchdogConfig(StrictModel):
+    stall_s: float = Field(default=600.0, gt=0)
+    """Warn when no train step finished and no turn was committed for this long, snapshot pauses not counted
+    (a pause stops the clock, as it stops rollout deadlines); set it above the slowest train step."""
+    check_every_s: float = Field(default=10.0, gt=0)
+    """How often the watchdog looks (it asks the environment servers for their turn counters)."""
+
+
 class TurnkeepConfig(StrictModel):
     run: RunConfig = RunConfig()
     """Where the run lives and how long it goes."""
@@ -423,6 +431,8 @@ class TurnkeepConfig(StrictModel):
     """Where snapshot workflows run."""
     snapshot: SnapshotConfig = SnapshotConfig()
     """Rollout snapshots."""
+    watchdog: WatchdogConfig = WatchdogConfig()
+    """The stall warning."""
 
     @field_validator("environments")
     @classmethod

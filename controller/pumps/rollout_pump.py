@@ -167,6 +167,17 @@ class RolloutPump:
             self._slot_freed.clear()
             await self._slot_freed.wait()
 
+    def waiting_on(self) -> str:
+        """What the pump waits on now, in words (the stall watchdog's warning names it)."""
+        running = len(self._tasks)
+        if self._admission.holders():
+            return f"admission, closed by {', '.join(sorted(self._admission.holders()))} ({running} siblings wait)"
+        inflight = self._ledger.inflight()
+        if inflight >= self._inflight_limit:
+            return (f"a free slot: {inflight} groups admitted and not yet trained (limit {self._inflight_limit}); "
+                    f"{running} siblings running")
+        return f"{running} siblings running on the environment servers"
+
     def _emit(self, event_cls, **fields) -> None:
         if self._audit is not None:
             self._audit.emit(event_cls, **fields)

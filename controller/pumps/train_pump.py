@@ -82,6 +82,8 @@ class TrainPump:
         self.policy_version = 0
         """Policy version of the committed step (the trainer's, reported with each step)."""
         self._frozen = False
+        self.waiting_on = "starting"
+        """What the pump waits on now, in words (the stall watchdog's warning names it)."""
 
     def group_settled(self, group_id: str, trainable: bool) -> None:
         if not trainable:
@@ -139,6 +141,7 @@ class TrainPump:
             await self._announce_checkpoint(self.step, trigger, True)
 
     async def _checkpoint(self, step: int, trigger: str) -> None:
+        self.waiting_on = f"writing the trainer checkpoint of step {step}"
         await self._write_checkpoint(step, trigger)
         # Recorded before the announcement: the attempt it starts reads its anchor from here.
         self.checkpointed_step = step
@@ -146,6 +149,7 @@ class TrainPump:
 
     async def train_one_step(self) -> StepReport:
         group_ids = await self._claim_batch()
+        self.waiting_on = f"the trainer: train step {self.step + 1} (it waits while the trainer hold is held)"
         target = self.step + 1
         rows = [row for gid in group_ids for row in self._data_plane.rows(gid)]
         staleness = self.step - min(v for row in rows for v in row.policy_versions())
@@ -169,6 +173,7 @@ class TrainPump:
             self.step = target
             self.policy_version = trainer_stats["policy_version"]
         self._on_groups_finished()
+        self.waiting_on = f"the policy server: loading policy version {trainer_stats['policy_version']}"
         refit_s, refit_bytes = await self._refit(trainer_stats["policy_version"])
         if self.step % self._cfg.save_period == 0:
             # A pending request (a preemption, an operator) is served by this checkpoint: keep its trigger.
@@ -193,11 +198,13 @@ class TrainPump:
             await self._serve_checkpoint_request()
             if self._frozen:
                 self._group_settled.clear()
+                self.waiting_on = "a restore or a stop (frozen)"
                 await self._group_settled.wait()  # a checkpoint request wakes it; a new group only re-checks
                 continue
             fresh = await self._drop_unusable_groups()
             if len(fresh) >= self._cfg.prompts_per_step:
                 return fresh[: self._cfg.prompts_per_step]
+            self.waiting_on = f"finished groups for step {self.step + 1}: {len(fresh)} of {self._cfg.prompts_per_step}"
             self._group_settled.clear()
             await self._group_settled.wait()
 
