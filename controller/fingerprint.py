@@ -35,6 +35,6 @@ def config_fingerprint(cfg: TurnkeepConfig) -> str:
 def process_digest(cfg: TurnkeepConfig) -> str:
     """The config the run's processes were started with, as a digest: a restarted controller reuses a surviving
     trainer, policy server or environment server only when it would have started it with the same settings.
-    `run.steps` and `[watchdog]` are left out: a later `--steps` or another stall limit changes nothing they do."""
-    dumped = cfg.model_dump_json(exclude={"run": {"steps"}, "watchdog": True})
+    `run.steps`, `[watchdog]` and `[metrics]` are left out: they change nothing those processes do."""
+    dumped = cfg.model_dump_json(exclude={"run": {"steps"}, "watchdog": True, "metrics": True})
     return hashlib.sha256(dumped.encode()).hexdigest()[:16]

@@ -393,6 +393,12 @@ class SnapshotConfig(StrictModel):
     set it below the scheduler's kill grace period. With snapshots off it writes a trainer checkpoint instead."""
 
 
+class MetricsConfig(StrictModel):
+    tensorboard: bool = False
+    """Also write metrics.jsonl's numbers as TensorBoard event files in `<run_dir>/tensorboard/` (snapshot outcomes and
+    restores as text): `tensorboard --logdir <run_dir>/tensorboard`."""
+
+
 class WatchdogConfig(StrictModel):
     stall_s: float = Field(default=600.0, gt=0)
     """Warn when no train step finished and no turn was committed for this long, snapshot pauses not counted
@@ -433,6 +439,8 @@ class TurnkeepConfig(StrictModel):
     """Rollout snapshots."""
     watchdog: WatchdogConfig = WatchdogConfig()
     """The stall warning."""
+    metrics: MetricsConfig = MetricsConfig()
+    """Where metrics go besides metrics.jsonl."""
 
     @field_validator("environments")
     @classmethod

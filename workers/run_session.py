@@ -30,6 +30,7 @@ from controller.rollout_levels import RolloutLevelPlan, plan_levels
 from controller.runtime import Controller, RunSummary
 from controller.stall_watchdog import env_turn_commits, watch_for_stalls
 from controller.stores.run_dir import RunIdentity, open_run_dir
+from controller.stores.tensorboard_mirror import TensorBoardMirror, keep_mirroring
 from controller.stores.trainer_checkpoint import CheckpointIdentity
 from primitives.atomic_files import append_jsonl
 from primitives.audit_log import AUDIT_FILE, AuditLog
@@ -111,6 +112,8 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
         sampling = asyncio.create_task(holds.run(after_each=lambda: write_live_status(
             run_dir, live_status(controller, holds.holders(), identity.incarnation))))
         stack.push_async_callback(stop_watching, sampling)
+        if cfg.metrics.tensorboard:
+            stack.push_async_callback(stop_watching, asyncio.create_task(keep_mirroring(TensorBoardMirror(run_dir))))
         stack.push_async_callback(stop_watching, asyncio.create_task(watch_for_stalls(
             controller, holds.holders, cfg.watchdog.stall_s, cfg.watchdog.check_every_s,
             env_turn_commits(controller.env_client))))

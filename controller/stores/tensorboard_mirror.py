@@ -1,0 +1,118 @@
+"""`[metrics] tensorboard = true`: the lines of metrics.jsonl as TensorBoard event files.
+
+A mirror, not a second source: it tails `metrics.jsonl` (every line any part of the run
+wrote) and writes each number of each line as a scalar under `<run_dir>/tensorboard/`
+(`train/<key>` at the train step; `snapshot/<key>` at the attempt's anchor step, with
+its outcome and reason as text; a restore's source as text). How far it got is kept in
+`tensorboard/mirrored_offset`, so a restarted run goes on where the last one stopped
+instead of writing every point twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from pathlib import Path
+
+import orjson
+
+from primitives.atomic_files import atomic_write_text
+
+log = logging.getLogger("turnkeep.metrics")
+
+TENSORBOARD_DIR = "tensorboard"
+OFFSET_FILE = "mirrored_offset"
+EVERY_S = 2.0
+
+
+class TensorBoardMirror:
+    def __init__(self, run_dir: Path) -> None:
+        from tensorboardX import SummaryWriter  # only runs that ask for TensorBoard import it
+
+        self._metrics = Path(run_dir) / "metrics.jsonl"
+        self._dir = Path(run_dir) / TENSORBOARD_DIR
+        self._dir.mkdir(exist_ok=True)
+        # Its own file per start: event file names are only unique to the second.
+        self._writer = SummaryWriter(logdir=str(self._dir), flush_secs=EVERY_S,
+                                     filename_suffix=f".{secrets.token_hex(4)}")
+        self._offset = _read_offset(self._dir / OFFSET_FILE)
+
+    def mirror_new_lines(self) -> int:
+        """Write what was appended since the last call; the number of lines mirrored (a torn last line waits)."""
+        try:
+            with self._metrics.open("rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return 0
+        end = data.rfind(b"\n") + 1
+        lines = data[:end].splitlines()
+        for line in lines:
+            try:
+                record = orjson.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                self._write(record)
+        if lines:
+            self._writer.flush()
+            self._offset += end
+            atomic_write_text(self._dir / OFFSET_FILE, str(self._offset))
+        return len(lines)
+
+    def _write(self, record: dict) -> None:
+        kind = record.get("kind")
+        if kind == "train_step":
+            step = int(record.get("step", 0))
+            for key, value in _numbers(record):
+                self._writer.add_scalar(f"train/{key}", value, step)
+        elif kind == "snapshot":
+            step = int(record.get("anchor_step", 0))
+            for key, value in _numbers(record):
+                if key != "anchor_step":
+                    self._writer.add_scalar(f"snapshot/{key}", value, step)
+            self._writer.add_text("snapshot/outcome", f"{record.get('checkpoint_id')}: {record.get('outcome')} "
+                                                      f"({record.get('reason')})", step)
+        elif kind == "recovery":
+            source = record.get("source") or {}
+            self._writer.add_text("recovery", f"incarnation {record.get('incarnation')} restored from "
+                                              f"{source.get('kind')} (step {source.get('step')}): "
+                                              f"{source.get('reason')}", int(source.get("step") or 0))
+
+    def close(self) -> None:
+        self.mirror_new_lines()
+        self._writer.close()
+
+
+def _numbers(record: dict, prefix: str = "") -> list[tuple[str, float]]:
+    """Every number in the line, nested dicts flattened (`groups_discarded_total/stale`); booleans left out."""
+    found = []
+    for key, value in record.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, bool) or value is None:
+            continue
+        if isinstance(value, (int, float)):
+            found.append((name, float(value)))
+        elif isinstance(value, dict):
+            found += _numbers(value, f"{name}/")
+    return found
+
+
+def _read_offset(path: Path) -> int:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
+async def keep_mirroring(mirror: TensorBoardMirror, every_s: float = EVERY_S) -> None:
+    try:
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                mirror.mirror_new_lines()
+            except OSError as err:  # a full disk: the next round tries again
+                log.warning("could not write TensorBoard events: %s", err)
+    finally:
+        mirror.close()
