@@ -15,6 +15,7 @@ from workers.bench_cli import add_bench_parser, run_bench
 from workers.chaos import add_chaos_parser, run_chaos
 from workers.env_server import add_env_server_parser, run_env_server
 from workers.startup_checks import check_before_start
+from workers.plot_cli import add_plot_parser, run_plot
 from workers.status_cli import add_status_parser, run_status
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
@@ -47,6 +48,7 @@ def _build_parser() -> argparse.ArgumentParser:
     add_bench_parser(sub)
     add_env_server_parser(sub)
     add_status_parser(sub)
+    add_plot_parser(sub)
     make = sub.add_parser("make-model", help="make (or find cached) the tiny model and print its directory")
     make.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     make.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -64,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_env_server(args)
     if args.command == "status":
         return run_status(args)
+    if args.command == "plot":
+        return run_plot(args)
     try:
         overrides = _parse_overrides(args.set)
         if getattr(args, "steps", None) is not None:

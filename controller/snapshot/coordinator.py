@@ -124,7 +124,8 @@ class SnapshotCoordinator:
                 "large share of the run. Raise snapshot.attempt_interval_s (or speed up the slow participant)."
             )
             log.warning(warning)
-        line = {"kind": "snapshot", **result.model_dump(mode="json"), "consecutive_failures": consecutive_failures}
+        line = {"kind": "snapshot", "t": round(time.time(), 3), **result.model_dump(mode="json"),
+                "consecutive_failures": consecutive_failures}
         if warning:
             line["warning"] = warning
         append_jsonl(self.run_dir / "metrics.jsonl", line, durable=False)

@@ -29,6 +29,7 @@ class MetricsSink:
         now = time.monotonic()
         line = {
             "kind": "train_step",
+            "t": round(time.time(), 3),
             "step": report.step,
             "reward_mean": round(report.reward_mean, 4),
             "rollout_tokens_per_s": round(self._stats.take_generated_tokens() / max(now - self._last, 1e-6), 1),
