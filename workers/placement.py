@@ -14,6 +14,7 @@ from pathlib import Path
 
 import ray
 
+from controller.config_file import ConfigError
 from controller.processes import EnvServerEndpoint, Processes
 from envs.kinds import local_environments
 from primitives.control_token import create_control_token
@@ -68,6 +69,18 @@ def reserve_gpus(cfg: TurnkeepConfig, detached: bool = False):
         raise
 
 
+async def _model_dir(cfg_json: str) -> str:
+    """The model's directory, made on a node of the cluster; a model setting that cannot work is one line."""
+    from gpu_workers.tiny_model.build import ModelUnusable
+
+    try:
+        return await _make_model.remote(cfg_json)
+    except ray.exceptions.RayTaskError as err:
+        if isinstance(getattr(err, "cause", None), ModelUnusable):
+            raise ConfigError(str(err.cause)) from None
+        raise
+
+
 @ray.remote(num_cpus=0)
 def _make_model(cfg_json: str) -> str:
     from gpu_workers.tiny_model.build import ensure_tiny_model
@@ -90,7 +103,7 @@ async def launch(cfg: TurnkeepConfig, incarnation: int | None = None, gpus=None,
     detached = {"lifetime": "detached"} if identity is not None else {}
     cfg_json = cfg.model_dump_json()
     token = create_control_token(cfg.run.run_dir)
-    model_dir = await _make_model.remote(cfg_json)
+    model_dir = await _model_dir(cfg_json)
     trainer = TrainerActor.options(name="trainer", **detached,
                                    **actor_options(cfg.placement, gpus, "trainer")).remote()
     policy = PolicyActor.options(name="policy", num_cpus=0, **detached,

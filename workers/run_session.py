@@ -19,6 +19,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 import aiohttp
+import ray
 
 from controller.fingerprint import fingerprint_fields, process_digest
 from controller.live_status import live_status, write_live_status
@@ -82,6 +83,9 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
         head = join_ray(cfg, run_dir, ray_namespace(identity.run_id))
         if head is not None:
             stack.callback(stop_head, head)  # after the processes' own stop (the stack unwinds last in, first out)
+            # Disconnect before the head goes: a driver left connected waits a minute for its GCS, then aborts the
+            # process before the error that ended the run is printed.
+            stack.callback(ray.shutdown)
         processes = await _processes(cfg, identity, head)
         stack.push_async_callback(shutdown, processes)
         session = await stack.enter_async_context(

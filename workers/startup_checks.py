@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 from controller.config_file import ConfigError
 from controller.rollout_levels import check_rollout_levels
 from controller.state.prompt_files import check_prompt_file
@@ -13,6 +16,8 @@ from schemas.config import TurnkeepConfig
 
 def check_before_start(cfg: TurnkeepConfig) -> None:
     """Raises ConfigError (one line per problem, naming the fix) for a config that cannot run."""
+    check_writable_dir(cfg.run.run_dir, "run.run_dir (--run-dir)")
+    check_writable_dir(cfg.model.cache_dir, "model.cache_dir")
     check_rollout_levels(cfg)
     for name, spec in sorted(local_environments(cfg.environments).items()):
         try:
@@ -25,3 +30,18 @@ def check_before_start(cfg: TurnkeepConfig) -> None:
             demonstration_source(cfg)
         except DemonstrationsError as err:
             raise ConfigError(str(err)) from None
+
+
+def check_writable_dir(path: Path, setting: str) -> None:
+    """A directory the run can make (or has) and write in. Probed in its nearest existing ancestor with a directory
+    made and removed at once, so a run that cannot start leaves nothing behind."""
+    path = Path(path).resolve()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        where = "is a file" if existing == path else f"is under {existing}, a file"
+        raise ConfigError(f"{setting} = {path} {where}, not a directory; pick another directory")
+    try:
+        Path(tempfile.mkdtemp(prefix=".turnkeep-probe-", dir=existing)).rmdir()
+    except OSError as err:
+        raise ConfigError(f"{setting} = {path}: cannot write there ({err.strerror}); pick a directory you can write "
+                          "to") from None

@@ -132,9 +132,13 @@ def cache_key(tiny: TinyModelConfig, task: TaskConfig, seed: int, demonstrations
     return Recipe(tiny, task, seed, demonstrations).key()
 
 
+class ModelUnusable(ValueError):
+    """The configured model cannot be used; the message names the setting and the fix."""
+
+
 def _validated(path: Path) -> Path:
     if not (path / "config.json").is_file():
-        raise ValueError(
+        raise ModelUnusable(
             f"model.path = {str(path)!r} holds no config.json. Point model.path at a Hugging "
             f"Face model directory (config.json, weights, tokenizer files), or remove "
             f"model.path to use the made-up tiny model."

@@ -51,3 +51,23 @@ def test_demonstrations_from_an_environment_without_any_are_refused(tmp_path, ca
     assert main(["run", "--config", str(config)]) == 2
     assert "model.tiny.demonstrations = 'calc'" in _one_line(capsys)
     assert not run_dir.exists()
+
+
+def test_a_run_directory_that_is_a_file_or_cannot_be_made_is_named_and_nothing_is_made(tmp_path, capsys) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for run_dir, problem in ((a_file, "is a file, not a directory"), (a_file / "run", "a file, not a directory"),
+                             (Path("/sys/kernel/turnkeep-run"), "cannot write there")):
+        config = tmp_path / "run.toml"
+        config.write_text(f'[run]\nrun_dir = "{run_dir}"\n')
+        assert main(["run", "--config", str(config)]) == 2
+        line = _one_line(capsys)
+        assert line.startswith(f"turnkeep: run.run_dir (--run-dir) = {run_dir}") and problem in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "run.toml"]
+
+
+def test_a_model_cache_that_cannot_be_written_is_named(tmp_path, capsys) -> None:
+    config, run_dir = _config(tmp_path, '[model]\ncache_dir = "/sys/kernel/turnkeep-models"\n')
+    assert main(["run", "--config", str(config)]) == 2
+    assert "model.cache_dir = /sys/kernel/turnkeep-models: cannot write there" in _one_line(capsys)
+    assert not run_dir.exists()
