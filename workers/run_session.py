@@ -10,7 +10,6 @@ when a later one failed to start.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import sys
@@ -22,16 +21,12 @@ import aiohttp
 import ray
 
 from controller.fingerprint import fingerprint_fields, process_digest
-from controller.live_status import live_status, write_live_status
 from controller.processes import Processes
-from controller.remote_holds import RemoteHoldWatch, process_samplers, stop_watching
 from controller.restore.crash_restore import CrashRestore
 from controller.restore.restore_source import has_trainer_checkpoint
 from controller.rollout_levels import RolloutLevelPlan, plan_levels
 from controller.runtime import Controller, RunSummary
-from controller.stall_watchdog import env_turn_commits, watch_for_stalls
 from controller.stores.run_dir import RunIdentity, open_run_dir
-from controller.stores.tensorboard_mirror import TensorBoardMirror, keep_mirroring
 from controller.stores.trainer_checkpoint import CheckpointIdentity
 from primitives.atomic_files import append_jsonl
 from primitives.audit_log import AUDIT_FILE, AuditLog
@@ -50,6 +45,7 @@ from workers.preemption import PreemptionHandler
 from workers.process_watch import first_death, first_of
 from workers.ray_head import RayHead, stop_head
 from workers.remote_envs import attach_remote_servers, probe_remote_servers
+from workers.run_observers import start_observers
 from workers.startup_checks import check_before_start
 from workers.survivors import reattach
 from workers.temporal_server import start_dev_server, stop_dev_server
@@ -112,15 +108,7 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
                 _report_recovery(run_dir, identity, snapshots.ctx.recovery)
         elif recovery is not None:
             _report_recovery(run_dir, identity, await _recover_without_temporal(recovery))
-        holds = RemoteHoldWatch(process_samplers(processes), controller.audit_hold)
-        sampling = asyncio.create_task(holds.run(after_each=lambda: write_live_status(
-            run_dir, live_status(controller, holds.holders(), identity.incarnation))))
-        stack.push_async_callback(stop_watching, sampling)
-        if cfg.metrics.tensorboard:
-            stack.push_async_callback(stop_watching, asyncio.create_task(keep_mirroring(TensorBoardMirror(run_dir))))
-        stack.push_async_callback(stop_watching, asyncio.create_task(watch_for_stalls(
-            controller, holds.holders, cfg.watchdog.stall_s, cfg.watchdog.check_every_s,
-            env_turn_commits(controller.env_client))))
+        observers = start_observers(stack, cfg, controller, processes, run_dir, identity.incarnation)
         preemption = PreemptionHandler(controller, snapshots, cfg.snapshot.preemption_grace_s)
         preemption.install()
         died: list[str] = []
@@ -135,8 +123,7 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
             # for it would only delay the one-line stop.
             grace_s = STOP_GRACE_AFTER_DEATH_S if died else cfg.snapshot.phase_timeout_s
             await stop_snapshots(snapshots, controller.stop_reason or "training finished", grace_s)
-        await stop_watching(sampling)
-        await holds.sample()  # a release just before the end is not taken for a holder left behind
+        await observers.last_sample()
         await _audit_end(controller, processes, controller.stop_reason or "finished")
         controller.metrics.finish()
         return RunSummary(
