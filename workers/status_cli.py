@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from pathlib import Path
 
@@ -34,10 +35,11 @@ def run_status(args: argparse.Namespace) -> int:
     if report["up"] and temporal is not None:
         report["temporal_view"] = asyncio.run(temporal_view(
             Path(args.run_dir), report["run_id"], temporal["address"], temporal["namespace"] or "default"))
-    if args.json:
-        print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
-    else:
-        print("\n".join(render(report)))
+    text = orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() if args.json else "\n".join(render(report))
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # `turnkeep status DIR | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
