@@ -89,7 +89,9 @@ def _draw_attempts(ax, data: PlotData, minutes) -> None:
             ax.axvspan(minutes(start), minutes(end), color="0.45", alpha=0.45, lw=0,
                        label="admission closed" if not any(a["admission"] for a in data.attempts[:i]) else None)
         if attempt["trainer_wait_s"] > 0:
-            ax.plot([minutes(attempt["end"])], [0], marker="|", color="tab:brown", ms=8, transform=ax.get_xaxis_transform())
+            first = not any(a["trainer_wait_s"] > 0 for a in data.attempts[:i])
+            ax.plot([minutes(attempt["end"])], [0], marker="|", color="tab:brown", ms=8, ls="none",
+                    transform=ax.get_xaxis_transform(), label="trainer waited on the hold" if first else None)
 
 
 def _draw_restores_and_deaths(ax, data: PlotData, minutes) -> None:

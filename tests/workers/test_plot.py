@@ -65,8 +65,8 @@ def test_the_figure_draws_two_series_split_at_the_kill_with_spans_and_marks(tmp_
     assert [len(line.get_xdata()) for line in reward_ax.get_lines() if line.get_color() == "tab:blue"] == [6, 4]
     assert [len(line.get_xdata()) for line in speed_ax.get_lines() if line.get_color() == "tab:purple"] == [6, 4]
     labels = {text.get_text() for text in reward_ax.get_legend().get_texts()}
-    assert labels == {"reward (mean)", "snapshot attempt", "admission closed", "restore (colour: source)",
-                      "process died / killed"}
+    assert labels == {"reward (mean)", "snapshot attempt", "admission closed", "trainer waited on the hold",
+                      "restore (colour: source)", "process died / killed"}
     assert len(reward_ax.patches) == 3  # two attempt spans and one admission-closed span
 
 
