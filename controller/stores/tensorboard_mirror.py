@@ -24,6 +24,8 @@ log = logging.getLogger("turnkeep.metrics")
 TENSORBOARD_DIR = "tensorboard"
 OFFSET_FILE = "mirrored_offset"
 EVERY_S = 2.0
+NOT_SCALARS = {"t", "step", "anchor_step"}
+"""Numbers that are the point's own time or step, not a measurement."""
 
 
 class TensorBoardMirror:
@@ -66,11 +68,12 @@ class TensorBoardMirror:
         if kind == "train_step":
             step = int(record.get("step", 0))
             for key, value in _numbers(record):
-                self._writer.add_scalar(f"train/{key}", value, step)
+                if key not in NOT_SCALARS:
+                    self._writer.add_scalar(f"train/{key}", value, step)
         elif kind == "snapshot":
             step = int(record.get("anchor_step", 0))
             for key, value in _numbers(record):
-                if key != "anchor_step":
+                if key not in NOT_SCALARS:
                     self._writer.add_scalar(f"snapshot/{key}", value, step)
             self._writer.add_text("snapshot/outcome", f"{record.get('checkpoint_id')}: {record.get('outcome')} "
                                                       f"({record.get('reason')})", step)

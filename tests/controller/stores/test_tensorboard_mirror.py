@@ -48,7 +48,7 @@ def test_every_number_becomes_a_scalar_once_even_across_a_restart(tmp_path):
     _append(tmp_path,
             {"kind": "train_step", "step": 1, "reward_mean": 0.25, "groups_discarded_total": {"stale": 2},
              "siblings_dropped_total": {}},
-            {"kind": "snapshot", "checkpoint_id": "r.snapshot.1.1", "outcome": "published", "reason": "ok",
+            {"kind": "snapshot", "t": 1.5, "checkpoint_id": "r.snapshot.1.1", "outcome": "published", "reason": "ok",
              "anchor_step": 1, "admission_closed_s": 0.5, "parked_agents": 3, "invariant_broken": False},
             {"kind": "train_step", "step": 2, "reward_mean": 0.5, "groups_discarded_total": {"stale": 3}},
             torn=b'{"kind": "train_step", "step": 3, "rew')
@@ -73,6 +73,7 @@ def test_every_number_becomes_a_scalar_once_even_across_a_restart(tmp_path):
     assert scalars["train/groups_discarded_total/stale"] == [(1, 2.0), (2, 3.0)]
     assert scalars["snapshot/admission_closed_s"] == [(1, 0.5)] and scalars["snapshot/parked_agents"] == [(1, 3.0)]
     assert "snapshot/invariant_broken" not in scalars and "snapshot/anchor_step" not in scalars
+    assert "snapshot/t" not in scalars and "train/step" not in scalars
     texts = Counter(value.tag for event in _events(tmp_path) for value in event.summary.value
                     if not value.HasField("simple_value"))
     assert texts["snapshot/outcome/text_summary"] == 1 and texts["recovery/text_summary"] == 1, texts
