@@ -11,11 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import ray
 
+from primitives.atomic_files import append_jsonl
 from primitives.pid_files import write_pid_file
 from schemas.config import TurnkeepConfig
 
@@ -58,10 +60,14 @@ class LocalEnvServer:
                    f"(restart {self.restarts}); its in-flight rollouts are retried")
         log.warning("%s", message)
         print(f"turnkeep: warning: {message}", file=sys.stderr, flush=True)
+        began = time.monotonic()
         url = await self._start(same_port, f"env-restart-{self.restarts}")
         if url != self.url:
             raise RuntimeError(f"the restarted environment server answers at {url}, not {self.url}")
         log.info("the run's environment server is running again at %s", url)
+        append_jsonl(self._cfg.run.run_dir / "metrics.jsonl", {
+            "kind": "env_restart", "t": round(time.time(), 3), "restarts": self.restarts, "url": url,
+            "seconds": round(time.monotonic() - began, 3)}, durable=False)
 
     async def stop(self) -> None:
         if self.actor is not None:

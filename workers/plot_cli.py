@@ -1,6 +1,6 @@
 """`turnkeep plot RUN_DIR`: one PNG of a run over wall time: reward and rollout tokens/s, each
-snapshot attempt as a span (admission closed darker, trainer wait as a tick), restores and
-deaths marked. Data from `workers.run_plot`; drawn with matplotlib's file-only backend."""
+snapshot attempt as a span (admission closed darker, trainer wait as a tick), restores,
+deaths and the servers the run restarted itself marked. Data from `workers.run_plot`; drawn with matplotlib's file-only backend."""
 
 from __future__ import annotations
 
@@ -100,3 +100,6 @@ def _draw_restores_and_deaths(ax, data: PlotData, minutes) -> None:
                    label="restore (colour: source)" if i == 0 else None)
     for i, (t, inc) in enumerate(data.deaths):
         ax.axvline(minutes(t), color="black", ls=":", lw=1.2, label="process died / killed" if i == 0 else None)
+    for i, (t, process) in enumerate(data.restarts):
+        ax.axvline(minutes(t), color="tab:cyan", ls="-.", lw=1.0,
+                   label="env / Temporal server restarted by the run" if i == 0 else None)

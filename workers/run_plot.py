@@ -18,6 +18,8 @@ import orjson
 
 from primitives.audit_log import read_audit
 
+RESTART_KINDS = {"env_restart": "env", "temporal_restart": "temporal"}
+
 
 @dataclass
 class PlotData:
@@ -29,6 +31,8 @@ class PlotData:
     """(time, source, step)."""
     deaths: list[tuple[float, int]] = field(default_factory=list)
     """(time last heard, incarnation)."""
+    restarts: list[tuple[float, str]] = field(default_factory=list)
+    """(time, process): a process the run started again itself and went on (`env`, `temporal`)."""
 
 
 def gather_plot_data(run_dir: Path) -> PlotData:
@@ -48,6 +52,8 @@ def gather_plot_data(run_dir: Path) -> PlotData:
             t = line.get("t", when)
             if t is not None:
                 data.steps.append((t, line["step"], line.get("reward_mean", 0.0), line.get("rollout_tokens_per_s", 0.0)))
+        elif line.get("kind") in RESTART_KINDS and (t := line.get("t", line.get("unix_s"))) is not None:
+            data.restarts.append((float(t), RESTART_KINDS[line["kind"]]))
         elif line.get("kind") == "snapshot":
             t = line.get("t", published_at.get(line.get("checkpoint_id")))
             if t is not None:

@@ -39,6 +39,8 @@ def _run_dir(tmp_path: Path) -> Path:
               {"kind": "recovery", "incarnation": 2, "source": {"kind": "snapshot", "step": 4}}]
     lines += [{"kind": "train_step", "t": T0 + 120 + 10 * (s - 4), "step": s, "reward_mean": s / 10,
                "rollout_tokens_per_s": 200.0} for s in range(5, 9)]
+    lines += [{"kind": "env_restart", "t": T0 + 135, "restarts": 1, "url": "u", "seconds": 2.5},
+              {"kind": "temporal_restart", "unix_s": T0 + 145, "restarts": 1, "seconds": 0.7}]
     lines += [{"kind": "snapshot", "t": T0 + 160, "checkpoint_id": "r.snapshot.8.1", "outcome": "failed",
                "wall_s": 4.0, "admission_closed_s": 0.0, "trainer_wait_s": 0.0, "phase_s": {}}]
     (run_dir / "metrics.jsonl").write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in lines) + b'{"kind": "tr')
@@ -56,6 +58,7 @@ def test_the_plot_data_has_every_step_attempt_restore_and_kill_on_one_clock(tmp_
     assert data.attempts[1]["outcome"] == "failed" and data.attempts[1]["admission"] is None
     assert data.restores == [(T0 + 120, "snapshot", 4)]
     assert data.deaths == [(T0 + 60, 1)]  # incarnation 1 ended without run_ended: it died after its last step
+    assert data.restarts == [(T0 + 135, "env"), (T0 + 145, "temporal")]  # repaired by the run: no line break
 
 
 def test_the_figure_draws_two_series_split_at_the_kill_with_spans_and_marks(tmp_path):
@@ -66,7 +69,8 @@ def test_the_figure_draws_two_series_split_at_the_kill_with_spans_and_marks(tmp_
     assert [len(line.get_xdata()) for line in speed_ax.get_lines() if line.get_color() == "tab:purple"] == [6, 4]
     labels = {text.get_text() for text in reward_ax.get_legend().get_texts()}
     assert labels == {"reward (mean)", "snapshot attempt", "admission closed", "trainer waited on the hold",
-                      "restore (colour: source)", "process died / killed"}
+                      "restore (colour: source)", "process died / killed",
+                      "env / Temporal server restarted by the run"}
     assert len(reward_ax.patches) == 3  # two attempt spans and one admission-closed span
 
 
