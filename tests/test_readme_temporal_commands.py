@@ -12,14 +12,12 @@ import subprocess
 from pathlib import Path
 
 from temporalio.api.enums.v1 import WorkflowExecutionStatus
-from temporalio.worker import Worker
 
-from schemas.names import controller_queue, policy_queue, run_workflow_id, trainer_queue
+from schemas.names import controller_queue, run_workflow_id
 from tests.workflows.test_run_workflow import _dev_server, _run_input
 from tests.workflows.test_ui_conventions import RUN, Participants
 from workers.temporal_server import temporal_binary
 from workflows.run_workflow import RunWorkflow
-from workflows.snapshot_attempt import SnapshotAttemptWorkflow
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -46,11 +44,7 @@ def test_every_operator_command_in_the_readme_works_as_written():
             address = env.client.service_client.config.target_host
             parts = Participants()
             client = env.client
-            async with (Worker(client, task_queue=controller_queue(RUN),
-                               workflows=[RunWorkflow, SnapshotAttemptWorkflow], activities=parts.controller()),
-                        Worker(client, task_queue=trainer_queue(RUN), activities=[parts.trainer_hold,
-                                                                                   parts.trainer_release]),
-                        Worker(client, task_queue=policy_queue(RUN), activities=[parts.policy_abort])):
+            async with parts.workers(client):
                 run = await client.start_workflow(RunWorkflow.run, _run_input(attempt_interval_s=600),
                                                   id=run_workflow_id(RUN), task_queue=controller_queue(RUN))
                 outputs = {}

@@ -6,14 +6,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-from temporalio.worker import Worker
-
-from schemas.names import controller_queue, policy_queue, run_workflow_id, trainer_queue
+from schemas.names import controller_queue, run_workflow_id
 from tests.workflows.test_run_workflow import _dev_server, _run_input
 from tests.workflows.test_ui_conventions import RUN, Participants
 from workers.run_status_temporal import temporal_view
 from workflows.run_workflow import RunWorkflow
-from workflows.snapshot_attempt import SnapshotAttemptWorkflow
 
 
 def test_a_live_run_shows_its_snapshot_state_and_the_open_attempt_with_its_phase(tmp_path):
@@ -21,11 +18,7 @@ def test_a_live_run_shows_its_snapshot_state_and_the_open_attempt_with_its_phase
         async with await _dev_server() as env:
             parts = Participants()
             client = env.client
-            async with (Worker(client, task_queue=controller_queue(RUN),
-                               workflows=[RunWorkflow, SnapshotAttemptWorkflow], activities=parts.controller()),
-                        Worker(client, task_queue=trainer_queue(RUN), activities=[parts.trainer_hold,
-                                                                                   parts.trainer_release]),
-                        Worker(client, task_queue=policy_queue(RUN), activities=[parts.policy_abort])):
+            async with parts.workers(client):
                 run = await client.start_workflow(RunWorkflow.run, _run_input(attempt_interval_s=600),
                                                   id=run_workflow_id(RUN), task_queue=controller_queue(RUN))
                 await run.signal(RunWorkflow.snapshot_now)

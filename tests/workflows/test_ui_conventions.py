@@ -6,6 +6,7 @@ the reason instead of failing."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 
 from temporalio import activity
@@ -100,18 +101,23 @@ class Participants:
         return [self.anchor, self.preflight, self.open_staging, self.gym_prepare, self.gym_abort,
                 self.discard_staging, self.record]
 
+    @contextlib.asynccontextmanager
+    async def workers(self, client):
+        """The controller's, the trainer's and the policy server's workers, each on its own queue."""
+        async with (Worker(client, task_queue=controller_queue(RUN), workflows=[RunWorkflow, SnapshotAttemptWorkflow],
+                           activities=self.controller()),
+                    Worker(client, task_queue=trainer_queue(RUN), activities=[self.trainer_hold,
+                                                                               self.trainer_release]),
+                    Worker(client, task_queue=policy_queue(RUN), activities=[self.policy_abort])):
+            yield
+
 
 def test_a_cancelled_attempt_compensates_ends_canceled_and_the_run_records_its_result():
     async def scenario():
         async with await _dev_server() as env:
             parts = Participants()
             client = env.client
-            async with (Worker(client, task_queue=controller_queue(RUN), workflows=[RunWorkflow,
-                                                                                       SnapshotAttemptWorkflow],
-                               activities=parts.controller()),
-                        Worker(client, task_queue=trainer_queue(RUN), activities=[parts.trainer_hold,
-                                                                                   parts.trainer_release]),
-                        Worker(client, task_queue=policy_queue(RUN), activities=[parts.policy_abort])):
+            async with parts.workers(client):
                 run = await client.start_workflow(RunWorkflow.run, _run_input(attempt_interval_s=600),
                                                   id=f"{RUN}.run.{uuid.uuid4().hex[:6]}",
                                                   task_queue=controller_queue(RUN))
