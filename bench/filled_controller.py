@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 from bench.synthetic_rollouts import POLICY_VERSION, chain_problem, finished_row
+from controller.journal.state_journal import StateJournal
 from controller.state.claim_ledger import ClaimLedger
 from controller.state.data_plane import DataPlane
 from controller.state.dataloader import PromptDataloader
@@ -43,6 +45,12 @@ class FilledController:
         self.claims = ClaimLedger()
         self.ledger = GroupLedger()
 
+    def start_journal(self, run_dir: Path) -> StateJournal:
+        """Journal every change from now on, as `Controller.start_journal` does (a cut needs it)."""
+        journal = StateJournal(run_dir, "bench", 1, self.state_dict())
+        self.data_plane.journal = self.ledger.journal = self.dataloader.journal = journal
+        return journal
+
     def fill(self, rows: int, turns: int, parked: list[RolloutRequest], rng: random.Random) -> None:
         """`rows` sealed rows in groups of GROUP_SIZE (the last one may be partial), plus the parked agents' groups."""
         for start in range(0, rows, GROUP_SIZE):
@@ -58,7 +66,7 @@ class FilledController:
             self.ledger.admit(request.group_id, request.problem, GROUP_SIZE)
             while self.ledger.sibling(request.group_id, request.sibling).attempts <= request.attempt:
                 self.ledger.start_attempt(request.group_id, request.sibling)
-        self.dataloader.next_index = len(self.ledger.group_ids())
+        self.dataloader.advance_to(len(self.ledger.group_ids()))
 
     def state_dict(self) -> dict:
         """The same keys as `controller.runtime.Controller.state_dict`."""

@@ -140,7 +140,9 @@ async def _attempts(
     gym = ParkedGym()
     await gym.park(agents, turns, rng)
     controller = FilledController()
+    journal = controller.start_journal(work)
     controller.fill(rows, turns, gym.requests, rng)
+    await journal.sync()  # in a live run each row's record is on disk before its ACK, long before a cut
     build_s = time.perf_counter() - started
     try:
         samples = [await timed_attempt(gym, controller, work, next(numbers)) for _ in range(repeats)]

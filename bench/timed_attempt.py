@@ -69,9 +69,9 @@ async def timed_attempt(gym: ParkedGym, controller: FilledController, run_dir: P
             committed = await commit_participants([env], checkpoint_id, staging)
             commit_done, gc_at["commit"] = time.perf_counter(), gc_clock.seconds
             saved_agents = read_saved_agents(staging)
-            entered, gc_before = time.perf_counter(), gc_clock.seconds
+            gc_before = gc_clock.seconds
             cut = await cut_under_barrier(controller, staging, saved_agents, STEP, hold)
-            barrier_s, gc_at["barrier"] = time.perf_counter() - entered, gc_clock.seconds - gc_before
+            barrier_s, gc_at["barrier"] = cut.barrier_s, gc_clock.seconds - gc_before
             cut_done, gc_at["cut"] = time.perf_counter(), gc_clock.seconds
             published = publish_snapshot(
                 staging, run_id=RUN_ID, checkpoint_id=checkpoint_id, anchor_step=STEP, number=number,

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
+from controller.journal.journal_prune import prune_journals
+from controller.journal.replay import state_at
+from controller.journal.state_journal import BASE_KEY, JournalRef, StateJournal, base_marker
 from controller.processes import EnvServerEndpoint, Processes
 from controller.pumps.env_client import EnvClient
 from controller.pumps.env_router import EnvRouter, EnvServerLink
@@ -23,19 +25,19 @@ from controller.pumps.rollout_pump import RolloutPump
 from controller.pumps.train_pump import StepReport, TrainPump
 from controller.rollout_levels import RolloutLevelPlan, local_level_plans
 from controller.state.claim_ledger import ClaimLedger
-from controller.state.cut_state import cut_summary
+from controller.state.cut_state import capture_cut
 from controller.state.data_plane import DataPlane
 from controller.state.dataloader import PromptDataloader
 from controller.state.group_ledger import GroupLedger
 from controller.state.run_stats import RunStats
 from controller.stores.metrics import MetricsSink
 from controller.stores.trainer_checkpoint import (
+    CONTROLLER_STATE,
     CheckpointIdentity,
     write_trainer_checkpoint,
 )
 from primitives.audit_log import AuditLog
 from primitives.deadlines import DeadlineRegistry
-from primitives.gc_pause import collector_paused
 from primitives.holds import HoldSet
 from schemas.audit import CutTaken, HoldChanged, SnapshotPublished
 from schemas.config import TurnkeepConfig
@@ -160,17 +162,33 @@ class Controller:
         self.stop_reason = reason
         self._stop_requested.set()
 
+    def start_journal(self, run_id: str, incarnation: int) -> None:
+        """Journal every change from now on, from the state held now (the restored one, or a fresh run's empty one)."""
+        if self.data_plane.journal.started:
+            self.data_plane.journal.close()
+        base = {**self.state_dict(), "claim_ledger": {"claims": {}}}
+        journal = StateJournal(self.cfg.run.run_dir, run_id, incarnation, base)
+        self.data_plane.journal = self.ledger.journal = self.dataloader.journal = journal
+
     async def _checkpoint(self, step: int, trigger: str) -> None:
+        """The trainer's files plus the controller's full state at one journal position, which later cuts replay
+        from; the barrier only marks the position, the state is rebuilt from the journal outside it."""
         async with self.data_plane.barrier:
-            with collector_paused():
-                state = self.state_dict()
-            state["cut_unix_s"] = time.time()
+            capture = capture_cut(self, [])
             if self.audit is not None:
-                self.audit.emit(CutTaken, kind="trainer_checkpoint", **cut_summary(state))
+                self.audit.emit(CutTaken, kind="trainer_checkpoint", **capture.summary)
+        journal = self.data_plane.journal
+        await journal.durable(capture.position.seq)
+        ref = JournalRef.model_validate(capture.state["journal_ref"])
+        state = await asyncio.to_thread(state_at, self.cfg.run.run_dir, ref)
+        state["cut_unix_s"] = capture.state["cut_unix_s"]
+        state[BASE_KEY] = base_marker(journal, capture.position)
         await write_trainer_checkpoint(
             self.cfg.run.run_dir, step, self.processes.trainer, state, self.cfg.train.keep_checkpoints,
             identity=self._checkpoint_identity,
+            on_published=lambda final: journal.rebase(final / CONTROLLER_STATE, capture.position),
         )
+        prune_journals(self.cfg.run.run_dir, journal)
 
     async def _announce_checkpoint(self, step: int, trigger: str, repeat: bool) -> None:
         if self.after_checkpoint is not None:

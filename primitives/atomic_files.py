@@ -32,6 +32,16 @@ _TAIL_CHUNK = 64 << 10
 log = logging.getLogger("turnkeep.files")
 
 
+def write_all(fd: int, data: bytes, path: PathLike) -> None:
+    """os.write until every byte is written; a write that makes no progress is a full disk."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        view = view[written:]
+
+
 def fsync_dir(path: PathLike) -> None:
     """fsync a directory so renames and new entries in it are durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -168,12 +178,7 @@ def append_lines(path: PathLike, data: bytes, *, durable: bool = True) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX)  # released by close
         start = _cut_torn_tail(fd, path)
         try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                if written <= 0:
-                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-                view = view[written:]
+            write_all(fd, data, path)
             if durable:
                 os.fsync(fd)
         except BaseException:

@@ -24,6 +24,7 @@ SkipProblem = Literal[
     "truncated",  # an artifact is shorter (or longer) than the manifest says
     "digest_mismatch",  # an artifact's sha256 differs from the manifest
     "policy_version_mismatch",  # snapshot and trainer checkpoint disagree on the policy version
+    "journal_unreadable",  # the journal a snapshot's state names is missing, damaged or not the one it was cut from
 ]
 
 

@@ -14,8 +14,8 @@ from controller.config_file import ConfigError, load_config
 from workers.bench_cli import add_bench_parser, run_bench
 from workers.chaos import add_chaos_parser, run_chaos
 from workers.env_server import add_env_server_parser, run_env_server
-from workers.startup_checks import check_before_start
 from workers.plot_cli import add_plot_parser, run_plot
+from workers.startup_checks import check_before_start
 from workers.status_cli import add_status_parser, run_status
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"

@@ -97,6 +97,9 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
             level_plans=await _recovery_plans(cfg, processes, session),
         )
         stack.push_async_callback(controller.env_client.close)
+        stack.callback(lambda: controller.data_plane.journal.close())
+        if not identity.resumed:
+            controller.start_journal(identity.run_id, identity.incarnation)
         recovery = _recovery(cfg, controller, identity, session) if identity.resumed else None
         snapshots, watch = None, None
         if temporal_address is not None:

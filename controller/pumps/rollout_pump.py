@@ -295,8 +295,11 @@ class RolloutPump:
                     resumed_turn=continuation.turn_index if continuation else 0,
                     prefix_sha=segments_digest(row.segments[: continuation.segments]) if continuation else None,
                 )
-        # ACK only after the row is stored, and outside the barrier: a slow server must not hold up a cut.
+            journaled = self._data_plane.last_record
+        # ACK only after the row is stored and its journal record is on disk (the server then forgets the result),
+        # and outside the barrier: a slow server or a slow fsync must not hold up a cut.
         try:
+            await self._data_plane.journal.durable(journaled)
             await self._ack(result.receipt)
         except EnvServerError as err:
             # The row is stored: a server that died lost the result with it, a live one drops it after its lease.

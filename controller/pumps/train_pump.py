@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from controller.journal.records import STEP
 from controller.state.claim_ledger import ClaimLedger
 from controller.state.data_plane import DataPlane
 from controller.state.group_ledger import GroupLedger
@@ -171,6 +172,7 @@ class TrainPump:
             self._data_plane.delete(group_ids)
             self._ledger.finish(group_ids)
             self.step = target
+            self._data_plane.journal.record(STEP, target)
             self.policy_version = trainer_stats["policy_version"]
         self._on_groups_finished()
         self.waiting_on = f"the policy server: loading policy version {trainer_stats['policy_version']}"

@@ -16,6 +16,7 @@ from pathlib import Path
 import orjson
 
 from controller.fingerprint import fingerprint_fields
+from controller.journal.replay import resolve_state
 from controller.pumps.rollout_pump import Continuation
 from controller.restore.restore_source import choose_source
 from controller.runtime import Controller
@@ -26,6 +27,7 @@ from participants.client import ParticipantClient
 from primitives.atomic_files import remove_stale_staging
 from primitives.audit_log import segments_digest
 from primitives.chaos_points import reached
+from primitives.segment_format import JournalCorrupt
 from schemas.audit import ContinuationRef, Restored, RowRef
 from schemas.config import TurnkeepConfig
 from schemas.names import recovery_holder, recovery_workflow_id
@@ -69,6 +71,7 @@ class CrashRestore:
                     f"no trainer checkpoint could be restored ({source.reason}), and the processes kept from the "
                     "crashed controller hold trained weights; run the same command again: they are stopped now "
                     "and a fresh start follows")
+            c.start_journal(self._identity.run_id, self._identity.incarnation)
             self._audit(source, None, {})
             return RestoreResult(step=0, policy_version=0, data_plane_rows=0, unfinished_groups=0, continuations=0,
                                  restarted_siblings=0)
@@ -78,8 +81,13 @@ class CrashRestore:
             raise CrashRestoreError(f"{trainer_dir} holds policy version {version}, its manifest says "
                                 f"{source.policy_version}")
         await reached("restore", self._cfg.run.run_dir)
-        state = orjson.loads(Path(source.controller_state or "").read_bytes())
+        try:
+            state = resolve_state(self._cfg.run.run_dir, orjson.loads(Path(source.controller_state or "").read_bytes()))
+        except JournalCorrupt as err:
+            raise CrashRestoreError(f"{source.controller_state} cannot be rebuilt from the journal: {err}") from None
         c.load_state_dict(state, version)
+        # The restored state is the new journal's base; every change from here on (the reruns below) is journaled.
+        c.start_journal(self._identity.run_id, self._identity.incarnation)
         saved = read_saved_agents(Path(source.snapshot_dir)) if source.snapshot_dir else []
         # Only environments at the `turn` level continue saved agents; the others rerun those siblings.
         every = self._continuations(saved)

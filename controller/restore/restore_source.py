@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
+from controller.journal.replay import resolve_state
 from controller.stores import snapshot_store
 from controller.stores.trainer_checkpoint import (
     CHECKPOINT_MANIFEST,
@@ -27,6 +28,7 @@ from controller.stores.trainer_checkpoint import (
     fingerprint_of,
 )
 from primitives.atomic_files import sha256_file
+from primitives.segment_format import JournalCorrupt
 from schemas.participant import Artifact
 from schemas.recovery import (
     RecoverySource,
@@ -153,9 +155,27 @@ def verify_snapshot(
                 f"{manifest_path} says policy version {manifest.policy_version}, its trainer checkpoint "
                 f"says {policy_version}",
             )
+        _check_journal(snapshot_dir)
     except _Skip as skip:
         return None, SkippedCandidate(path=str(snapshot_dir), problem=skip.problem, detail=skip.detail)
     return manifest, None
+
+
+def _check_journal(snapshot_dir: Path) -> None:
+    """A snapshot's state names a journal position: replay it now (digests checked), so a snapshot whose journal
+    is damaged or pruned is passed over for an older source instead of failing the restore."""
+    path = snapshot_dir / SNAPSHOT_CONTROLLER_STATE
+    try:
+        raw = orjson.loads(path.read_bytes())
+    except _UNREADABLE as err:
+        raise _Skip("unreadable_manifest", f"{path} is not valid JSON ({err})") from None
+    if not isinstance(raw, dict) or "journal_ref" not in raw:
+        return  # a full state, from before journals
+    run_dir = snapshot_dir.absolute().parents[3]  # <run_dir>/checkpoints/step_N/snapshots/<n>
+    try:
+        resolve_state(run_dir, raw)
+    except (JournalCorrupt, ValidationError, KeyError, TypeError, ValueError) as err:
+        raise _Skip("journal_unreadable", f"{path} cannot be rebuilt from its journal: {err}") from None
 
 
 def _read_trainer_manifest(checkpoint_dir: Path) -> TrainerCheckpointManifest:

@@ -1,7 +1,8 @@
 """`data_plane.cut`: the controller's state at one moment, under the data-plane barrier.
 
-Under the barrier no row is stored, so the data plane, the claim and group ledgers, the
-dataloader and the checked continuations are captured at once. No ACK is in flight
+Under the barrier no row is stored, so one journal position marks the data plane, the
+group ledger and the dataloader at once (the journal holds every change up to it; see
+`controller.journal`), and the continuations are checked against them. No ACK is in flight
 either: the servers are prepared, so each row's ACK was answered (checked here).
 First the train pump's step is checked against what the attempt expects: with the
 trainer hold it cannot have moved (if it did, that is a bug); without it a step that
@@ -16,14 +17,18 @@ environment servers' counters of the progress marker) is asked before the barrie
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
+
 from controller.errors import AcksInFlight, InvariantBroken, TrainerMoved
 from controller.state.continuations import read_saved_agents
-from controller.state.cut_state import cut_summary, write_cut_state
+from controller.state.cut_state import capture_cut
 from controller.stores import snapshot_store
+from primitives.atomic_files import atomic_write_bytes
 from schemas.audit import CutTaken
 from schemas.participant import Artifact, SavedAgent
 from schemas.snapshot import TrainerHoldResult
@@ -40,6 +45,8 @@ class Cut:
     cut_unix_s: float
     policy_version: int
     """The policy version of the committed step, as the train pump recorded it."""
+    barrier_s: float = 0.0
+    """Seconds the data-plane barrier was held: no row was stored meanwhile."""
 
     def counts(self) -> dict[str, int]:
         return {"data_plane_rows": self.data_plane_rows, "unfinished_groups": self.unfinished_groups,
@@ -65,6 +72,7 @@ async def cut_under_barrier(
 ) -> Cut:
     """Everything the cut does while no row is stored (and, the servers being prepared, no ACK in flight)."""
     async with controller.data_plane.barrier:
+        entered = time.perf_counter()
         if in_flight := controller.data_plane.pending_acks.receipts():
             # Prepared servers hold no unACKed result; one in flight now could be saved by its server as well.
             raise AcksInFlight(in_flight)
@@ -76,15 +84,22 @@ async def cut_under_barrier(
                 f"the trainer moved under the hold: the cut sees step {training.step} (policy version "
                 f"{training.policy_version}), the hold returned step {hold.step} (policy version {hold.policy_version})"
             )
-        path = staging / STATE_FILE
-        state = write_cut_state(controller, saved_agents, path)
+        capture = capture_cut(controller, saved_agents)
+        policy_version = training.policy_version
         if controller.audit is not None:
-            controller.audit.emit(CutTaken, kind="snapshot", **cut_summary(state))  # under the barrier: in row order
+            controller.audit.emit(CutTaken, kind="snapshot", **capture.summary)  # under the barrier: in row order
             controller.audit.flush()  # every row the cut saves is in the audit log first
         if under_barrier is not None:
             await under_barrier()
+        barrier_s = time.perf_counter() - entered
+    # The position is taken; its records reach the disk after the barrier opens, before the state names them.
+    await controller.data_plane.journal.durable(capture.position.seq)
+    path = staging / STATE_FILE
+    path.parent.mkdir(exist_ok=True)
+    state = capture.state
+    atomic_write_bytes(path, orjson.dumps(state))
     return Cut(
-        artifact=snapshot_store.artifact_for(staging, path), data_plane_rows=len(state["data_plane"]["rows"]),
-        unfinished_groups=len(state["group_ledger"]["groups"]), continuations=len(state["continuations"]),
-        cut_unix_s=state["cut_unix_s"], policy_version=training.policy_version,
+        artifact=snapshot_store.artifact_for(staging, path), data_plane_rows=capture.summary["rows"],
+        unfinished_groups=capture.summary["groups"], continuations=len(state["continuations"]),
+        cut_unix_s=state["cut_unix_s"], policy_version=policy_version, barrier_s=barrier_s,
     )

@@ -28,7 +28,6 @@ def read_saved_agents(staging: Path) -> list[SavedAgent]:
 
 def check_continuations(agents: list[SavedAgent], ledger: GroupLedger, data_plane: DataPlane) -> list[dict]:
     """Validate every continuation against the cut; return them as the recovery ledger records them."""
-    sealed = {(gid, row.sibling) for gid in data_plane.group_ids() for row in data_plane.rows(gid)}
     continuations = []
     for agent in agents:
         req = agent.request
@@ -42,7 +41,7 @@ def check_continuations(agents: list[SavedAgent], ledger: GroupLedger, data_plan
                 f"saved agent {req.rollout_id} is attempt {req.attempt}, but the ledger has sibling "
                 f"{req.group_id}.{req.sibling} {sibling.state} after {sibling.attempts} attempts"
             )
-        if (req.group_id, req.sibling) in sealed:
+        if data_plane.has_row(req.group_id, req.sibling):
             raise InvariantBroken(f"saved agent {req.rollout_id} continues a sibling that already has a row")
         continuations.append(
             {"rollout_id": req.rollout_id, "group_id": req.group_id, "sibling": req.sibling,

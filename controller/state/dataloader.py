@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+from controller.journal.records import CURSOR
+from controller.journal.state_journal import NO_JOURNAL, JournalHooks
 from controller.state.prompt_files import PromptRecord, load_prompt_file, records_digest
 from envs.calc_task import sample_problem
 from schemas.config import DataConfig, EnvironmentSpec, TaskConfig
@@ -40,6 +42,7 @@ class PromptDataloader:
         self._order: list[int] = []
         self._order_epoch: int | None = None
         self.next_index = 0
+        self.journal: JournalHooks = NO_JOURNAL
 
     @property
     def epoch(self) -> int:
@@ -51,6 +54,7 @@ class PromptDataloader:
     def next_group(self) -> tuple[str, Problem]:
         index = self.next_index
         self.next_index += 1
+        self.journal.record(CURSOR, self.state_dict())
         if self._records is None:
             problem = sample_problem(self._task, random.Random(f"{self._seed}:{index}"))
             return f"g{index:07d}", problem.model_copy(update={"env": self._weighted_env(index)})
@@ -58,6 +62,11 @@ class PromptDataloader:
         problem = Problem(question=record.prompt, answer=record.answer, env=record.env or self._weighted_env(index),
                           metadata=record.metadata)
         return f"g{index:07d}", problem
+
+    def advance_to(self, index: int) -> None:
+        """Move the position without drawing (a benchmark that admitted its groups by other means)."""
+        self.next_index = index
+        self.journal.record(CURSOR, self.state_dict())
 
     def state_dict(self) -> dict:
         return {"seed": self._seed, "next_index": self.next_index, "epoch": self.epoch,

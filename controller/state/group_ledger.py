@@ -3,6 +3,9 @@
 This is the recovery ledger's seed: it knows each unfinished group's problem, which
 siblings are sealed and how many attempts each one used, so retries, drops and (later)
 restores all read one record.
+
+Every change to a group is journaled as the group's whole entry (a few siblings), and a
+finished group as its id, so a replay upserts entries in the order they changed.
 """
 
 from __future__ import annotations
@@ -10,6 +13,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 
+from controller.journal.records import GROUP, GROUPS_FINISHED
+from controller.journal.state_journal import NO_JOURNAL, JournalHooks
+from schemas.audit import ids_digest
 from schemas.rollout import Problem
 
 
@@ -54,29 +60,35 @@ class GroupLedger:
     def __init__(self, min_sealed: int = 2) -> None:
         self._groups: dict[str, GroupEntry] = {}
         self._min_sealed = min_sealed
+        self.journal: JournalHooks = NO_JOURNAL
+
+    def _changed(self, group_id: str) -> None:
+        self.journal.record(GROUP, self._entry_dict(self._groups[group_id]))
 
     def admit(self, group_id: str, problem: Problem, group_size: int) -> None:
         self._groups[group_id] = GroupEntry(group_id, problem, [SiblingEntry() for _ in range(group_size)])
+        self._changed(group_id)
 
     def start_attempt(self, group_id: str, sibling: int) -> int:
         entry = self._groups[group_id].siblings[sibling]
         entry.state = SiblingState.RUNNING
         attempt = entry.attempts
         entry.attempts += 1
+        self._changed(group_id)
         return attempt
 
     def seal(self, group_id: str, sibling: int) -> None:
         self._groups[group_id].siblings[sibling].state = SiblingState.SEALED
+        self._changed(group_id)
 
     def fail(self, group_id: str, sibling: int, reason: str, max_attempts: int) -> bool:
         """Record a failed attempt; True when the sibling may be tried again."""
         entry = self._groups[group_id].siblings[sibling]
         entry.last_reason = reason
-        if entry.attempts - entry.restarts < max_attempts:
-            entry.state = SiblingState.PENDING
-            return True
-        entry.state = SiblingState.DROPPED
-        return False
+        retry = entry.attempts - entry.restarts < max_attempts
+        entry.state = SiblingState.PENDING if retry else SiblingState.DROPPED
+        self._changed(group_id)
+        return retry
 
     def settle(self, group_id: str, need_all: bool = False) -> bool | None:
         """None while siblings still run; True when trainable; False when too few sealed.
@@ -90,9 +102,10 @@ class GroupLedger:
         if need_all:
             trainable = group.sealed() == len(group.siblings)
             group.complete = trainable and group.scored
-            return trainable
-        group.complete = group.sealed() >= self._min_sealed
-        return group.complete
+        else:
+            trainable = group.complete = group.sealed() >= self._min_sealed
+        self._changed(group_id)
+        return trainable
 
     def round(self, group_id: str) -> int | None:
         """The group's current round (None once it is trained or discarded)."""
@@ -116,6 +129,7 @@ class GroupLedger:
         group.complete = group.scored = False
         for entry in group.siblings:
             entry.state = SiblingState.PENDING
+        self._changed(group_id)
         return discarded
 
     def drop_group(self, group_id: str, reason: str) -> None:
@@ -126,6 +140,7 @@ class GroupLedger:
         for entry in group.siblings:
             entry.state = SiblingState.DROPPED
             entry.last_reason = reason
+        self._changed(group_id)
 
     def abandoned(self, group_id: str) -> set[str]:
         group = self._groups.get(group_id)
@@ -134,6 +149,7 @@ class GroupLedger:
     def mark_scored(self, group_id: str) -> None:
         group = self._groups[group_id]
         group.scored = group.complete = True
+        self._changed(group_id)
 
     def scored(self, group_id: str) -> bool:
         return self._groups[group_id].scored
@@ -162,6 +178,7 @@ class GroupLedger:
                     entry.state = SiblingState.PENDING
                 if entry.state is SiblingState.PENDING:
                     to_run.append((group.group_id, index))
+            self._changed(group.group_id)
             if group.settled():
                 settled.append(group.group_id)
         return to_run, settled
@@ -172,6 +189,7 @@ class GroupLedger:
     def finish(self, group_ids: list[str]) -> None:
         for group_id in group_ids:
             self._groups.pop(group_id, None)
+        self.journal.record(GROUPS_FINISHED, list(group_ids))
 
     def inflight(self) -> int:
         return len(self._groups)
@@ -182,21 +200,23 @@ class GroupLedger:
     def complete_group_ids(self) -> list[str]:
         return [gid for gid, group in self._groups.items() if group.complete]
 
-    def state_dict(self) -> dict:
+    def groups_digest(self) -> str:
+        return ids_digest(self._groups)
+
+    @staticmethod
+    def _entry_dict(g: GroupEntry) -> dict:
         return {
-            "groups": [
-                {
-                    "group_id": g.group_id,
-                    "problem": g.problem.model_dump(),
-                    "complete": g.complete,
-                    "round": g.round,
-                    "scored": g.scored,
-                    "abandoned": g.abandoned,
-                    "siblings": [asdict(s) for s in g.siblings],
-                }
-                for g in self._groups.values()
-            ]
+            "group_id": g.group_id,
+            "problem": g.problem.model_dump(),
+            "complete": g.complete,
+            "round": g.round,
+            "scored": g.scored,
+            "abandoned": list(g.abandoned),
+            "siblings": [asdict(s) for s in g.siblings],
         }
+
+    def state_dict(self) -> dict:
+        return {"groups": [self._entry_dict(g) for g in self._groups.values()]}
 
     def load_state_dict(self, state: dict) -> None:
         self._groups.clear()

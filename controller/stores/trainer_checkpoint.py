@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,9 +106,11 @@ async def write_trainer_checkpoint(
     keep: int,
     *,
     identity: CheckpointIdentity | None = None,
+    on_published: Callable[[Path], None] | None = None,
 ) -> Path:
     """The trainer writes model, optimizer and RNG; the controller adds its own state and,
-    given an identity, the manifest that recovery verifies.
+    given an identity, the manifest that recovery verifies. `on_published` runs right after
+    the rename, before anything awaits (the controller's journal takes it as its new base).
 
     All of it goes into a staging directory that is renamed into place only when complete,
     and older checkpoints are pruned only after that: a write that fails (a full disk, a
@@ -132,6 +135,8 @@ async def write_trainer_checkpoint(
         if identity is not None:
             write_checkpoint_manifest(staging, step, identity)
         publish_dir(staging, final)
+        if on_published is not None:
+            on_published(final)
     except BaseException as err:
         disk_full = _disk_full(err, root, staging) if isinstance(err, Exception) else None
         shutil.rmtree(staging, ignore_errors=True)

@@ -31,6 +31,7 @@ RUN = "run"
 
 def _setup(tmp_path: Path, env_client) -> tuple[SnapshotActivities, SnapshotCoordinator, Path]:
     controller = FilledController()
+    controller.start_journal(tmp_path)
     controller.fill(rows=8, turns=2, parked=[], rng=random.Random(0))
     controller.stats = RunStats()
     controller.env_client = env_client

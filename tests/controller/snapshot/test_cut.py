@@ -10,30 +10,41 @@ import pytest
 
 from bench.filled_controller import STEP, FilledController
 from controller.errors import InvariantBroken, TrainerMoved
+from controller.journal.replay import resolve_state
 from controller.snapshot.cut import STATE_FILE, cut_data_plane
-from controller.state.cut_state import cut_summary
 from primitives.audit_log import AUDIT_FILE, AuditLog, read_audit
 from schemas.audit import CutTaken, ids_digest, row_key
 from schemas.snapshot import TrainerHoldResult
 
 
-def _controller() -> FilledController:
+def _controller(run_dir) -> FilledController:
     controller = FilledController()
+    controller.start_journal(run_dir)
     controller.fill(rows=20, turns=2, parked=[], rng=random.Random(0))
     return controller
 
 
 def test_a_cut_under_a_matching_hold_writes_the_state_and_counts_it(tmp_path):
-    controller = _controller()
+    controller = _controller(tmp_path)
     hold = TrainerHoldResult(step=STEP, policy_version=controller.training.policy_version)
     cut = asyncio.run(cut_data_plane(controller, tmp_path, STEP, hold))
-    state = orjson.loads((tmp_path / STATE_FILE).read_bytes())
+    saved = orjson.loads((tmp_path / STATE_FILE).read_bytes())
+    assert "data_plane" not in saved  # a journal position, not a copy of the rows
+    state = resolve_state(tmp_path, saved)
     assert cut.data_plane_rows == len(state["data_plane"]["rows"]) == 20
+    assert state["data_plane"] == orjson.loads(orjson.dumps(controller.data_plane.state_dict()))
     assert cut.policy_version == hold.policy_version and cut.artifact.path == str(STATE_FILE)
 
 
+def test_a_cut_before_the_journal_started_is_refused(tmp_path):
+    controller = FilledController()
+    hold = TrainerHoldResult(step=STEP, policy_version=controller.training.policy_version)
+    with pytest.raises(InvariantBroken, match="before the controller started its journal"):
+        asyncio.run(cut_data_plane(controller, tmp_path, STEP, hold))
+
+
 def test_a_trainer_that_moved_under_the_hold_is_a_broken_invariant_and_nothing_is_written(tmp_path):
-    controller = _controller()
+    controller = _controller(tmp_path)
     hold = TrainerHoldResult(step=STEP, policy_version=controller.training.policy_version)
     controller.training.policy_version += 1  # same step, another version: a refit nobody stepped for
     with pytest.raises(InvariantBroken, match="moved under the hold"):
@@ -42,7 +53,7 @@ def test_a_trainer_that_moved_under_the_hold_is_a_broken_invariant_and_nothing_i
 
 
 def test_without_a_hold_a_step_past_the_anchor_wastes_the_attempt(tmp_path):
-    controller = _controller()
+    controller = _controller(tmp_path)
     controller.training.step = STEP + 1
     with pytest.raises(TrainerMoved, match=f"step {STEP} -> {STEP + 1}"):
         asyncio.run(cut_data_plane(controller, tmp_path, STEP, hold=None))
@@ -50,14 +61,14 @@ def test_without_a_hold_a_step_past_the_anchor_wastes_the_attempt(tmp_path):
 
 
 def test_a_cut_records_what_it_holds_in_the_audit_log_before_the_barrier_opens(tmp_path):
-    controller = _controller()
+    controller = _controller(tmp_path)
     controller.audit = AuditLog(tmp_path / AUDIT_FILE, 3)
     hold = TrainerHoldResult(step=STEP, policy_version=controller.training.policy_version)
     staging = tmp_path / "staging"
     staging.mkdir()
     cut = asyncio.run(cut_data_plane(controller, staging, STEP, hold))
     [event] = list(read_audit(tmp_path))  # flushed by the cut itself
-    state = orjson.loads((staging / STATE_FILE).read_bytes())
+    state = resolve_state(tmp_path, orjson.loads((staging / STATE_FILE).read_bytes()))
     rows = [row_key(row["group_id"], row["sibling"]) for row in state["data_plane"]["rows"]]
     groups = [group["group_id"] for group in state["group_ledger"]["groups"]]
     assert isinstance(event, CutTaken) and (event.kind, event.step, event.inc) == ("snapshot", STEP, 3)
@@ -66,17 +77,3 @@ def test_a_cut_records_what_it_holds_in_the_audit_log_before_the_barrier_opens(t
     assert (event.groups, event.groups_digest) == (len(groups), ids_digest(groups))
     assert event.next_group_index == state["dataloader"]["next_index"]
     assert (event.continuations, event.continuations_digest) == (0, ids_digest([]))
-
-
-def test_a_cut_summary_counts_and_digests_without_listing():
-    state = {
-        "step": 7, "cut_unix_s": 12.5, "dataloader": {"next_index": 9},
-        "data_plane": {"rows": [{"group_id": "g1", "sibling": 1}, {"group_id": "g1", "sibling": 0}]},
-        "group_ledger": {"groups": [{"group_id": "g1"}, {"group_id": "g8"}]},
-        "continuations": [{"rollout_id": "g8.0.2"}],
-    }
-    assert cut_summary(state) == {
-        "step": 7, "cut_unix_s": 12.5, "next_group_index": 9,
-        "rows": 2, "rows_digest": ids_digest(["g1.0", "g1.1"]), "groups": 2, "groups_digest": ids_digest(["g8", "g1"]),
-        "continuations": 1, "continuations_digest": ids_digest(["g8.0.2"]),
-    }

@@ -1,0 +1,131 @@
+"""Reading a journal back between two positions, and pruning the segments nobody will read again."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from primitives.atomic_files import fsync_dir
+from primitives.segment_format import (
+    DAMAGED,
+    BadRecord,
+    JournalCorrupt,
+    LogPosition,
+    chain_step,
+    is_torn_tail,
+    list_segments,
+    read_header,
+    read_record,
+)
+
+
+def read_records(directory: Path, log_id: str, start: LogPosition, end: LogPosition) -> Iterator[bytes]:
+    """The payloads of records start.seq .. end.seq-1, checked against both positions' chains.
+
+    Reading starts at the newest segment whose first_seq <= start.seq and checks the chain reaches start.chain
+    (else the journal is not the one the position was taken from) and, at end.seq, end.chain. Records after
+    end.seq are never read, so a torn tail after `end` is harmless. Damage, a missing segment, a journal that
+    ends before `end` or a chain that differs raise JournalCorrupt naming the file and the offset; payloads
+    before the failure have been yielded by then, so a replay must treat the error as fatal.
+    """
+    if start.seq > end.seq:
+        raise ValueError(f"start seq {start.seq} is after end seq {end.seq}")
+    return _read_records(Path(directory), log_id, start, end)
+
+
+def _read_records(directory: Path, log_id: str, start: LogPosition, end: LogPosition) -> Iterator[bytes]:
+    segments = list_segments(directory)
+    if not segments:
+        raise JournalCorrupt(f"{directory} holds no journal segment, yet a position at seq {start.seq} needs "
+                             f"one: the journal directory is wrong, or was emptied")
+    index = max((i for i, (first, _) in enumerate(segments) if first <= start.seq), default=None)
+    if index is None:
+        raise JournalCorrupt(f"{segments[0][1]}: the position at seq {start.seq} is older than the oldest kept "
+                             f"segment, which starts at seq {segments[0][0]}: the records it needs were pruned "
+                             f"(replay from a newer snapshot)")
+    seq, chain = segments[index][0], b""
+    for number in range(index, len(segments)):
+        first, path = segments[number]
+        newest = number == len(segments) - 1
+        if first != seq:
+            raise JournalCorrupt(f"{path}: the segment starts at seq {first}, but the one before it ends at seq "
+                                 f"{seq}: a segment is missing; {DAMAGED}")
+        try:
+            f = open(path, "rb")
+        except FileNotFoundError:
+            raise JournalCorrupt(f"{path}: the segment was removed while it was being read (a prune ran "
+                                 f"meanwhile?); the position at seq {start.seq} may be older than the oldest kept "
+                                 f"segment now") from None
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            header = read_header(f, path, log_id)
+            if header is None or header.first != first:
+                what = "ends inside its header" if header is None else f"header says seq {header.first}"
+                raise JournalCorrupt(f"{path} offset 0: the segment {what}, which its name and its place in the "
+                                     f"journal contradict; {DAMAGED}")
+            if number == index:
+                chain = header.chain
+            elif header.chain != chain:
+                raise JournalCorrupt(f"{path} offset {header.size - 32}: the segment's starting chain differs "
+                                     f"from the chain the segment before it ends with; {DAMAGED}")
+            offset = header.size
+            while True:
+                if seq == start.seq and chain != start.chain_bytes:
+                    raise JournalCorrupt(f"{path} offset {offset}: the chain at seq {seq} is {chain.hex()}, not "
+                                         f"the position's {start.chain}: not the journal this position was "
+                                         f"taken from (another run's journal, or one that was rewritten)")
+                if seq == end.seq:
+                    if chain != end.chain_bytes:
+                        raise JournalCorrupt(f"{path} offset {offset}: the chain at seq {seq} is {chain.hex()}, "
+                                             f"not the end position's {end.chain}: the records read are not the "
+                                             f"ones the position counted (the journal or the position was "
+                                             f"altered)")
+                    return
+                try:
+                    record = read_record(f, offset, size)
+                except BadRecord as bad:
+                    # In the newest segment a torn tail means the journal ends here; damage raises in the check.
+                    torn = newest and is_torn_tail(f, path, bad, size)
+                    raise JournalCorrupt(_read_failure(path, bad.offset, bad.problem, seq, end.seq, torn)) from None
+                if record is None:
+                    if newest:
+                        raise JournalCorrupt(_read_failure(path, offset, "the end of the newest segment", seq,
+                                                           end.seq, newest))
+                    break
+                payload, offset = record
+                chain = chain_step(chain, payload)
+                if seq >= start.seq:
+                    yield payload
+                seq += 1
+
+
+def _read_failure(path: Path, offset: int, problem: str, seq: int, wanted: int, at_end: bool) -> str:
+    if at_end:
+        return (f"{path} offset {offset}: {problem}: the journal ends at seq {seq} before the position seq "
+                f"{wanted}: records the position counted were never made durable (the position was taken "
+                f"before a sync, or the journal was cut short)")
+    return f"{path} offset {offset}: {problem} at seq {seq}, before the position seq {wanted}; {DAMAGED}"
+
+
+def prune_before(directory: Path, seq: int, *, between: Callable[[], None] | None = None) -> list[Path]:
+    """Delete the segments that hold only records before `seq`; never the newest one. Returns the removed paths.
+
+    A segment is deletable when the next one starts at or before `seq`. They go oldest first, so a crash midway
+    leaves a journal without holes that still reads from `seq`. `between` is called after the first deletion
+    (tests use it to simulate a crash mid-prune).
+    """
+    directory = Path(directory)
+    segments = list_segments(directory)
+    doomed = [path for (_, path), (next_first, _) in zip(segments, segments[1:]) if next_first <= seq]
+    removed: list[Path] = []
+    try:
+        for path in doomed:
+            path.unlink()
+            removed.append(path)
+            if between is not None and len(removed) == 1:
+                between()
+    finally:
+        if removed:
+            fsync_dir(directory)
+    return removed

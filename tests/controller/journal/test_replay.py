@@ -1,0 +1,127 @@
+import asyncio
+import random
+from pathlib import Path
+
+import orjson
+import pytest
+
+from controller.journal.replay import resolve_state, state_at
+from controller.journal.state_journal import JournalRef
+from primitives.segment_format import JournalCorrupt
+from tests.controller.journal.journal_harness import JournaledState, make_row
+
+
+def _journaled_cuts(run_dir: Path, seed: int, changes: int, cuts_every: int, segment_bytes: int = 64 << 20):
+    rng = random.Random(seed)
+    state = JournaledState()
+    journal = state.start(run_dir, 1, segment_bytes=segment_bytes)
+    cuts = []
+    for i in range(changes):
+        state.random_change(rng)
+        if i % cuts_every == cuts_every - 1:
+            cuts.append(state.cut())
+            journal.sync_blocking()  # one batch per cut, so segments rotate between them
+    journal.sync_blocking()
+    return state, journal, cuts
+
+
+def test_every_cut_replays_to_exactly_the_state_the_controller_held_then(tmp_path):
+    state, journal, cuts = _journaled_cuts(tmp_path, seed=1, changes=3000, cuts_every=97, segment_bytes=16 << 10)
+    assert len(list((tmp_path / "journal" / "inc-000001").glob("*.seg"))) > 5  # rotations happened
+    assert any(live["data_plane"]["rows"] for _, live in cuts)
+    for saved, live in cuts:
+        replayed = resolve_state(tmp_path, saved)
+        assert {k: replayed[k] for k in live} == live
+        assert replayed["step"] == saved["step"]
+
+
+def test_a_replay_that_does_not_reach_the_cuts_rows_is_refused(tmp_path):
+    state, journal, cuts = _journaled_cuts(tmp_path, seed=2, changes=800, cuts_every=200)
+    saved, live = next((s, lv) for s, lv in reversed(cuts) if lv["data_plane"]["rows"])
+    ref = JournalRef.model_validate(saved["journal_ref"])
+    assert state_at(tmp_path, ref)["data_plane"]["rows"] == live["data_plane"]["rows"]
+    with pytest.raises(JournalCorrupt, match="does not hold what the cut saw"):
+        state_at(tmp_path, ref.model_copy(update={"rows_digest": "0" * 24}))
+    with pytest.raises(JournalCorrupt, match="does not hold what the cut saw"):
+        state_at(tmp_path, ref.model_copy(update={"rows": ref.rows + 1}))
+
+
+def test_a_record_damaged_in_the_middle_fails_the_replay_naming_the_file(tmp_path):
+    state, journal, cuts = _journaled_cuts(tmp_path, seed=3, changes=600, cuts_every=600)
+    saved, _ = cuts[-1]
+    segment = sorted((tmp_path / "journal" / "inc-000001").glob("*.seg"))[-1]
+    data = bytearray(segment.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    with pytest.raises(JournalCorrupt, match=segment.name):
+        resolve_state(tmp_path, saved)
+
+
+def test_a_torn_tail_after_the_cut_changes_nothing(tmp_path):
+    state, journal, cuts = _journaled_cuts(tmp_path, seed=4, changes=500, cuts_every=500)
+    journal.close()
+    saved, live = cuts[-1]
+    segment = sorted((tmp_path / "journal" / "inc-000001").glob("*.seg"))[-1]
+    with segment.open("ab") as f:
+        f.write(b"\x00\x00\x10\x00garbage")  # a record header whose payload never made it
+    replayed = resolve_state(tmp_path, saved)
+    assert {k: replayed[k] for k in live} == live
+
+
+def test_a_base_replaced_after_the_cut_is_refused(tmp_path):
+    state, journal, cuts = _journaled_cuts(tmp_path, seed=5, changes=300, cuts_every=300)
+    saved, _ = cuts[-1]
+    base = tmp_path / saved["journal_ref"]["base"]
+    raw = orjson.loads(base.read_bytes())
+    raw["journal_base"]["log_id"] = "run-other/inc-1"
+    base.write_bytes(orjson.dumps(raw))
+    with pytest.raises(JournalCorrupt, match="not the base the cut named"):
+        resolve_state(tmp_path, saved)
+
+
+def test_a_full_state_from_before_journals_still_loads(tmp_path):
+    state = JournaledState()
+    state.data_plane.put(make_row("g0000001", 0, 0, random.Random(0)))
+    full = {**state.comparable(), "cut_unix_s": 1.0, "continuations": []}
+    assert resolve_state(tmp_path, full) == full
+
+
+def test_a_cut_under_load_holds_every_row_sealed_before_it_exactly_once(tmp_path):
+    """Sealers race the cuts: each cut's replay has exactly the rows stored before its position, none after."""
+    state = JournaledState()
+    state.start(tmp_path, 1, segment_bytes=32 << 10)
+    rng = random.Random(6)
+    stored: list[str] = []  # row keys in the order they were stored, under the barrier
+    cuts: list[tuple[dict, int]] = []
+
+    async def sealer(worker: int) -> None:
+        for n in range(60):
+            group_id = f"g{worker:03d}{n:04d}"
+            state.ledger.admit(group_id, state.dataloader.next_group()[1], 1)
+            state.ledger.start_attempt(group_id, 0)
+            await asyncio.sleep(rng.random() * 0.002)
+            async with state.data_plane.barrier:
+                state.data_plane.put(make_row(group_id, 0, 0, rng))
+                state.ledger.seal(group_id, 0)
+                stored.append(f"{group_id}.0")
+                seq = state.data_plane.last_record
+            await state.data_plane.journal.durable(seq)  # as the pump does before its ACK
+
+    async def cutter() -> None:
+        for _ in range(25):
+            await asyncio.sleep(rng.random() * 0.01)
+            async with state.data_plane.barrier:
+                saved, _ = state.cut()
+                cuts.append((saved, len(stored)))
+            await state.data_plane.journal.durable(saved["journal_ref"]["position"]["seq"])
+
+    async def main() -> None:
+        await asyncio.gather(cutter(), *(sealer(w) for w in range(8)))
+
+    asyncio.run(main())
+    assert 0 < cuts[0][1] < len(stored) or 0 < cuts[-1][1] < len(stored)
+    for saved, count in cuts:
+        rows = resolve_state(tmp_path, saved)["data_plane"]["rows"]
+        keys = [f"{r['group_id']}.{r['sibling']}" for r in rows]
+        assert len(keys) == len(set(keys))
+        assert sorted(keys) == sorted(stored[:count])
