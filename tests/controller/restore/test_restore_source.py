@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import random
 from pathlib import Path
 
 import orjson
@@ -22,6 +23,7 @@ from controller.stores.trainer_checkpoint import CheckpointIdentity, fingerprint
 from primitives.atomic_files import atomic_write_json
 from schemas.recovery import SourceKind
 from schemas.snapshot import SnapshotManifest
+from tests.controller.journal.journal_harness import JournaledState
 
 REPO = Path(__file__).resolve().parents[3]
 RUN_ID = "run-a"
@@ -54,14 +56,14 @@ def make_checkpoint(run_dir: Path, step: int, *, policy_version: int | None = No
 
 
 def make_snapshot(ckpt: Path, number: int, *, policy_version: int | None = None, run_id: str = RUN_ID,
-                  fingerprint: str = FINGERPRINT) -> Path:
+                  fingerprint: str = FINGERPRINT, controller_state: bytes | None = None) -> Path:
     """A published snapshot: saved agents, the policy's state, the controller's state, manifest last."""
     step = int(ckpt.name.removeprefix("step_"))
     snap = ckpt / "snapshots" / str(number)
     files = {
         "env/agents.jsonl": b'{"rollout_id": "g1.0"}\n{"rollout_id": "g1.1"}\n',
         "policy/state.json": b'{"policy_version": %d}' % step,
-        "controller/state.json": b'{"step": %d, "n": %d}' % (step, number),
+        "controller/state.json": controller_state or b'{"step": %d, "n": %d}' % (step, number),
     }
     for rel, data in files.items():
         (snap / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -254,6 +256,49 @@ def test_every_snapshot_bad_falls_back_to_the_trainer_checkpoint(tmp_path: Path)
         "no snapshot under checkpoints/step_40 verified; using the trainer checkpoint's own data plane "
         "(step 40, policy version 40): in-flight rollouts start over"
     )
+
+
+def _journaled_cut(run_dir: Path) -> dict:
+    """A real cut of a journaled state (what `controller/state.json` holds): a journal position, no rows."""
+    state = JournaledState()
+    journal = state.start(run_dir, 1)
+    rng = random.Random(0)
+    for _ in range(300):
+        state.random_change(rng)
+    saved, live = state.cut()
+    assert live["data_plane"]["rows"]
+    journal.sync_blocking()
+    journal.close()
+    return saved
+
+
+def test_a_snapshot_whose_journal_disagrees_is_skipped_for_the_older_one(tmp_path: Path) -> None:
+    saved = _journaled_cut(tmp_path)
+    ckpt = make_checkpoint(tmp_path, 40)
+    older = make_snapshot(ckpt, 1, controller_state=orjson.dumps(saved))
+    tampered = {**saved, "journal_ref": {**saved["journal_ref"], "rows": saved["journal_ref"]["rows"] + 1}}
+    make_snapshot(ckpt, 2, controller_state=orjson.dumps(tampered))
+
+    source = choose_source(tmp_path, RUN_ID, FIELDS)
+
+    assert source.kind is SourceKind.OLDER_SNAPSHOT and source.snapshot_dir == str(older)
+    [skip] = source.skipped
+    assert skip.problem == "journal_unreadable" and "does not hold what the cut saw" in skip.detail
+
+
+def test_snapshots_whose_journal_is_gone_fall_back_to_the_trainer_checkpoint(tmp_path: Path) -> None:
+    saved = _journaled_cut(tmp_path)
+    ckpt = make_checkpoint(tmp_path, 40)
+    make_snapshot(ckpt, 1, controller_state=orjson.dumps(saved))
+    assert verify_snapshot(ckpt / "snapshots" / "1", RUN_ID, FINGERPRINT)[1] is None
+    for segment in (tmp_path / "journal" / "inc-000001").glob("*.seg"):
+        segment.unlink()
+
+    source = choose_source(tmp_path, RUN_ID, FIELDS)
+
+    assert source.kind is SourceKind.TRAINER_CHECKPOINT
+    [skip] = source.skipped
+    assert skip.problem == "journal_unreadable" and "cannot be rebuilt from its journal" in skip.detail
 
 
 def test_a_checkpoint_without_snapshots_is_used_as_it_is(tmp_path: Path) -> None:
