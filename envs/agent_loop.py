@@ -59,6 +59,9 @@ async def run_agent(
         segments = list(start.segments)
         first_turn = start.turn_index
     outcome, reason = RolloutOutcome.TRUNCATED, f"no final answer within max_turns={limits.max_turns}"
+    if start is not None and start.done:
+        # The episode ended at the saved boundary (a crash came before its row was stored): score it, generate nothing.
+        outcome, reason, first_turn = RolloutOutcome.FINISHED, "", limits.max_turns
     for turn in range(first_turn, limits.max_turns):
         context = [tok for seg in segments for tok in seg.token_ids]
         budget = min(limits.max_tokens_per_turn, limits.max_model_len - len(context))
@@ -85,7 +88,8 @@ async def run_agent(
         glue = codec.after_turn(choice.token_ids, step.observation, step.role, step.done)
         if glue:
             segments.append(Segment(kind="tool", token_ids=glue))
-        records.commit(TurnBoundary(rollout_id=request.rollout_id, turn_index=turn + 1, segments=segments))
+        boundary = TurnBoundary(rollout_id=request.rollout_id, turn_index=turn + 1, segments=segments, done=step.done)
+        records.commit(boundary, request=request, env=env)
         if on_turn is not None:
             on_turn(turn + 1, turn_segment)
         if step.done:

@@ -47,7 +47,9 @@ class EnvServerActor(RunMember):
         workspaces = cfg.run.run_dir / "env_workspaces"
         shutil.rmtree(workspaces, ignore_errors=True)
         factory = EnvironmentFactory.from_specs(cfg.environments, EnvContext(cfg.env.tool_latency_s, workspaces))
-        self._server = EnvServer(factory, cfg.env, control, audit, group_size=cfg.rollout.group_size)
+        journal = cfg.run.run_dir / "env_journal" / "env" if cfg.env.journal_turns else None
+        self._server = EnvServer(factory, cfg.env, control, audit, group_size=cfg.rollout.group_size,
+                                 journal_dir=journal)
         url = await self._server.start()
         self._server.attach_local(Path(model_dir), policy_url, loop_limits(cfg), f"local:{incarnation}")
         return url

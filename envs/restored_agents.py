@@ -33,21 +33,34 @@ class RestoredAgents:
         if not path.exists():
             raise RestoreError(f"{path} does not exist; restore from the snapshot folder that holds {AGENTS_FILE}")
         lines = (await asyncio.to_thread(path.read_bytes)).splitlines()
-        loaded: dict[str, SavedAgent] = {}
-        cannot_continue: list[str] = []
+        saved: list[tuple[str, SavedAgent]] = []
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
             try:
-                saved = SavedAgent.model_validate_json(line)
-                if not await self._restorable(saved):
-                    cannot_continue.append(saved.request.rollout_id)
-                    continue
+                saved.append((f"{path} line {number}", SavedAgent.model_validate_json(line)))
             except ValueError as err:
                 raise RestoreError(f"{path} line {number}: not a restorable saved agent: {err}") from None
-            loaded[saved.request.rollout_id] = saved
+        return await self.hold(saved)
+
+    async def hold(self, saved: list[tuple[str, SavedAgent]]) -> tuple[list[str], list[str]]:
+        """Hold these saved agents (each with where it was read, for errors) in place of any held before;
+        returns (held rollout ids, restart_only ones that cannot continue)."""
+        loaded: dict[str, SavedAgent] = {}
+        cannot_continue: list[str] = []
+        for where, agent in saved:
+            try:
+                if not await self._restorable(agent):
+                    cannot_continue.append(agent.request.rollout_id)
+                    continue
+            except ValueError as err:
+                raise RestoreError(f"{where}: not a restorable saved agent: {err}") from None
+            loaded[agent.request.rollout_id] = agent
         self._saved = loaded
         return sorted(loaded), sorted(cannot_continue)
+
+    def peek(self, rollout_id: str) -> SavedAgent | None:
+        return self._saved.get(rollout_id)
 
     async def _restorable(self, saved: SavedAgent) -> bool:
         kind = self._factory.kind_of(saved.request.problem.env)

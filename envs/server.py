@@ -30,16 +30,19 @@ from envs.agent_registry import AgentRegistry
 from envs.codec import TurnCodec
 from envs.env_participant import EnvParticipant, env_capabilities
 from envs.environment import Environment
+from envs.journal_restore import hold_from_journal
 from envs.kinds import EnvironmentFactory, capabilities_of
 from envs.policy_client import PolicyCallError, PolicyClient
 from envs.receipts import ReceiptBook
 from envs.restored_agents import RestoredAgents, RestoreError
+from envs.turn_journal import TurnJournal
 from envs.turn_records import TurnRecords
 from participants.core import ParticipantCore, ParticipantFault
 from participants.faults import FaultInjector
 from participants.http_server import ControlAuth, add_participant_routes, body_too_large
 from primitives.audit_log import AuditLog
 from primitives.holds import HoldSet
+from primitives.segment_format import JournalCorrupt
 from schemas.audit import TurnCommitted
 from schemas.config import EnvServerConfig
 from schemas.environments import (
@@ -82,7 +85,10 @@ class EnvServer:
         audit: AuditLog | None = None,
         name: str = "env",
         group_size: int = 8,
+        journal_dir: Path | None = None,
     ) -> None:
+        """`journal_dir`: journal every committed turn boundary there (`envs.turn_journal`), so a restore from a
+        trainer checkpoint continues the agents that were running; None keeps no journal."""
         self.factory = factory
         self._cfg = cfg
         self._control = control
@@ -94,6 +100,9 @@ class EnvServer:
         self.attachment: str | None = None
         self._model_files_dir: Path | None = None
         self.records = TurnRecords()
+        self.turn_journal = TurnJournal(journal_dir, f"env/{name}") if journal_dir is not None else None
+        self.records.journal = self.turn_journal
+        self._journal_flusher: asyncio.Task | None = None
         self.receipts = ReceiptBook()
         self.door = HoldSet("env-door")
         self.boundary_gate = HoldSet("env-boundary")
@@ -145,6 +154,9 @@ class EnvServer:
             self._faults.set(self._cfg.startup_faults)
         if self._audit is not None:
             self._audit.start()
+        if self.turn_journal is not None:
+            self._journal_flusher = asyncio.create_task(self.turn_journal.flush_forever(
+                self._cfg.journal_flush_s, self._cfg.journal_keep_mib << 20), name="turn-journal")
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._cfg.host, self._cfg.port)
@@ -161,6 +173,12 @@ class EnvServer:
             await self._session.close()
         if self._audit is not None:
             await self._audit.close()
+        if self._journal_flusher is not None:
+            self._journal_flusher.cancel()
+            await asyncio.gather(self._journal_flusher, return_exceptions=True)
+        if self.turn_journal is not None:
+            await self.turn_journal.sync()
+            self.turn_journal.close()
         if self._model_files_dir is not None:
             shutil.rmtree(self._model_files_dir, ignore_errors=True)
 
@@ -225,7 +243,10 @@ class EnvServer:
         return codec
 
     async def _restore(self, request: RestoreRequest) -> RestoreReply:
-        """Hold the snapshot's saved agents until `/run` continues each one (`resume_from`)."""
+        """Hold the snapshot's saved agents (or the journal's newest boundaries) until `/run` continues each one
+        (`resume_from`)."""
+        if request.journal:
+            return await self._restore_from_journal(request)
         try:
             restored, cannot_continue = await self.restored.load(Path(request.directory))
         except RestoreError as err:
@@ -234,6 +255,25 @@ class EnvServer:
                  len(restored), request.directory, len(cannot_continue))
         return RestoreReply(name=self.participant.name, checkpoint_id=request.checkpoint_id, restored=restored,
                             cannot_continue=cannot_continue)
+
+    async def _restore_from_journal(self, request: RestoreRequest) -> RestoreReply:
+        if self.turn_journal is None:
+            raise ParticipantFault("bad_request", f"environment server {self.participant.name} keeps no turn journal, "
+                                                  "so it cannot continue agents from it; start it with a journal "
+                                                  "directory (turnkeep env-server --journal-dir)")
+        try:
+            held, cannot_continue, stands = await hold_from_journal(self.turn_journal, self.restored, request.journal)
+        except RestoreError as err:
+            raise ParticipantFault("bad_request", str(err)) from None
+        except JournalCorrupt as err:
+            # Damage costs only the work the journal held: every running agent starts over, as without one.
+            log.warning("the turn journal cannot be read (%s); the %d running agents start over", err,
+                        len(request.journal))
+            held, cannot_continue, stands = [], [], []
+        log.info("restored %d of %d running agents from the turn journal %s (%d of restart_only environments start "
+                 "over)", len(held), len(request.journal), self.turn_journal.directory, len(cannot_continue))
+        return RestoreReply(name=self.participant.name, checkpoint_id=request.checkpoint_id, restored=held,
+                            cannot_continue=cannot_continue, held=stands)
 
     async def _handle_run(self, http: web.Request) -> web.Response:
         try:
@@ -272,7 +312,7 @@ class EnvServer:
                 start = None
                 if saved is not None:
                     start = await self._continue(env, saved, request)
-                    self.records.commit(start)
+                    self.records.commit(start, request=request, env=env)
                 result = await run_agent(
                     request, env, self._codec, self._policy, self.records, lambda: self.agents.park(agent),
                     self._limits, start=start, on_turn=lambda turn, seg: self._audit_turn(request, turn, seg),

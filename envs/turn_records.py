@@ -6,15 +6,26 @@ each parked agent.
 
 from __future__ import annotations
 
-from schemas.rollout import TurnBoundary
+from typing import TYPE_CHECKING
+
+from schemas.rollout import RolloutRequest, TurnBoundary
+
+if TYPE_CHECKING:
+    from envs.environment import Environment
+    from envs.turn_journal import TurnJournal
 
 
 class TurnRecords:
     def __init__(self) -> None:
         self._latest: dict[str, TurnBoundary] = {}
         self.commits = 0
+        self.journal: TurnJournal | None = None
+        """Set when the server journals its boundaries (`envs.turn_journal`)."""
 
-    def commit(self, record: TurnBoundary) -> None:
+    def commit(self, record: TurnBoundary, request: RolloutRequest | None = None, env: Environment | None = None,
+               ) -> None:
+        """Make `record` the rollout's newest boundary; with its request, journal it too (with the environment's
+        exported state at this boundary)."""
         previous = self._latest.get(record.rollout_id)
         if previous is not None and record.turn_index <= previous.turn_index:
             raise ValueError(
@@ -22,12 +33,16 @@ class TurnRecords:
             )
         self._latest[record.rollout_id] = record
         self.commits += 1
+        if self.journal is not None and request is not None:
+            self.journal.committed(request, record, env.export_state() if env is not None else None, record.done)
 
     def latest(self, rollout_id: str) -> TurnBoundary | None:
         return self._latest.get(rollout_id)
 
     def forget(self, rollout_id: str) -> None:
         self._latest.pop(rollout_id, None)
+        if self.journal is not None:
+            self.journal.forget(rollout_id)
 
     def __len__(self) -> int:
         return len(self._latest)

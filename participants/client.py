@@ -107,6 +107,12 @@ class ParticipantClient:
             body = RestoreRequest(checkpoint_id=checkpoint_id, directory=str(directory))
         return await self._call("POST", "restore", RestoreReply, checkpoint_id, body)
 
+    async def restore_from_journal(self, checkpoint_id: str, wanted: dict[str, int]) -> RestoreReply:
+        """Have the participant hold the newest journaled boundary of each wanted rollout (-> newest policy version
+        it may hold); `RestoreReply.held` says where each one stands."""
+        body = RestoreRequest(checkpoint_id=checkpoint_id, journal=wanted)
+        return await self._call("POST", "restore", RestoreReply, checkpoint_id, body)
+
     async def set_faults(self, plan: FaultPlan) -> FaultPlan:
         """Replace the participant's fault plan (only served with fault injection on)."""
         return await self._call("POST", "faults", FaultPlan, None, plan)

@@ -129,3 +129,17 @@ def prune_before(directory: Path, seq: int, *, between: Callable[[], None] | Non
         if removed:
             fsync_dir(directory)
     return removed
+
+
+def oldest_position(directory: Path, log_id: str) -> LogPosition | None:
+    """Where the oldest kept segment starts (its first seq and the chain there): a reader that wants everything
+    still on disk starts here. None when the journal has no segment."""
+    segments = list_segments(Path(directory))
+    if not segments:
+        return None
+    _, path = segments[0]
+    with open(path, "rb") as f:
+        header = read_header(f, path, log_id)
+    if header is None:
+        raise JournalCorrupt(f"{path}: the oldest segment's header is unfinished; {DAMAGED}")
+    return LogPosition(seq=header.first, chain=header.chain.hex())

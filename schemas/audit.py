@@ -72,6 +72,9 @@ class Restored(_Event):
     agents_not_continued: list[str] = []
     """Saved agents (attempt N) of the snapshot that this restore reruns from scratch instead of continuing,
     because their environment's recovery level does not continue saved turns. Empty in logs from before it."""
+    agents_from: Literal["snapshot", "journal"] = "snapshot"
+    """Where the continued agents came from: the snapshot's saved agents (checked against its cut), or the
+    environment servers' turn journals (a trainer checkpoint without a snapshot)."""
 
 
 class GroupAdmitted(_Event):

@@ -272,6 +272,13 @@ class EnvServerConfig(StrictModel):
     startup_faults: FaultPlan | None = None
     """A fault plan in force from the start (needs fault_injection), e.g. `{"delay_s": {"prepare": 3}}`: a slow
     participant for `turnkeep bench wasted`."""
+    journal_turns: bool = True
+    """The run's own environment server journals every committed turn boundary (`<run_dir>/env_journal/`), so a
+    restore from a trainer checkpoint without a snapshot still continues the agents that were running."""
+    journal_flush_s: float = Field(default=0.05, gt=0)
+    """Turn boundaries reach the disk in batches this often (a boundary lost to a crash costs only its turn)."""
+    journal_keep_mib: int = Field(default=256, ge=1)
+    """The turn journal keeps about this much of its newest segments; older boundaries are pruned."""
 
     @model_validator(mode="after")
     def _faults_need_injection(self) -> "EnvServerConfig":

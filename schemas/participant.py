@@ -179,12 +179,30 @@ class RestoreRequest(Wire):
     """This participant's folder inside the chosen snapshot (for example `<snapshot>/env`)."""
     files: dict[str, str] = {}
     """Instead of a directory: that folder's files, name -> base64 contents (a participant on another machine)."""
+    journal: dict[str, int] = {}
+    """Instead of a snapshot: the rollouts (attempt N) the restored controller still has running, each with the
+    newest policy version it may hold; the participant continues each from the newest boundary in its own turn
+    journal whose turns all come from such versions."""
 
     @model_validator(mode="after")
     def _one_source(self) -> "RestoreRequest":
-        if (self.directory is None) == (not self.files):
-            raise ValueError("give either directory or files, not both")
+        if sum([self.directory is not None, bool(self.files), bool(self.journal)]) != 1:
+            raise ValueError("give exactly one of directory, files and journal")
         return self
+
+
+class HeldBoundary(Wire):
+    """A rollout a participant holds after a restore, ready to continue: where it stands."""
+
+    rollout_id: str
+    turn_index: int
+    """Turns completed at the boundary it continues from."""
+    segments: int
+    """Segments of the conversation up to that boundary."""
+    boundary_sha: str
+    """`segments_digest` of those segments."""
+    done: bool = False
+    """The episode ended there: continuing only scores it."""
 
 
 class RestoreReply(Wire):
@@ -196,6 +214,8 @@ class RestoreReply(Wire):
     """Rollout ids of the saved agents now held, ready to continue when asked with `resume_from`."""
     cannot_continue: list[str] = []
     """Saved agents of restart_only environments: their state was never saved, so they start over."""
+    held: list[HeldBoundary] = []
+    """For a restore from the journal: where each held rollout stands (the controller has no agents file)."""
 
 
 class FaultPlan(Wire):

@@ -99,6 +99,8 @@ class TurnBoundary(Wire):
     """Turns completed so far (policy turn plus its tool result)."""
     segments: list[Segment]
     """The conversation so far as token ids, with the policy version of each generated turn."""
+    done: bool = False
+    """The episode ended at this boundary (a continuation only scores it and returns the row)."""
 
 
 class AckRequest(Wire):

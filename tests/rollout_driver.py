@@ -31,6 +31,7 @@ class RolloutDriver:
         self._task = task
         self._rng = random.Random(1234)
         self.tasks: list[asyncio.Task[RolloutResult]] = []
+        self.requests: dict[str, RolloutRequest] = {}
 
     def client(self, name: str, url: str, timeout_s: float = 10.0) -> ParticipantClient:
         return ParticipantClient(name, url, self.token, self.session, timeout_s=timeout_s)
@@ -44,9 +45,11 @@ class RolloutDriver:
         return new
 
     def _request(self, group: str, sibling: int, problem: Problem) -> RolloutRequest:
-        return RolloutRequest(
+        request = RolloutRequest(
             rollout_id=f"{group}.{sibling}.0", group_id=group, sibling=sibling, attempt=0, problem=problem,
         )
+        self.requests[request.rollout_id] = request
+        return request
 
     async def run_and_ack(self, request: RolloutRequest) -> RolloutResult:
         async with self.session.post(f"{self.env_url}/run", data=request.model_dump_json(), headers=self.auth) as resp:

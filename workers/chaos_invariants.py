@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from primitives.audit_log import read_audit
-from workers.invariants.continuations import invariant_2, saved_agents_continued
+from workers.invariants.continuations import invariant_2, journaled_agents_were_committed, saved_agents_continued
 from workers.invariants.deadlines import DEADLINE_SLACK_S, invariant_5
 from workers.invariants.figures import fill_counts
 from workers.invariants.holds import STALL_AFTER_RESTORE_S, hold_spans, holds_within_lease, invariant_4
@@ -52,6 +52,7 @@ def check_invariants(
         invariant_1(events, walk),
         invariant_2(events, counts),
         saved_agents_continued(events),
+        journaled_agents_were_committed(events),
         invariant_3(events, newest_snapshot_problems, snapshot_checks),
         invariant_4(events),
         holds_within_lease(events, spans),

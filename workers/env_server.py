@@ -24,6 +24,7 @@ from envs.loading import EnvironmentLoadError, load_environment
 from envs.server import EnvServer
 from participants.http_server import ControlAuth
 from primitives.control_token import ControlTokenError, create_token_file
+from primitives.segment_format import JournalCorrupt, JournalInUse
 from schemas.config import EnvServerConfig
 
 log = logging.getLogger("turnkeep.env")
@@ -40,6 +41,9 @@ def add_env_server_parser(sub) -> None:
     parser.add_argument("--workspace", type=Path, default=None, help="folder for episodes' files (default: a temp dir)")
     parser.add_argument("--tool-latency-s", type=float, default=0.0, help="added latency of every tool call (tests)")
     parser.add_argument("--fault-injection", action="store_true", help="serve /checkpoint/faults (tests, benchmarks)")
+    parser.add_argument("--journal-dir", type=Path, default=None,
+                        help="journal every committed turn boundary here, so a run restored from a trainer "
+                             "checkpoint continues this server's running agents (default: no journal)")
 
 
 def run_env_server(args: argparse.Namespace) -> int:
@@ -61,7 +65,12 @@ def run_env_server(args: argparse.Namespace) -> int:
     factory = EnvironmentFactory({loaded.cls.kind: loaded}, EnvContext(args.tool_latency_s, workspace),
                                  answer_any_name=True)
     cfg = EnvServerConfig(host=args.host, port=args.port, fault_injection=args.fault_injection)
-    server = EnvServer(factory, cfg, ControlAuth(token, where=str(args.token_file)), name=loaded.cls.kind)
+    try:
+        server = EnvServer(factory, cfg, ControlAuth(token, where=str(args.token_file)), name=loaded.cls.kind,
+                           journal_dir=args.journal_dir)
+    except (OSError, JournalCorrupt, JournalInUse) as err:
+        print(f"turnkeep env-server: --journal-dir {args.journal_dir}: {err}", file=sys.stderr)
+        return 2
     try:
         return asyncio.run(_serve(server, args.entry))
     except OSError as err:

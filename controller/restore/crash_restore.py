@@ -24,6 +24,7 @@ from controller.state.continuations import read_saved_agents
 from controller.state.group_ledger import SiblingState
 from controller.stores.run_dir import RunIdentity
 from participants.client import ParticipantClient
+from participants.errors import ParticipantRefused
 from primitives.atomic_files import remove_stale_staging
 from primitives.audit_log import segments_digest
 from primitives.chaos_points import reached
@@ -88,7 +89,26 @@ class CrashRestore:
         c.load_state_dict(state, version)
         # The restored state is the new journal's base; every change from here on (the reruns below) is journaled.
         c.start_journal(self._identity.run_id, self._identity.incarnation)
-        saved = read_saved_agents(Path(source.snapshot_dir)) if source.snapshot_dir else []
+        if source.snapshot_dir:
+            continuations = await self._continue_saved_agents(source, state)
+        else:
+            # A trainer checkpoint saved no agents: the environment servers' turn journals still hold them.
+            continuations = await self._continue_journaled_agents(version)
+            self._audit(source, state, continuations, agents_from="journal")
+        queued, settled = c.rollouts.restore(continuations)
+        for group_id in settled:
+            c.training.group_settled(group_id, bool(c.rollouts.settle(group_id)))
+        restarted = queued - len(continuations)
+        log.info("restored step %d (policy version %d) from %s: %s", source.step, version, source.kind, source.reason)
+        return RestoreResult(
+            step=source.step, policy_version=version, data_plane_rows=c.data_plane.num_rows(),
+            unfinished_groups=c.ledger.inflight(), continuations=len(continuations), restarted_siblings=restarted,
+        )
+
+    async def _continue_saved_agents(self, source: RecoverySource, state: dict) -> dict:
+        """The snapshot's parked agents, held again by their environment servers."""
+        c = self._controller
+        saved = read_saved_agents(Path(source.snapshot_dir or ""))
         # Only environments at the `turn` level continue saved agents; the others rerun those siblings.
         every = self._continuations(saved)
         continuations = {key: cont for key, cont in every.items()
@@ -100,15 +120,36 @@ class CrashRestore:
             if participant is None:
                 raise CrashRestoreError(f"{path} belongs to participant {Path(path).parent.name!r}, which this run lacks")
             await participant.restore(self.recovery_id, str(Path(path).parent))
-        queued, settled = c.rollouts.restore(continuations)
-        for group_id in settled:
-            c.training.group_settled(group_id, bool(c.rollouts.settle(group_id)))
-        restarted = queued - len(continuations)
-        log.info("restored step %d (policy version %d) from %s: %s", source.step, version, source.kind, source.reason)
-        return RestoreResult(
-            step=source.step, policy_version=version, data_plane_rows=c.data_plane.num_rows(),
-            unfinished_groups=c.ledger.inflight(), continuations=len(continuations), restarted_siblings=restarted,
-        )
+        return continuations
+
+    async def _continue_journaled_agents(self, version: int) -> dict:
+        """Every rollout the restored ledger has running (at a level that continues saved turns), continued from
+        the newest boundary its server journaled with no turn of a policy newer than `version`."""
+        ledger, plans = self._controller.ledger, self._controller.rollouts.groups
+        wanted = {rollout_id: version for group_id in ledger.group_ids() if plans.plan(group_id).continues_saved_turns
+                  for rollout_id in ledger.running_rollouts(group_id)
+                  if rollout_id not in ledger.abandoned(group_id)}
+        continuations: dict[tuple[str, int], Continuation] = {}
+        if not wanted:
+            return continuations
+        for name, participant in sorted(self._environments.items()):
+            try:
+                reply = await participant.restore_from_journal(self.recovery_id, wanted)
+            except ParticipantRefused as err:
+                log.warning("environment server %s continues no agent from a turn journal (%s); its running "
+                            "agents start over", name, err)
+                continue
+            for held in reply.held:
+                group_id, sibling, _ = held.rollout_id.rsplit(".", 2)
+                if held.rollout_id not in wanted:
+                    raise CrashRestoreError(f"environment server {name} holds {held.rollout_id}, which the restored "
+                                            "ledger does not have running")
+                continuations[(group_id, int(sibling))] = Continuation(
+                    rollout_id=held.rollout_id, turn_index=held.turn_index, segments=held.segments,
+                    boundary_sha=held.boundary_sha)
+        log.info("%d of %d running agents continue from the environment servers' turn journals",
+                 len(continuations), len(wanted))
+        return continuations
 
     async def load_policy_weights(self, version: int) -> None:
         """The restored trainer's weights into the policy server, through Ray (a run without Temporal;
@@ -153,6 +194,7 @@ class CrashRestore:
 
     def _audit(
         self, source: RecoverySource, state: dict | None, continuations: dict, rerun_agents: Sequence[str] = (),
+        agents_from: str = "snapshot",
     ) -> None:
         audit = self._controller.audit
         if audit is None:
@@ -173,7 +215,7 @@ class CrashRestore:
             snapshot_dir=source.snapshot_dir, checkpoint_dir=source.checkpoint_dir, reason=source.reason,
             skipped=source.skipped, cut_unix_s=state.get("cut_unix_s") if state else None, rows=rows,
             continuations=refs, unfinished_groups=unfinished, next_group_index=c.dataloader.next_index,
-            agents_not_continued=sorted(rerun_agents),
+            agents_not_continued=sorted(rerun_agents), agents_from=agents_from,
         )
         audit.flush()
 

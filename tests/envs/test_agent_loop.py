@@ -79,8 +79,8 @@ class RecordingRecords(TurnRecords):
         super().__init__()
         self.all: list[TurnBoundary] = []
 
-    def commit(self, record: TurnBoundary) -> None:
-        super().commit(record)
+    def commit(self, record: TurnBoundary, **journal) -> None:
+        super().commit(record, **journal)
         self.all.append(record)
 
 

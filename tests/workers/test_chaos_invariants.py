@@ -16,7 +16,7 @@ from schemas.audit import (
     TurnCommitted,
 )
 from schemas.recovery import SkippedCandidate, SourceKind
-from tests.workers.invariants.history import healthy
+from tests.workers.invariants.history import healthy_with_a_journal_restore
 from workers.chaos_invariants import check_invariants, check_run_dir
 
 TOKENS_PER_TURN = 10
@@ -124,7 +124,7 @@ def broken(verdict, number: int) -> list[str]:
 def test_clean_history_with_two_restores_passes():
     verdict = check_invariants(clean_history())
     assert verdict.ok, verdict.format()
-    assert [r.number for r in verdict.results] == [1, 2, 2, 3, 4, 4, 5, 7, 7, 7]
+    assert [r.number for r in verdict.results] == [1, 2, 2, 2, 3, 4, 4, 5, 7, 7, 7]
     # A log from before cut_taken and hold_changed: those checks say so rather than pass or fail silently.
     assert [r.name for r in verdict.results if r.unchecked] == [
         "holds released or renewed within their lease", "every sealed row is in the next cut",
@@ -310,9 +310,34 @@ def test_check_run_dir_reads_the_audit_log(tmp_path):
 
 
 def test_a_log_with_every_event_reads_back_and_passes_every_check(tmp_path):
-    lines = b"".join(orjson.dumps(e.model_dump(mode="json")) + b"\n" for e in healthy())
+    lines = b"".join(orjson.dumps(e.model_dump(mode="json")) + b"\n" for e in healthy_with_a_journal_restore())
     (tmp_path / AUDIT_FILE).write_bytes(lines)
     verdict = check_run_dir(tmp_path)
     assert verdict.ok and not any(r.unchecked for r in verdict.results), verdict.format()
     assert all(r.checked > 0 for r in verdict.results), verdict.format()
     assert orjson.loads(orjson.dumps(verdict.to_dict()))["results"][-1]["unchecked"] is False
+
+
+def _journal_restore(policy_versions_of_turns: list[int], restored_version: int, saved_turn: int) -> list:
+    """g1.0.0 commits turns of the given policy versions; a restore from a trainer checkpoint at
+    `restored_version` continues it from its turn journal after `saved_turn`."""
+    events = [started(1000.0, 1, False)]
+    for index, version in enumerate(policy_versions_of_turns, start=1):
+        events.append(turn(1000.0 + index, 1, "g1.0.0", index).model_copy(update={"policy_version": version}))
+    cont = ContinuationRef(rollout_id="g1.0.0", next_rollout_id="g1.0.1", group_id="g1", sibling=0,
+                           turn_index=saved_turn, boundary_sha="abc")
+    restore = restored(2000.0, 2, restored_version, CUT_1, continuations=[cont], unfinished=["g1"],
+                       source=SourceKind.TRAINER_CHECKPOINT)
+    return events + [started(1999.0, 2, True), restore.model_copy(update={"agents_from": "journal",
+                                                                          "policy_version": restored_version})]
+
+
+def test_a_journaled_agent_continued_within_the_restored_policy_passes():
+    result = check_invariants(_journal_restore([3, 4, 5], restored_version=4, saved_turn=2)).result(2, "journaled agents")
+    assert result.ok and result.checked == 1, result
+
+
+def test_a_journaled_agent_holding_a_turn_of_a_rolled_back_policy_is_caught():
+    result = check_invariants(_journal_restore([3, 4, 5], restored_version=4, saved_turn=3)).result(2, "journaled agents")
+    assert not result.ok
+    assert "came from policy versions [5], newer than the restored 4" in result.violations[0]

@@ -85,7 +85,9 @@ def saved_agents_continued(events: list, grace_s: float = CONTINUE_GRACE_S) -> I
             continue
         agents = [c.rollout_id for c in restored.continuations] + list(restored.agents_not_continued)
         cut = cut_of(restored, cuts)
-        if cut is None:
+        if restored.agents_from == "journal":
+            pass  # its agents come from the turn journals, not the cut: `journaled_agents_were_committed` checks them
+        elif cut is None:
             unmatched += 1
         else:
             checked += 1
@@ -117,6 +119,35 @@ def saved_agents_continued(events: list, grace_s: float = CONTINUE_GRACE_S) -> I
         notes.append(f"{unmatched} restores whose cut is not in the log")
     return InvariantResult(2, "every saved agent continued or rerun", not violations, checked, violations,
                            joined(*notes))
+
+
+def journaled_agents_were_committed(events: list) -> InvariantResult:
+    """Each agent a restore continued from a turn journal continues a boundary its attempt really committed (a
+    `turn_committed` at that turn), and none of the turns up to it came from a policy newer than the restored
+    one: the journal may hold turns of a policy the restore rolled back, and those must never be continued. An
+    item is one continued agent."""
+    committed: dict[str, dict[int, int]] = defaultdict(dict)  # rollout id -> turn -> policy version
+    violations: list[str] = []
+    checked = unverifiable = 0
+    for event in events:
+        if isinstance(event, TurnCommitted):
+            committed[event.rollout_id][event.turn] = event.policy_version
+        elif isinstance(event, Restored) and event.agents_from == "journal":
+            for c in event.continuations:
+                turns = committed.get(c.rollout_id, {})
+                if c.turn_index not in turns:
+                    unverifiable += 1  # its commit may not have reached the audit log before the kill
+                    continue
+                checked += 1
+                newer = {turn: v for turn, v in turns.items() if turn <= c.turn_index and v > event.policy_version}
+                if newer:
+                    violations.append(
+                        f"{c.next_rollout_id} continues {c.rollout_id} after turn {c.turn_index}, but turns "
+                        f"{sorted(newer)} came from policy versions {sorted(set(newer.values()))}, newer than the "
+                        f"restored {event.policy_version}")
+    note = f"{unverifiable} continued agents whose boundary the audit log lacks" if unverifiable else ""
+    return InvariantResult(2, "journaled agents continue committed turns of the restored policy", not violations,
+                           checked, violations, note)
 
 
 def _agents_against_cut(restored: Restored, agents: list[str], cut: CutTaken) -> str | None:

@@ -180,7 +180,10 @@ def incarnation_2() -> list:
     ]
 
 
-def incarnation_3() -> list:
+def incarnation_3(journal_agent: bool = False) -> list:
+    """`journal_agent`: g5's sibling 0 runs a turn before the last trainer checkpoint (incarnation 4 continues it
+    from the turn journal)."""
+    g5_running = [sibling(1207.1, 3, r(5, 0, 0)), turn(1207.2, 3, r(5, 0, 0), 1)] if journal_agent else []
     return [
         started(1200, 3, True),
         hold(1201, 3, "taken", "recovery:3", ["admission"]),
@@ -193,14 +196,40 @@ def incarnation_3() -> list:
         sealed(1205, 3, r(4, 0, 1), resumed_turn=1, prefix_sha="b40"),
         sealed(1205, 3, r(4, 1, 1), resumed_turn=1, prefix_sha="b41"),
         trained(1206, 3, 4, 4),
-        admitted(1207, 3, 5),
+        admitted(1207, 3, 5), *g5_running,
         cut(1207.5, 3, "trainer_checkpoint", 4, 1207.5, rows=[], groups=[5], next_index=6),
         ended(1210, 3, 4, outstanding=[5]),
     ]
 
 
+def incarnation_4() -> list:
+    """Restored from the trainer checkpoint of step 4 (no snapshot): g5's running agent comes from the turn
+    journal."""
+    restore = restored(1302, 4, 4, 1207.5, rows=[], unfinished=[5], next_index=6,
+                       continuations=[continuation(r(5, 0, 0), "b50")])
+    restore = restore.model_copy(update={"source": SourceKind.TRAINER_CHECKPOINT, "snapshot_dir": None,
+                                         "reason": "no published snapshot under checkpoints/step_4",
+                                         "agents_from": "journal"})
+    return [
+        started(1300, 4, True),
+        hold(1301, 4, "taken", "recovery:4", ["admission"]),
+        restore,
+        hold(1303, 4, "released", "recovery:4", ["admission"]),
+        sibling(1303.1, 4, r(5, 0, 1), resumed_from=r(5, 0, 0), resumed_turn=1), sibling(1303.1, 4, r(5, 1, 0)),
+        turn(1304, 4, r(5, 0, 1), 2), sealed(1305, 4, r(5, 0, 1), resumed_turn=1, prefix_sha="b50"),
+        turn(1304.5, 4, r(5, 1, 0), 1), turn(1305, 4, r(5, 1, 0), 2), sealed(1305.5, 4, r(5, 1, 0)),
+        trained(1306, 4, 5, 5),
+        ended(1310, 4, 5),
+    ]
+
+
 def healthy() -> list:
     return incarnation_1() + incarnation_2() + incarnation_3()
+
+
+def healthy_with_a_journal_restore() -> list:
+    """`healthy`, then a fourth incarnation restored from a trainer checkpoint with its agent from a turn journal."""
+    return incarnation_1() + incarnation_2() + incarnation_3(journal_agent=True) + incarnation_4()
 
 
 def replace(events: list, match, *new) -> list:

@@ -1,0 +1,134 @@
+"""An environment server's journal of committed turn boundaries, so an agent survives a crash without parking.
+
+Each commit appends one record: the segments the turn added (the whole conversation for a
+rollout's first boundary, with its request), its environment's exported state at that
+boundary, and whether the episode ended there. Records reach the disk in batches every
+`flush_every_s`: a boundary lost to a crash costs only that turn, generated again.
+
+A restore asks for the agents the restored controller state still has running, each with
+the newest policy version the restored trainer knows: `newest_boundaries` rebuilds each
+one's newest boundary whose turns all came from such a version, so no turn of a policy
+the restore rolled back is ever continued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from primitives.segment_format import LogPosition, list_segments
+from primitives.segment_log import SegmentLog
+from primitives.segment_reader import oldest_position, prune_before, read_records
+from schemas.participant import SavedAgent
+from schemas.rollout import RolloutRequest, Segment, TurnBoundary
+
+log = logging.getLogger("turnkeep.env")
+
+
+class TurnJournal:
+    def __init__(self, directory: Path, log_id: str, *, segment_bytes: int = 64 << 20) -> None:
+        self.directory = Path(directory)
+        self.log_id = log_id
+        self._log = SegmentLog(self.directory, log_id, segment_bytes=segment_bytes)
+        self._journaled: dict[str, int] = {}
+        """Rollout id -> segments of its conversation already in the journal."""
+
+    def committed(self, request: RolloutRequest, boundary: TurnBoundary, env_state: dict[str, Any] | None,
+                  done: bool) -> int:
+        """Append the boundary; returns the journal position after it."""
+        rollout_id = boundary.rollout_id
+        known = self._journaled.get(rollout_id)
+        record = {
+            "rid": rollout_id, "turn": boundary.turn_index, "from": known or 0,
+            "new": [s.model_dump() for s in boundary.segments[known or 0:]],
+            "env_state": env_state, "done": done,
+            "request": request.model_dump() if known is None else None,
+        }
+        self._journaled[rollout_id] = len(boundary.segments)
+        return self._log.append(orjson.dumps(record))
+
+    def forget(self, rollout_id: str) -> None:
+        """The rollout ended here: its next boundary (a new attempt) starts a new conversation."""
+        self._journaled.pop(rollout_id, None)
+
+    def position(self) -> LogPosition:
+        return self._log.position()
+
+    async def sync(self) -> LogPosition:
+        return await self._log.sync()
+
+    async def flush_forever(self, every_s: float, keep_bytes: int = 256 << 20) -> None:
+        """Make the boundaries durable in batches, and keep about `keep_bytes` of the newest segments, until
+        cancelled. Pruning is always safe: a rollout whose first record is gone is not continued, it starts over."""
+        while True:
+            await asyncio.sleep(every_s)
+            if self._log.durable_seq < self._log.position().seq:
+                await self._log.sync()
+                self.prune_to(keep_bytes)
+
+    def prune_to(self, keep_bytes: int) -> list[Path]:
+        segments = list_segments(self.directory)
+        kept, cut_at = 0, None
+        for first, path in reversed(segments):
+            kept += path.stat().st_size
+            if kept > keep_bytes:
+                cut_at = first
+                break
+        if cut_at is None:
+            return []
+        later = [first for first, _ in segments if first > cut_at]
+        return prune_before(self.directory, later[0]) if later else []
+
+    def close(self) -> None:
+        self._log.close()
+
+
+class _Newest:
+    """One wanted rollout's conversation as the records rebuild it, and its newest boundary that qualifies."""
+
+    def __init__(self, max_version: int) -> None:
+        self.max_version = max_version
+        self.request: dict | None = None
+        self.segments: list[dict] = []
+        self.newest_version = -1
+        self.best: tuple[int, int, dict | None, bool] | None = None
+        """(turn index, segments, env state, done) of the newest boundary within max_version."""
+
+    def add(self, record: dict) -> None:
+        if record["request"] is not None:
+            self.request, self.segments, self.newest_version = record["request"], [], -1
+        if self.request is None or record["from"] != len(self.segments):
+            return  # a record of a conversation whose start was pruned or lost: nothing to rebuild from
+        self.segments.extend(record["new"])
+        versions = [s["policy_version"] for s in record["new"] if s.get("policy_version") is not None]
+        self.newest_version = max([self.newest_version, *versions])
+        if self.newest_version <= self.max_version:
+            self.best = (record["turn"], len(self.segments), record["env_state"], record["done"])
+
+    def saved(self, rollout_id: str) -> SavedAgent | None:
+        if self.best is None or self.request is None:
+            return None
+        turn, count, env_state, done = self.best
+        boundary = TurnBoundary(rollout_id=rollout_id, turn_index=turn, done=done,
+                                segments=[Segment.model_validate(s) for s in self.segments[:count]])
+        return SavedAgent(request=RolloutRequest.model_validate(self.request), boundary=boundary,
+                          env_state=env_state)
+
+
+def newest_boundaries(directory: Path, log_id: str, wanted: dict[str, int], end: LogPosition) -> dict[str, SavedAgent]:
+    """For each wanted rollout id (-> the newest policy version it may hold), its newest boundary in the journal
+    up to `end` whose turns all come from such versions; rollouts with none are left out (they start over)."""
+    start = oldest_position(directory, log_id)
+    if start is None or not wanted:
+        return {}
+    found = {rollout_id: _Newest(max_version) for rollout_id, max_version in wanted.items()}
+    for payload in read_records(directory, log_id, start, end):
+        record = orjson.loads(payload)
+        newest = found.get(record["rid"])
+        if newest is not None:
+            newest.add(record)
+    return {rid: saved for rid, newest in found.items() if (saved := newest.saved(rid)) is not None}

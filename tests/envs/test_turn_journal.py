@@ -1,0 +1,121 @@
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from envs.turn_journal import TurnJournal, newest_boundaries
+from envs.turn_records import TurnRecords
+from schemas.rollout import Problem, RolloutRequest, Segment, TurnBoundary
+
+REPO = Path(__file__).resolve().parents[2]
+LOG_ID = "env/test"
+
+
+def request(rollout_id: str) -> RolloutRequest:
+    group_id, sibling, attempt = rollout_id.rsplit(".", 2)
+    return RolloutRequest(rollout_id=rollout_id, group_id=group_id, sibling=int(sibling), attempt=int(attempt),
+                          problem=Problem(question="Q 1+2", answer=3))
+
+
+def conversation(turns: list[int]) -> list[Segment]:
+    """A prompt, then per turn a policy segment of that policy version and a tool segment."""
+    segments = [Segment(kind="prompt", token_ids=[1, 2, 3])]
+    for version in turns:
+        segments.append(Segment(kind="policy", token_ids=[7, version], logprobs=[-0.5, -0.25], policy_version=version))
+        segments.append(Segment(kind="tool", token_ids=[9]))
+    return segments
+
+
+def commit_turns(records: TurnRecords, rollout_id: str, versions: list[int], done_at_end: bool = False) -> None:
+    for turn in range(1, len(versions) + 1):
+        done = done_at_end and turn == len(versions)
+        boundary = TurnBoundary(rollout_id=rollout_id, turn_index=turn, segments=conversation(versions[:turn]),
+                                done=done)
+        records.commit(boundary, request=request(rollout_id), env=None)
+
+
+def test_the_newest_boundary_within_the_restored_policy_is_rebuilt_turn_for_turn(tmp_path):
+    journal = TurnJournal(tmp_path, LOG_ID, segment_bytes=512)
+    records = TurnRecords()
+    records.journal = journal
+    commit_turns(records, "g1.0.0", [3, 4, 5])  # its third turn came from policy 5
+    commit_turns(records, "g1.1.0", [3, 3], done_at_end=True)
+    commit_turns(records, "g2.0.1", [4])
+    commit_turns(records, "g9.0.0", [1])  # not wanted by the restore
+    end = asyncio.run(journal.sync())
+    saved = newest_boundaries(tmp_path, LOG_ID, {"g1.0.0": 4, "g1.1.0": 4, "g2.0.1": 3, "g3.0.0": 9}, end)
+    assert sorted(saved) == ["g1.0.0", "g1.1.0"]  # g2.0.1's only turn is from policy 4 > 3; g3 never ran here
+    assert saved["g1.0.0"].boundary.turn_index == 2
+    assert saved["g1.0.0"].boundary.segments == conversation([3, 4])
+    assert saved["g1.1.0"].boundary.done and saved["g1.1.0"].boundary.segments == conversation([3, 3])
+    assert saved["g1.0.0"].request == request("g1.0.0")
+
+
+def test_a_continuation_starts_a_conversation_of_its_own(tmp_path):
+    journal = TurnJournal(tmp_path, LOG_ID)
+    records = TurnRecords()
+    records.journal = journal
+    commit_turns(records, "g1.0.0", [1, 1])
+    records.forget("g1.0.0")
+    # Attempt 1 continues attempt 0's second boundary, then adds a turn.
+    start = TurnBoundary(rollout_id="g1.0.1", turn_index=2, segments=conversation([1, 1]))
+    records.commit(start, request=request("g1.0.1"), env=None)
+    records.commit(TurnBoundary(rollout_id="g1.0.1", turn_index=3, segments=conversation([1, 1, 2])),
+                   request=request("g1.0.1"), env=None)
+    end = asyncio.run(journal.sync())
+    saved = newest_boundaries(tmp_path, LOG_ID, {"g1.0.1": 2}, end)
+    assert saved["g1.0.1"].boundary.turn_index == 3 and saved["g1.0.1"].boundary.segments == conversation([1, 1, 2])
+
+
+WRITER = r"""
+import asyncio, random, sys
+from pathlib import Path
+from envs.turn_journal import TurnJournal
+from envs.turn_records import TurnRecords
+from tests.envs.test_turn_journal import LOG_ID, conversation, request
+from schemas.rollout import TurnBoundary
+
+async def main():
+    journal = TurnJournal(Path(sys.argv[1]), LOG_ID, segment_bytes=2048)
+    records = TurnRecords()
+    records.journal = journal
+    rng = random.Random(int(sys.argv[2]))
+    flusher = asyncio.create_task(journal.flush_forever(0.005))
+    turns = {}
+    while True:
+        rid = f"g{rng.randrange(20)}.0.0"
+        versions = turns.setdefault(rid, [])
+        versions.append(len(versions))
+        records.commit(TurnBoundary(rollout_id=rid, turn_index=len(versions), segments=conversation(versions)),
+                       request=request(rid), env=None)
+        await journal.sync()
+        print(rid, len(versions), flush=True)
+        await asyncio.sleep(0)
+
+asyncio.run(main())
+"""
+
+
+def test_every_boundary_reported_durable_survives_a_kill(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), "5"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout.readline()
+    time.sleep(random.uniform(0.3, 0.8))
+    os.kill(proc.pid, signal.SIGKILL)
+    out, _ = proc.communicate()
+    durable: dict[str, int] = {}
+    for line in out.decode().splitlines():
+        rid, turn = line.split()
+        durable[rid] = int(turn)
+    assert len(durable) > 5
+    assert len(list(tmp_path.glob("*.seg"))) > 1  # segments rotated while it ran
+    journal = TurnJournal(tmp_path, LOG_ID)  # a restarted server reopens it, cutting off a torn tail
+    end = journal.position()
+    saved = newest_boundaries(tmp_path, LOG_ID, {rid: 10**6 for rid in durable}, end)
+    for rid, turn in durable.items():
+        assert saved[rid].boundary.turn_index >= turn
+        assert saved[rid].boundary.segments == conversation(list(range(saved[rid].boundary.turn_index)))
