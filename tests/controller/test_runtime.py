@@ -20,6 +20,7 @@ async def _train(cfg, processes, start: int, steps: int) -> Controller:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         controller = Controller(cfg, processes, session, start + steps)
         controller.training.continue_from(start, policy_version=start)  # the shared trainer: one version per step
+        controller.start_journal("test-runtime", 1)  # as a run's start does, fresh or restored
         await controller.run(start + steps)
         async with session.get(f"{processes.env_url}/health") as resp:
             controller.env_health = await resp.json()

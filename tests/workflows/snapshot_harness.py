@@ -57,6 +57,7 @@ async def run_scenario(
         max_steps = None if steps is None else start + steps
         controller = Controller(cfg, stack, session, max_steps)
         controller.training.continue_from(start, policy_version=start)  # the shared trainer: one version per step
+        controller.start_journal(run_id, 1)  # as a run's start does, fresh or restored
         (env,), policy = participant_clients(stack, session, 30)
         await env.set_faults(env_faults or FaultPlan())
         await policy.set_faults(policy_faults or FaultPlan())
