@@ -146,6 +146,7 @@ def test_a_damaged_newest_snapshot_of_a_real_run_is_named_and_skipped(chaos_run,
     run_dir, _, _ = chaos_run
     copy = tmp_path / "run"
     shutil.copytree(run_dir / "checkpoints", copy / "checkpoints", ignore=shutil.ignore_patterns("rejected"))
+    shutil.copytree(run_dir / "journal", copy / "journal")  # snapshots name journal positions: part of the state
     cfg = TurnkeepConfig.model_validate_json((run_dir / "config.json").read_bytes())
     run_id = orjson.loads((run_dir / "run.json").read_bytes())["run_id"]
     fields = fingerprint_fields(cfg)
