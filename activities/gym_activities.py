@@ -1,5 +1,8 @@
 """`gym.*`: the Gym phase of an attempt over the environment servers, from the controller's worker.
 
+A journal snapshot (`snapshot.agents = "journal"`) only marks: every server's turn journal
+is made durable and its position recorded; nothing closes, parks or is written.
+
 prepare closes admission and suspends the rollout deadlines (one holder, in both hold
 sets), flushes pending ACKs (sent outside the data-plane barrier; see `pending_acks`), then parks every environment server's agents
 (`controller.snapshot.gym_phase`); resume and abort release them and reopen admission.
@@ -20,6 +23,7 @@ from activities.input_checks import check_lease, check_staging_dir, parse_attemp
 from controller.snapshot.coordinator import SnapshotCoordinator
 from controller.snapshot.gym_phase import (
     commit_participants,
+    mark_participants,
     prepare_participants,
     release_participants,
 )
@@ -28,6 +32,7 @@ from schemas.names import Activity, ErrorType
 from schemas.snapshot import (
     GymCommitResult,
     GymInput,
+    GymMarkResult,
     GymPrepareResult,
     GymReleaseResult,
 )
@@ -50,6 +55,21 @@ async def flush_acks(data_plane) -> None:
 class GymActivities:
     def __init__(self, snapshots: SnapshotCoordinator) -> None:
         self._snapshots = snapshots
+
+    @activity.defn(name=Activity.GYM_MARK)
+    async def mark(self, inp: GymInput) -> GymMarkResult:
+        """A journal snapshot's Gym phase: nothing closes or parks; each environment server makes its turn
+        journal durable and says where it stands."""
+        snapshots = self._snapshots
+        check_incarnation(inp.incarnation, snapshots.incarnation)
+        parse_attempt_id("checkpoint_id", inp.checkpoint_id, snapshots.run_id)
+        if away := snapshots.controller.env_client.away():
+            raise expected_failure("; ".join(away) + "; this attempt fails, the previous snapshot stays the restore "
+                                   "point", ErrorType.PARTICIPANT_REFUSED)
+        with translated_errors():
+            marks, participant_s = await mark_participants(snapshots.environments, inp.checkpoint_id)
+        await reached("gym_prepare", snapshots.run_dir)  # the chaos point of the Gym phase, whichever kind
+        return GymMarkResult(participant_s=participant_s, marks=marks)
 
     @activity.defn(name=Activity.GYM_PREPARE)
     async def prepare(self, inp: GymInput) -> GymPrepareResult:

@@ -29,6 +29,7 @@ from controller.snapshot.publish import publish_snapshot
 from controller.stores import snapshot_store
 from primitives.chaos_points import reached, reached_sync
 from schemas.names import Activity
+from schemas.participant import JournalMark
 from schemas.snapshot import (
     AnchorQuery,
     AnchorResult,
@@ -118,6 +119,8 @@ class SnapshotActivities:
         if inp.hold is not None and inp.hold.step != inp.anchor_step:
             raise refused("hold.step", inp.hold.step, f"the anchor step {inp.anchor_step} (an attempt whose hold "
                                                       "returned another step is skipped before its cut)")
+        if inp.marks is not None:
+            _check_marks(inp.marks, inp.checkpoint_id, [env.name for env in snapshots.environments])
         # The progress marker asks every environment server for its counters: over the network, so before
         # the barrier, never under it. Admission is closed and every agent parked by now, and each part of
         # the marker only grows (but the row count, which only a sealed row raises), so a marker taken a
@@ -129,9 +132,10 @@ class SnapshotActivities:
             snapshots.cut_markers[inp.checkpoint_id] = marker
 
         with translated_errors():
-            cut = await cut_data_plane(snapshots.controller, staging, inp.anchor_step, inp.hold, at_the_cut)
+            cut = await cut_data_plane(snapshots.controller, staging, inp.anchor_step, inp.hold, at_the_cut, inp.marks)
         snapshots.cut_times[inp.checkpoint_id] = cut.cut_unix_s
-        return CutResult(artifacts=[cut.artifact], policy_version=cut.policy_version, **cut.counts())
+        return CutResult(artifacts=[cut.artifact], policy_version=cut.policy_version,
+                         running_agents=cut.running_agents, **cut.counts())
 
     @activity.defn(name=Activity.PUBLISH)
     async def publish(self, inp: PublishInput) -> PublishResult:
@@ -163,3 +167,13 @@ class SnapshotActivities:
             raise refused("result.anchor_step", result.anchor_step, f"{step}, the step in its checkpoint_id")
         check_int("consecutive_failures", inp.consecutive_failures, 0)
         return RecordResult(warning=self._snapshots.record(result, inp.consecutive_failures))
+
+
+def _check_marks(marks: list[JournalMark], checkpoint_id: str, servers: list[str]) -> None:
+    """A journal snapshot's marks: one per environment server, each made for this attempt."""
+    names = sorted(mark.name for mark in marks)
+    if names != sorted(servers):
+        raise refused("marks", names, f"one mark per environment server ({', '.join(sorted(servers))})")
+    for mark in marks:
+        if mark.checkpoint_id != checkpoint_id:
+            raise refused("marks", mark.checkpoint_id, f"marks made for this attempt, {checkpoint_id}")

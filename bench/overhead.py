@@ -1,5 +1,10 @@
-"""Overhead: the default task with snapshots off, then on (every 20 s), same seed and
-length, back to back: rollout tokens/s, train steps/min and their ratio."""
+"""Overhead: the default task with snapshots off and on, same seed and length, in alternating pairs.
+
+Each pair runs snapshots off and then each kind of snapshot (`snapshot.agents`: parked,
+journal); the order flips every other pair, so a machine that warms up or slows down over
+the benchmark does not favour one side. The ratio on/off is taken within each pair and
+reported as the median with its spread (lowest and highest pair).
+"""
 
 from __future__ import annotations
 
@@ -12,58 +17,116 @@ from bench.report import BenchResult, markdown_table
 from bench.runs import metric_lines, percentile, run_turnkeep, throughput
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
+AGENT_MODES = ("parked", "journal")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=200, help="train steps of each run (default 200)")
-    parser.add_argument("--interval-s", type=float, default=20.0, help="snapshot interval of the 'on' run")
+    parser.add_argument("--interval-s", type=float, default=20.0, help="snapshot interval of the 'on' runs")
+    parser.add_argument("--pairs", type=int, default=3, help="alternating off/on pairs (default 3)")
+    parser.add_argument("--agents", default="parked", help="comma-separated snapshot.agents modes of the 'on' "
+                                                          "runs, each in every pair (default parked)")
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
 
 
 def run_dirs(out: Path) -> tuple[Path, Path]:
+    """The first pair's off run and its first 'on' run (what lower_bound, orchestration and memory read)."""
     return out / "overhead" / "off", out / "overhead" / "on"
 
 
+def _label(mode: str | None, modes: list[str]) -> str:
+    if mode is None:
+        return "off"
+    return "on" if mode == modes[0] else f"on-{mode}"
+
+
+def _run_dir(out: Path, label: str, pair: int) -> Path:
+    return out / "overhead" / (label if pair == 1 else f"{label}-{pair}")
+
+
+def _modes(text: str) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in AGENT_MODES]
+    if not modes or unknown or len(set(modes)) != len(modes):
+        raise SystemExit(f"bench overhead: --agents {text!r}: give distinct modes among {', '.join(AGENT_MODES)}")
+    return modes
+
+
 def run(args: argparse.Namespace) -> BenchResult:
-    off_dir, on_dir = run_dirs(args.out)
+    modes = _modes(args.agents)
+    if args.pairs < 1:
+        raise SystemExit(f"bench overhead: --pairs {args.pairs}: at least 1")
     common = [*args.set, "temporal.port=0", "temporal.ui_port=0"]
-    runs = {}
-    for label, run_dir, extra in (
-        ("off", off_dir, ["snapshot.enabled=false"]),
-        ("on", on_dir, ["snapshot.enabled=true", f"snapshot.attempt_interval_s={args.interval_s}"]),
-    ):
-        print(f"bench overhead: snapshots {label}: {args.steps} steps in {run_dir}", flush=True)
-        began = time.time()
-        wall = run_turnkeep(run_dir, args.config, args.steps, [*common, *extra], args.out / "overhead" / f"{label}.log")
-        runs[label] = {**throughput(run_dir), "wall_s": round(wall, 1), "started_unix_s": began,
-                       "run_dir": str(run_dir)}
-    attempts = metric_lines(on_dir, "snapshot")
-    closed = [a["admission_closed_s"] for a in attempts]
-    on, off = runs["on"], runs["off"]
-    data = {
-        "runs": runs,
-        "ratio_rollout_tokens_per_s": round(on["rollout_tokens_per_s"] / off["rollout_tokens_per_s"], 3),
-        "ratio_train_steps_per_min": round(on["train_steps_per_min"] / off["train_steps_per_min"], 3),
-        "attempts": len(attempts),
-        "attempts_by_outcome": _count(a["outcome"] for a in attempts),
-        "admission_closed_s": {"median": statistics.median(closed) if closed else 0.0,
-                               "p90": percentile(closed, 0.9), "max": max(closed, default=0.0)},
-        "trainer_wait_s_total": round(sum(a["trainer_wait_s"] for a in attempts), 3),
-    }
-    rows = [
-        [label, r["rollout_tokens_per_s"], r["train_steps_per_min"], r["wall_s"], r["reward_last10"]]
-        for label, r in runs.items()
-    ]
-    rows.append(["on / off", data["ratio_rollout_tokens_per_s"], data["ratio_train_steps_per_min"], "", ""])
-    table = markdown_table(["snapshots", "rollout tok/s", "train steps/min", "wall s", "reward last 10"], rows)
-    notes = [
-        f"{len(attempts)} attempts in the 'on' run ({data['attempts_by_outcome']}); admission closed median "
-        f"{data['admission_closed_s']['median']:.3f}s, max {data['admission_closed_s']['max']:.3f}s; the trainer "
-        f"waited {data['trainer_wait_s_total']:.2f}s in all.",
-        "What the 'on' run pays: rollouts stop while admission is closed, and the Temporal dev server "
-        "shares the two cores with vLLM and the trainer.",
-    ]
+    runs: dict[str, dict] = {}
+    for pair in range(1, args.pairs + 1):
+        order: list[str | None] = [None, *modes]
+        if pair % 2 == 0:
+            order.reverse()
+        for mode in order:
+            label = _label(mode, modes)
+            run_dir = _run_dir(args.out, label, pair)
+            extra = (["snapshot.enabled=false"] if mode is None else
+                     ["snapshot.enabled=true", f"snapshot.attempt_interval_s={args.interval_s}",
+                      f"snapshot.agents={mode}"])
+            print(f"bench overhead: pair {pair}, {label}: {args.steps} steps in {run_dir}", flush=True)
+            began = time.time()
+            log = run_dir.parent / f"{run_dir.name}.log"
+            wall = run_turnkeep(run_dir, args.config, args.steps, [*common, *extra], log)
+            runs[f"{label} #{pair}"] = {**throughput(run_dir), "wall_s": round(wall, 1), "started_unix_s": began,
+                                        "run_dir": str(run_dir), "label": label, "pair": pair, "mode": mode}
+    return _report(args, modes, runs)
+
+
+def _report(args: argparse.Namespace, modes: list[str], runs: dict[str, dict]) -> BenchResult:
+    data: dict = {"runs": runs, "pairs": args.pairs, "modes": {}}
+    rows = [[name, r["rollout_tokens_per_s"], r["train_steps_per_min"], r["wall_s"], r["reward_last10"]]
+            for name, r in runs.items()]
+    notes = []
+    for mode in modes:
+        label = _label(mode, modes)
+        ratios = {"rollout_tokens_per_s": [], "train_steps_per_min": []}
+        attempts: list[dict] = []
+        for pair in range(1, args.pairs + 1):
+            off, on = runs[f"off #{pair}"], runs[f"{label} #{pair}"]
+            for key in ratios:
+                ratios[key].append(on[key] / off[key])
+            attempts += metric_lines(Path(on["run_dir"]), "snapshot")
+        closed = [a["admission_closed_s"] for a in attempts]
+        summary = {key: _spread(values) for key, values in ratios.items()}
+        summary.update({
+            "attempts": len(attempts), "attempts_by_outcome": _count(a["outcome"] for a in attempts),
+            "admission_closed_s": {"median": statistics.median(closed) if closed else 0.0,
+                                   "p90": percentile(closed, 0.9), "max": max(closed, default=0.0)},
+            "trainer_wait_s_total": round(sum(a["trainer_wait_s"] for a in attempts), 3),
+        })
+        data["modes"][mode] = summary
+        tok, steps = summary["rollout_tokens_per_s"], summary["train_steps_per_min"]
+        rows.append([f"{label} / off ({mode}), median (low-high)", _shown(tok), _shown(steps), "", ""])
+        notes.append(
+            f"{mode}: {len(attempts)} attempts over {args.pairs} 'on' runs ({summary['attempts_by_outcome']}); "
+            f"admission closed median {summary['admission_closed_s']['median']:.3f}s, max "
+            f"{summary['admission_closed_s']['max']:.3f}s; the trainer waited {summary['trainer_wait_s_total']:.2f}s "
+            "in all.")
+    first = data["modes"][modes[0]]
+    # The single-pair keys earlier reports and readers use, for the first mode.
+    data["ratio_rollout_tokens_per_s"] = first["rollout_tokens_per_s"]["median"]
+    data["ratio_train_steps_per_min"] = first["train_steps_per_min"]["median"]
+    table = markdown_table(["run", "rollout tok/s", "train steps/min", "wall s", "reward last 10"], rows)
+    notes.append(f"Pairs alternate the order (off first, then on first); ratios are taken within each pair. "
+                 f"{args.steps} steps a run, snapshots every {args.interval_s:g} s.")
+    notes.append("What an 'on' run pays: with parked agents, rollouts stop while admission is closed; with either "
+                 "kind, the Temporal dev server and the snapshot's own work share the two cores with vLLM and the "
+                 "trainer.")
     return BenchResult("overhead", table, data, notes)
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": round(statistics.median(values), 3), "low": round(min(values), 3),
+            "high": round(max(values), 3), "pairs": [round(v, 3) for v in values]}
+
+
+def _shown(spread: dict[str, float]) -> str:
+    return f"{spread['median']:.3f} ({spread['low']:.3f}-{spread['high']:.3f})"
 
 
 def _count(values) -> dict[str, int]:

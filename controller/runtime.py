@@ -169,6 +169,7 @@ class Controller:
         base = {**self.state_dict(), "claim_ledger": {"claims": {}}}
         journal = StateJournal(self.cfg.run.run_dir, run_id, incarnation, base)
         self.data_plane.journal = self.ledger.journal = self.dataloader.journal = journal
+        self.ledger.incarnation = incarnation
 
     async def _checkpoint(self, step: int, trigger: str) -> None:
         """The trainer's files plus the controller's full state at one journal position, which later cuts replay

@@ -1,8 +1,9 @@
 """A restore from the turn journal: the agents a restored controller still has running, held to continue.
 
-The controller names each rollout (attempt N) its restored ledger has running and the
-newest policy version the restored trainer knows. This server finds each one's newest
-journaled boundary within that version, holds it like a snapshot's saved agent, and says
+The controller names each rollout (attempt N) its restored ledger has running, the
+incarnation that started it, and the newest policy version the restored trainer knows.
+This server finds each one's newest journaled boundary of that incarnation within that
+version, holds it like a snapshot's saved agent, and says
 where each stands, so the controller continues it as attempt N+1 from exactly there.
 """
 
@@ -13,11 +14,11 @@ import asyncio
 from envs.restored_agents import RestoredAgents
 from envs.turn_journal import TurnJournal, newest_boundaries
 from primitives.audit_log import segments_digest
-from schemas.participant import HeldBoundary
+from schemas.participant import HeldBoundary, RunningAgent
 
 
 async def hold_from_journal(journal: TurnJournal, restored: RestoredAgents,
-                            wanted: dict[str, int]) -> tuple[list[str], list[str], list[HeldBoundary]]:
+                            wanted: dict[str, RunningAgent]) -> tuple[list[str], list[str], list[HeldBoundary]]:
     """(held rollout ids, restart_only ones that cannot continue, where each held one stands)."""
     end = await journal.sync()
     found = await asyncio.to_thread(newest_boundaries, journal.directory, journal.log_id, wanted, end)

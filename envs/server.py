@@ -52,7 +52,7 @@ from schemas.environments import (
     JudgeReply,
     JudgeRequest,
 )
-from schemas.participant import ParticipantError, RestoreReply, RestoreRequest, SavedAgent
+from schemas.participant import JournalMark, ParticipantError, RestoreReply, RestoreRequest, SavedAgent
 from schemas.rollout import (
     AckRequest,
     CancelRequest,
@@ -148,7 +148,8 @@ class EnvServer:
         app.add_routes([web.post(path, self._guarded(handler, MAX_BODY_BYTES[path])) for path, handler in guarded.items()])
         app.add_routes([web.get("/health", self._handle_health)])
         self._faults = add_participant_routes(
-            app, self.participant, self._control, fault_injection=self._cfg.fault_injection, restore=self._restore
+            app, self.participant, self._control, fault_injection=self._cfg.fault_injection, restore=self._restore,
+            mark=self._mark,
         )
         if self._cfg.startup_faults is not None:
             self._faults.set(self._cfg.startup_faults)
@@ -255,6 +256,18 @@ class EnvServer:
                  len(restored), request.directory, len(cannot_continue))
         return RestoreReply(name=self.participant.name, checkpoint_id=request.checkpoint_id, restored=restored,
                             cannot_continue=cannot_continue)
+
+    async def _mark(self, checkpoint_id: str) -> JournalMark:
+        """Every boundary committed so far made durable, and where the journal stands (a journal snapshot's
+        record of this server: nothing is parked or written)."""
+        if self.turn_journal is None:
+            raise ParticipantFault("bad_request", f"environment server {self.participant.name} keeps no turn journal, "
+                                                  "so a snapshot cannot keep its agents there; start it with a journal "
+                                                  "directory (turnkeep env-server --journal-dir), or set "
+                                                  "snapshot.agents = \"parked\"")
+        position = await self.turn_journal.sync()
+        return JournalMark(name=self.participant.name, checkpoint_id=checkpoint_id, log_id=self.turn_journal.log_id,
+                           seq=position.seq, chain=position.chain)
 
     async def _restore_from_journal(self, request: RestoreRequest) -> RestoreReply:
         if self.turn_journal is None:
@@ -364,7 +377,7 @@ class EnvServer:
             self._audit.emit(
                 TurnCommitted, rollout_id=request.rollout_id, group_id=request.group_id, sibling=request.sibling,
                 attempt=request.attempt, turn=turn, policy_version=segment.policy_version or 0,
-                tokens=len(segment.token_ids),
+                tokens=len(segment.token_ids), started_by=request.incarnation,
             )
 
     async def _handle_ack(self, http: web.Request) -> web.Response:

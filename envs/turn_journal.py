@@ -6,9 +6,12 @@ boundary, and whether the episode ended there. Records reach the disk in batches
 `flush_every_s`: a boundary lost to a crash costs only that turn, generated again.
 
 A restore asks for the agents the restored controller state still has running, each with
-the newest policy version the restored trainer knows: `newest_boundaries` rebuilds each
-one's newest boundary whose turns all came from such a version, so no turn of a policy
-the restore rolled back is ever continued.
+the newest policy version the restored trainer knows and the incarnation that started
+it: `newest_boundaries` rebuilds each one's newest boundary that this incarnation
+journaled and whose turns all came from such a version. Within one incarnation policy
+versions only grow, so that is exactly the restored lineage: no turn of a policy the
+restore rolled back is ever continued, and a rollout id that an abandoned lineage used
+as well (ids repeat, since the dataloader admits the same prompts again) never matches.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import orjson
 from primitives.segment_format import LogPosition, list_segments
 from primitives.segment_log import SegmentLog
 from primitives.segment_reader import oldest_position, prune_before, read_records
-from schemas.participant import SavedAgent
+from schemas.participant import RunningAgent, SavedAgent
 from schemas.rollout import RolloutRequest, Segment, TurnBoundary
 
 log = logging.getLogger("turnkeep.env")
@@ -90,9 +93,12 @@ class TurnJournal:
 class _Newest:
     """One wanted rollout's conversation as the records rebuild it, and its newest boundary that qualifies."""
 
-    def __init__(self, max_version: int) -> None:
-        self.max_version = max_version
+    def __init__(self, wanted: RunningAgent) -> None:
+        self.max_version = wanted.max_version
+        self.incarnation = wanted.incarnation
         self.request: dict | None = None
+        self.following = False
+        """The records being read belong to the wanted incarnation's conversation."""
         self.segments: list[dict] = []
         self.newest_version = -1
         self.best: tuple[int, int, dict | None, bool] | None = None
@@ -100,8 +106,11 @@ class _Newest:
 
     def add(self, record: dict) -> None:
         if record["request"] is not None:
-            self.request, self.segments, self.newest_version = record["request"], [], -1
-        if self.request is None or record["from"] != len(self.segments):
+            # Another lineage's conversation under the same id is skipped, and leaves ours as it was.
+            self.following = record["request"].get("incarnation", 0) == self.incarnation
+            if self.following:
+                self.request, self.segments, self.newest_version, self.best = record["request"], [], -1, None
+        if not self.following or self.request is None or record["from"] != len(self.segments):
             return  # a record of a conversation whose start was pruned or lost: nothing to rebuild from
         self.segments.extend(record["new"])
         versions = [s["policy_version"] for s in record["new"] if s.get("policy_version") is not None]
@@ -119,13 +128,15 @@ class _Newest:
                           env_state=env_state)
 
 
-def newest_boundaries(directory: Path, log_id: str, wanted: dict[str, int], end: LogPosition) -> dict[str, SavedAgent]:
-    """For each wanted rollout id (-> the newest policy version it may hold), its newest boundary in the journal
-    up to `end` whose turns all come from such versions; rollouts with none are left out (they start over)."""
+def newest_boundaries(directory: Path, log_id: str, wanted: dict[str, RunningAgent], end: LogPosition,
+                      ) -> dict[str, SavedAgent]:
+    """For each wanted rollout id, its newest boundary in the journal up to `end` that the wanted incarnation
+    journaled, with turns only from policy versions up to the wanted one; rollouts with none are left out (they
+    start over)."""
     start = oldest_position(directory, log_id)
     if start is None or not wanted:
         return {}
-    found = {rollout_id: _Newest(max_version) for rollout_id, max_version in wanted.items()}
+    found = {rollout_id: _Newest(agent) for rollout_id, agent in wanted.items()}
     for payload in read_records(directory, log_id, start, end):
         record = orjson.loads(payload)
         newest = found.get(record["rid"])

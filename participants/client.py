@@ -35,12 +35,14 @@ from schemas.participant import (
     CommitResult,
     ControlReply,
     FaultPlan,
+    JournalMark,
     LeaseRequest,
     ParticipantError,
     ParticipantStatus,
     PrepareRequest,
     RestoreReply,
     RestoreRequest,
+    RunningAgent,
 )
 
 M = TypeVar("M", bound=BaseModel)
@@ -107,11 +109,15 @@ class ParticipantClient:
             body = RestoreRequest(checkpoint_id=checkpoint_id, directory=str(directory))
         return await self._call("POST", "restore", RestoreReply, checkpoint_id, body)
 
-    async def restore_from_journal(self, checkpoint_id: str, wanted: dict[str, int]) -> RestoreReply:
-        """Have the participant hold the newest journaled boundary of each wanted rollout (-> newest policy version
-        it may hold); `RestoreReply.held` says where each one stands."""
+    async def restore_from_journal(self, checkpoint_id: str, wanted: dict[str, RunningAgent]) -> RestoreReply:
+        """Have the participant hold the newest journaled boundary of each wanted rollout (see `RunningAgent`);
+        `RestoreReply.held` says where each one stands."""
         body = RestoreRequest(checkpoint_id=checkpoint_id, journal=wanted)
         return await self._call("POST", "restore", RestoreReply, checkpoint_id, body)
+
+    async def mark(self, checkpoint_id: str) -> JournalMark:
+        """Have an environment server make its turn journal durable and say where it stands."""
+        return await self._call("POST", "mark", JournalMark, checkpoint_id, CheckpointRef(checkpoint_id=checkpoint_id))
 
     async def set_faults(self, plan: FaultPlan) -> FaultPlan:
         """Replace the participant's fault plan (only served with fault injection on)."""

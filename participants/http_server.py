@@ -95,13 +95,15 @@ class ControlAuth:
 def add_participant_routes(
     app: web.Application, core: ParticipantCore, auth: ControlAuth, *, fault_injection: bool = False,
     restore: Callable[[RestoreRequest], Awaitable[BaseModel]] | None = None,
+    mark: Callable[[str], Awaitable[BaseModel]] | None = None,
 ) -> FaultInjector:
     """Mount `/checkpoint/*` on `app`; returns the fault injector (idle unless enabled).
 
-    `restore` serves `POST /checkpoint/restore` (a participant that saves state loads it back).
+    `restore` serves `POST /checkpoint/restore` (a participant that saves state loads it back); `mark` serves
+    `POST /checkpoint/mark` (a participant with a turn journal says where it stands, for a journal snapshot).
     """
     faults = FaultInjector()
-    routes = _Routes(core, faults, restore)
+    routes = _Routes(core, faults, restore, mark)
     handlers: dict[str, tuple[str, Handler]] = {
         "capabilities": ("GET", routes.capabilities),
         "prepare": ("POST", routes.prepare),
@@ -113,6 +115,8 @@ def add_participant_routes(
     }
     if restore is not None:
         handlers["restore"] = ("POST", routes.restore)
+    if mark is not None:
+        handlers["mark"] = ("POST", routes.mark)
     if fault_injection:
         handlers["faults"] = ("POST", routes.set_faults)
     for route, (method, handler) in handlers.items():
@@ -122,10 +126,11 @@ def add_participant_routes(
 
 
 class _Routes:
-    def __init__(self, core: ParticipantCore, faults: FaultInjector, restore) -> None:
+    def __init__(self, core: ParticipantCore, faults: FaultInjector, restore, mark) -> None:
         self._core = core
         self._faults = faults
         self._restore = restore
+        self._mark = mark
 
     async def capabilities(self, request: web.Request) -> BaseModel:
         return self._core.capabilities
@@ -177,6 +182,9 @@ class _Routes:
             except (InlineFilesError, ValueError) as err:
                 raise ParticipantFault("bad_request", f"files: {err}") from None
             return await self._restore(body.model_copy(update={"directory": str(folder), "files": {}}))
+
+    async def mark(self, request: web.Request) -> BaseModel:
+        return await self._mark((await _parse(request, CheckpointRef)).checkpoint_id)
 
     async def set_faults(self, request: web.Request) -> BaseModel:
         plan = await _parse(request, FaultPlan)

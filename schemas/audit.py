@@ -49,6 +49,8 @@ class ContinuationRef(Wire):
     """Turns completed at the saved boundary."""
     boundary_sha: str
     """`segments_digest` of the saved boundary's segments."""
+    started_by: int = 0
+    """The incarnation that started the saved attempt (rollout ids repeat across lineages)."""
 
 
 class Restored(_Event):
@@ -107,6 +109,8 @@ class TurnCommitted(_Event):
     policy_version: int
     tokens: int
     """Tokens the policy generated in this turn."""
+    started_by: int = 0
+    """The controller incarnation that started this attempt (the request's)."""
 
 
 class SiblingSealed(_Event):

@@ -392,6 +392,11 @@ class SnapshotConfig(StrictModel):
     """Published snapshots kept per trainer checkpoint."""
     trainer_hold: bool = True
     """Hold the optimizer step from before the Gym phase until the cut (off: the peer's behaviour, for benchmarks)."""
+    agents: Literal["parked", "journal"] = "parked"
+    """Where a snapshot keeps its running agents. `parked`: admission closes, every agent parks at its next turn
+    boundary and the environment servers save them. `journal`: nothing stops; the snapshot records the
+    environment servers' turn journal positions and a restore continues each running agent from its newest
+    journaled boundary (needs `env.journal_turns`, and `--journal-dir` on a remote env-server)."""
     checkpoint_on_demand: bool = True
     """A periodic or operator attempt with no trainer checkpoint at the current step asks for one (written between
     steps) instead of being skipped; turn off for models whose checkpoints are expensive (then save_period rules)."""
@@ -463,6 +468,13 @@ class TurnkeepConfig(StrictModel):
         if limit is not None and limit < step:
             raise ValueError(f"rollout.max_inflight_groups = {limit} is below train.prompts_per_step = {step}: a step "
                              f"would never get its groups; raise it to at least {step}, or leave it out")
+        return self
+
+    @model_validator(mode="after")
+    def _journal_snapshots_have_journals(self) -> "TurnkeepConfig":
+        if self.snapshot.agents == "journal" and not self.env.journal_turns:
+            raise ValueError('snapshot.agents = "journal" keeps the running agents in the environment servers\' turn '
+                             'journals, but env.journal_turns = false; turn it on, or set snapshot.agents = "parked"')
         return self
 
     @model_validator(mode="after")

@@ -73,6 +73,7 @@ class Activity(StrEnum):
     CUT = "data_plane.cut"
     PUBLISH = "snapshot.publish"
     RECORD = "snapshot.record"
+    GYM_MARK = "gym.mark"
     GYM_PREPARE = "gym.prepare"
     GYM_COMMIT = "gym.commit"
     GYM_RESUME = "gym.resume"

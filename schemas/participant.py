@@ -25,7 +25,7 @@ MAX_LEASE_S = 3600.0
 CheckpointId = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")]
 """`<run_id>.snapshot.<step>.<number>` in practice; the pattern keeps ids printable and path-free."""
 
-CheckpointRoute = Literal["capabilities", "prepare", "status", "renew", "commit", "resume", "abort", "restore"]
+CheckpointRoute = Literal["capabilities", "prepare", "status", "renew", "commit", "resume", "abort", "restore", "mark"]
 """The `/checkpoint/<route>` names (fault injection addresses routes by these)."""
 
 
@@ -170,6 +170,31 @@ class SavedAgent(Wire):
         return self
 
 
+class JournalMark(Wire):
+    """Reply of `POST /checkpoint/mark`: where an environment server's turn journal stands, durable up to here.
+
+    A snapshot that keeps its agents in the journals records one per server instead of saving agents."""
+
+    name: str
+    checkpoint_id: CheckpointId
+    log_id: str
+    """The journal's identity (`env/<server name>`)."""
+    seq: int = Field(ge=0)
+    """Boundaries journaled so far: every one up to here is on disk."""
+    chain: str = Field(pattern=r"^[0-9a-f]{64}$")
+    """The journal's chain digest after them."""
+
+
+class RunningAgent(Wire):
+    """A rollout a restored controller still has running, as a restore from a turn journal asks for it."""
+
+    max_version: int = Field(ge=0)
+    """The newest policy version the restored trainer knows: no turn of a newer one is continued."""
+    incarnation: int = Field(ge=0)
+    """The controller incarnation that started this attempt: a same-named attempt journaled by another
+    incarnation belongs to a lineage the restore rolled back, and is not continued."""
+
+
 class RestoreRequest(Wire):
     """Body of `POST /checkpoint/restore`: load this participant's part of a snapshot, paused."""
 
@@ -179,10 +204,10 @@ class RestoreRequest(Wire):
     """This participant's folder inside the chosen snapshot (for example `<snapshot>/env`)."""
     files: dict[str, str] = {}
     """Instead of a directory: that folder's files, name -> base64 contents (a participant on another machine)."""
-    journal: dict[str, int] = {}
-    """Instead of a snapshot: the rollouts (attempt N) the restored controller still has running, each with the
-    newest policy version it may hold; the participant continues each from the newest boundary in its own turn
-    journal whose turns all come from such versions."""
+    journal: dict[str, RunningAgent] = {}
+    """Instead of a snapshot: the rollouts (attempt N) the restored controller still has running; the participant
+    continues each from the newest boundary in its own turn journal that the same incarnation journaled and whose
+    turns all come from policy versions the restore kept."""
 
     @model_validator(mode="after")
     def _one_source(self) -> "RestoreRequest":

@@ -43,6 +43,9 @@ class RolloutRequest(Wire):
     """Attempt number of this sibling (a retry or a restore starts a new one)."""
     problem: Problem
     """The task instance."""
+    incarnation: int = Field(default=0, ge=0)
+    """The controller incarnation that started this attempt (rollout ids repeat across the lineages that
+    restores create; a turn journal's records are matched by id and incarnation)."""
     resume_from: str | None = None
     """Saved attempt (its rollout id) to continue from its saved turn boundary after a restore;
     the environment server must hold it (`/checkpoint/restore`). None starts from scratch."""

@@ -6,10 +6,11 @@ Workflows carry only ids, paths, digests and counts; rows and tensors never ente
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import Field
 
-from schemas.participant import Artifact
+from schemas.participant import Artifact, JournalMark
 from schemas.wire import Wire
 
 MANIFEST_SCHEMA_VERSION = 1
@@ -64,6 +65,9 @@ class SnapshotAttemptInput(Wire):
     """Published snapshots kept per trainer checkpoint."""
     checkpoint_hold: str | None = None
     """The train pump's hold on the next optimizer step, which this attempt takes over (tied attempts)."""
+    agents: Literal["parked", "journal"] = "parked"
+    """`parked`: close admission and park every agent (gym.prepare, gym.commit, resume). `journal`: stop
+    nothing; mark the environment servers' turn journals (gym.mark) and cut."""
     timeouts: SnapshotTimeouts
     """Per-phase limits."""
 
@@ -95,6 +99,8 @@ class SnapshotAttemptResult(Wire):
     """Published directory (None unless published)."""
     parked_agents: int = 0
     """Agents saved at a turn boundary."""
+    journaled_agents: int = 0
+    """Agents running at the cut of a journal snapshot (a restore continues them from the turn journals)."""
     data_plane_rows: int = 0
     """Finished rows in the cut."""
     wall_s: float = 0.0
@@ -180,6 +186,13 @@ class GymInput(Wire):
     """Attempt's staging directory (commit writes into it)."""
 
 
+class GymMarkResult(Wire):
+    participant_s: float
+    """Seconds the environment servers took to make their turn journals durable and say where they stand."""
+    marks: list[JournalMark]
+    """One per environment server."""
+
+
 class GymPrepareResult(Wire):
     participant_s: float
     """Seconds the participants took to become ready."""
@@ -229,6 +242,9 @@ class CutInput(Wire):
     hold: TrainerHoldResult | None
     """What `trainer.hold` returned, which the cut must still see; None when the attempt runs without the
     trainer hold (`snapshot.trainer_hold = false`)."""
+    marks: list[JournalMark] | None = None
+    """A journal snapshot: the turn journal positions gym.mark returned (no agents were parked or saved).
+    None: the agents were parked and saved by gym.commit."""
 
 
 class CutResult(Wire):
@@ -236,6 +252,8 @@ class CutResult(Wire):
     data_plane_rows: int
     unfinished_groups: int
     continuations: int
+    running_agents: int = 0
+    """Siblings running at the cut (a journal snapshot continues them from the turn journals)."""
     policy_version: int
     """Policy version of the step the cut holds (the manifest records it)."""
 
@@ -289,6 +307,8 @@ class RunWorkflowInput(Wire):
     trainer_hold: bool = True
     checkpoint_on_demand: bool = True
     """Periodic and operator attempts ask the train pump for a checkpoint at the current step."""
+    agents: Literal["parked", "journal"] = "parked"
+    """`snapshot.agents`: how every attempt keeps the running agents."""
     timeouts: SnapshotTimeouts
     carried: "RunCarryOver | None" = None
     """State carried across continue-as-new."""

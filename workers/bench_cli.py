@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 
 BENCHMARKS = {
-    "overhead": "snapshots off vs on, same seed and length: rollout tokens/s, train steps/min",
+    "overhead": "snapshots off vs on in alternating pairs, same seed and length: rollout tokens/s, train steps/min",
     "wasted": "a slow participant, with and without the trainer hold: attempts thrown away, trainer wait",
     "lower_bound": "admission-closed seconds per attempt against the shortest possible",
     "orchestration": "per attempt, wall time minus time inside activities (what Temporal adds)",

@@ -129,7 +129,7 @@ def controller_worker(
                                          recovery.resume]
     return start_worker(
         client, controller_queue(ctx.run_id),
-        activities=[gym.prepare, gym.commit, gym.resume, gym.abort, snap.anchor, snap.request_checkpoint,
+        activities=[gym.mark, gym.prepare, gym.commit, gym.resume, gym.abort, snap.anchor, snap.request_checkpoint,
                     snap.preflight, snap.open_staging,
                     snap.discard_staging, snap.cut, snap.publish, snap.record, *extra],
         workflows=[RunWorkflow, SnapshotAttemptWorkflow, RecoveryWorkflow],
@@ -167,7 +167,8 @@ async def start_snapshots(
             run_id=run_id, incarnation=incarnation, attempt_interval_s=cfg.snapshot.attempt_interval_s,
             max_consecutive_failures=cfg.snapshot.max_consecutive_failures, keep_latest_k=cfg.snapshot.keep_latest_k,
             trainer_hold=cfg.snapshot.trainer_hold, checkpoint_on_demand=cfg.snapshot.checkpoint_on_demand,
-            timeouts=timeouts(cfg), carried=RunCarryOver(numbers=next_snapshot_numbers(cfg.run.run_dir)),
+            agents=cfg.snapshot.agents, timeouts=timeouts(cfg),
+            carried=RunCarryOver(numbers=next_snapshot_numbers(cfg.run.run_dir)),
         ),
         id=run_workflow_id(run_id), task_queue=controller_queue(run_id),
         static_summary=f"turnkeep run {run_id} ({cfg.run.run_dir})",

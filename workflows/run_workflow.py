@@ -237,6 +237,7 @@ class RunWorkflow:
             run_id=inp.run_id, checkpoint_id=attempt_id, number=number, trigger=trigger, anchor_step=step,
             incarnation=inp.incarnation, trainer_hold=inp.trainer_hold, keep_latest_k=inp.keep_latest_k,
             checkpoint_hold=checkpoint_holder(step) if held and inp.trainer_hold else None, timeouts=inp.timeouts,
+            agents=inp.agents,
         )
         try:
             return await workflow.execute_child_workflow(

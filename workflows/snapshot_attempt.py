@@ -1,7 +1,9 @@
 """One rollout snapshot attempt, top to bottom.
 
 preflight -> trainer.hold -> gym.prepare -> policy.prepare -> gym.commit + policy.commit
--> data_plane.cut -> (release the hold) -> publish -> policy.resume + gym.resume. The
+-> data_plane.cut -> (release the hold) -> publish -> policy.resume + gym.resume. A journal
+snapshot (`agents = "journal"`) stops nothing: preflight -> trainer.hold -> gym.mark ->
+data_plane.cut -> (release the hold) -> publish. The
 trainer's and the policy server's activities run on their own task queues, in their own
 processes. Any failure or cancellation before publish runs the
 compensations in one place (`_compensate`): abort the participants, release the hold,
@@ -37,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
         DiscardStagingInput,
         GymCommitResult,
         GymInput,
+        GymMarkResult,
         GymPrepareResult,
         GymReleaseResult,
         Outcome,
@@ -82,6 +85,7 @@ class AttemptProgress:
 class SnapshotAttemptWorkflow:
     def __init__(self) -> None:
         self._phase = "starting"
+        self._journal = False
 
     @workflow.query
     def phase(self) -> str:
@@ -90,6 +94,7 @@ class SnapshotAttemptWorkflow:
     @workflow.run
     async def run(self, inp: SnapshotAttemptInput) -> SnapshotAttemptResult:
         started = workflow.time()
+        self._journal = inp.agents == "journal"
         progress = AttemptProgress(holder=snapshot_holder(inp.checkpoint_id))
         try:
             result = await self._attempt(inp, progress)
@@ -113,9 +118,11 @@ class SnapshotAttemptWorkflow:
             sa.OUTCOME.value_set(str(result.outcome)), sa.PARKED_AGENTS.value_set(result.parked_agents),
             sa.CLOSED_S.value_set(result.admission_closed_s),
         ])
+        agents = (f"{result.journaled_agents} running agents kept in the turn journals" if self._journal else
+                  f"{result.parked_agents} agents parked")
         workflow.set_current_details(
-            f"{result.outcome}: {result.reason} (step {result.anchor_step}, {result.trigger}; {result.parked_agents} "
-            f"agents parked; admission closed {result.admission_closed_s:.2f} s)"
+            f"{result.outcome}: {result.reason} (step {result.anchor_step}, {result.trigger}; {agents}; "
+            f"admission closed {result.admission_closed_s:.2f} s)"
         )
 
     async def _attempt(self, inp: SnapshotAttemptInput, progress: AttemptProgress) -> SnapshotAttemptResult:
@@ -145,6 +152,8 @@ class SnapshotAttemptWorkflow:
         progress.staging_dir = staging.staging_dir
         gym = GymInput(run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
                        lease_s=budget.lease_s, staging_dir=staging.staging_dir)
+        if inp.agents == "journal":
+            return await self._journal_attempt(inp, progress, gym, hold)
 
         progress.gym_started = True
         # snapshot.prepare_timeout_s bounds the whole prepare (both activities, every retry), not each try.
@@ -164,22 +173,9 @@ class SnapshotAttemptWorkflow:
         policy_committed = await self._call(progress, "gym_commit", Activity.POLICY_COMMIT, gym, GymCommitResult,
                                             budget.phase_s, ATTEMPT_TRANSIENT, task_queue=policy_queue(inp.run_id))
         progress.participant_s += committed.participant_s + policy_committed.participant_s
-        cut = await self._call(progress, "cut", Activity.CUT, CutInput(
-            run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
-            staging_dir=staging.staging_dir, anchor_step=inp.anchor_step, hold=hold), CutResult, budget.phase_s,
-            ATTEMPT_TRANSIENT)
-        if progress.trainer_held:
-            await self._release_trainer(inp, progress)
-
-        counts = {**committed.counts, **policy_committed.counts, "data_plane_rows": cut.data_plane_rows,
-                  "unfinished_groups": cut.unfinished_groups, "continuations": cut.continuations}
-        published = await self._call(progress, "publish", Activity.PUBLISH, PublishInput(
-            run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
-            staging_dir=staging.staging_dir, anchor_step=inp.anchor_step, number=inp.number,
-            policy_version=cut.policy_version,
-            artifacts=committed.artifacts + policy_committed.artifacts + cut.artifacts,
-            counts=counts, keep_latest_k=inp.keep_latest_k), PublishResult, budget.phase_s, ATTEMPT_TRANSIENT)
-        progress.staging_dir = None  # renamed into place: nothing to discard any more
+        cut, published = await self._cut_and_publish(
+            inp, progress, gym, hold, committed.artifacts + policy_committed.artifacts,
+            {**committed.counts, **policy_committed.counts})
 
         outcome, reason = Outcome.PUBLISHED, f"published {published.snapshot_dir}"
         try:
@@ -187,10 +183,50 @@ class SnapshotAttemptWorkflow:
         except ActivityError as err:
             outcome = Outcome.PUBLISHED_RELEASE_PENDING
             reason = f"published {published.snapshot_dir}; release failed and is retried: {_cause(err)}"
+        result = self._published(inp, progress, outcome, reason, cut, published)
+        result.parked_agents = committed.counts.get("parked_agents", 0)
+        return result
+
+    async def _journal_attempt(self, inp: SnapshotAttemptInput, progress: AttemptProgress, gym: GymInput,
+                               hold: TrainerHoldResult | None) -> SnapshotAttemptResult:
+        """Nothing closes or parks: the environment servers mark their turn journals, then the cut and publish.
+        The agents keep running; a restore continues each from its newest journaled boundary."""
+        marked = await self._call(progress, "gym_mark", Activity.GYM_MARK, gym, GymMarkResult,
+                                  inp.timeouts.phase_s, ATTEMPT_FEW_TRIES)
+        progress.participant_s += marked.participant_s
+        cut, published = await self._cut_and_publish(inp, progress, gym, hold, [], {}, marked.marks)
+        result = self._published(inp, progress, Outcome.PUBLISHED, f"published {published.snapshot_dir}", cut,
+                                 published)
+        result.journaled_agents = cut.running_agents
+        return result
+
+    async def _cut_and_publish(self, inp: SnapshotAttemptInput, progress: AttemptProgress, gym: GymInput,
+                               hold: TrainerHoldResult | None, artifacts: list, counts: dict,
+                               marks: list | None = None) -> tuple[CutResult, PublishResult]:
+        budget = inp.timeouts
+        cut = await self._call(progress, "cut", Activity.CUT, CutInput(
+            run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
+            staging_dir=gym.staging_dir, anchor_step=inp.anchor_step, hold=hold, marks=marks), CutResult,
+            budget.phase_s, ATTEMPT_TRANSIENT)
+        if progress.trainer_held:
+            await self._release_trainer(inp, progress)
+        counts = {**counts, "data_plane_rows": cut.data_plane_rows, "unfinished_groups": cut.unfinished_groups,
+                  "continuations": cut.continuations}
+        if marks is not None:
+            counts["journaled_agents"] = cut.running_agents
+        published = await self._call(progress, "publish", Activity.PUBLISH, PublishInput(
+            run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
+            staging_dir=gym.staging_dir, anchor_step=inp.anchor_step, number=inp.number,
+            policy_version=cut.policy_version, artifacts=artifacts + cut.artifacts,
+            counts=counts, keep_latest_k=inp.keep_latest_k), PublishResult, budget.phase_s, ATTEMPT_TRANSIENT)
+        progress.staging_dir = None  # renamed into place: nothing to discard any more
+        return cut, published
+
+    def _published(self, inp, progress: AttemptProgress, outcome: Outcome, reason: str, cut: CutResult,
+                   published: PublishResult) -> SnapshotAttemptResult:
         result = self._result(inp, progress, outcome, reason)
         result.snapshot_dir = published.snapshot_dir
         result.bytes_written = published.bytes_written
-        result.parked_agents = committed.counts.get("parked_agents", 0)
         result.data_plane_rows = cut.data_plane_rows
         return result
 

@@ -195,6 +195,7 @@ class RolloutPump:
                 group_id=group_id,
                 sibling=sibling,
                 attempt=attempt,
+                incarnation=self._ledger.incarnation,
                 problem=self._ledger.problem(group_id),
                 resume_from=continuation.rollout_id if continuation else None,
             )

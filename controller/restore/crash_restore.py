@@ -20,8 +20,10 @@ from controller.journal.replay import resolve_state
 from controller.pumps.rollout_pump import Continuation
 from controller.restore.restore_source import choose_source
 from controller.runtime import Controller
+from controller.snapshot.cut import AGENTS_FROM
 from controller.state.continuations import read_saved_agents
 from controller.state.group_ledger import SiblingState
+from controller.state.sealing import seal_stored_rows
 from controller.stores.run_dir import RunIdentity
 from participants.client import ParticipantClient
 from participants.errors import ParticipantRefused
@@ -32,7 +34,7 @@ from primitives.segment_format import JournalCorrupt
 from schemas.audit import ContinuationRef, Restored, RowRef
 from schemas.config import TurnkeepConfig
 from schemas.names import recovery_holder, recovery_workflow_id
-from schemas.participant import SavedAgent
+from schemas.participant import RunningAgent, SavedAgent
 from schemas.recovery import RecoverySource, RestoreResult, SourceKind
 
 log = logging.getLogger("turnkeep.recovery")
@@ -89,10 +91,14 @@ class CrashRestore:
         c.load_state_dict(state, version)
         # The restored state is the new journal's base; every change from here on (the reruns below) is journaled.
         c.start_journal(self._identity.run_id, self._identity.incarnation)
-        if source.snapshot_dir:
+        if sealed := seal_stored_rows(c.data_plane, c.ledger):
+            # The cut fell between their rows' store and their seal: the rows are in, they are never continued.
+            log.info("%d siblings had their rows stored at the cut and are sealed now", len(sealed))
+        if source.snapshot_dir and state.get(AGENTS_FROM) != "journal":
             continuations = await self._continue_saved_agents(source, state)
         else:
-            # A trainer checkpoint saved no agents: the environment servers' turn journals still hold them.
+            # A trainer checkpoint or a journal snapshot saved no agents: the environment servers' turn journals
+            # hold them.
             continuations = await self._continue_journaled_agents(version)
             self._audit(source, state, continuations, agents_from="journal")
         queued, settled = c.rollouts.restore(continuations)
@@ -124,10 +130,12 @@ class CrashRestore:
 
     async def _continue_journaled_agents(self, version: int) -> dict:
         """Every rollout the restored ledger has running (at a level that continues saved turns), continued from
-        the newest boundary its server journaled with no turn of a policy newer than `version`."""
+        the newest boundary its server journaled under the incarnation that started it, with no turn of a policy
+        newer than `version` (the consistent-cut rule: README, "Journal snapshots")."""
         ledger, plans = self._controller.ledger, self._controller.rollouts.groups
-        wanted = {rollout_id: version for group_id in ledger.group_ids() if plans.plan(group_id).continues_saved_turns
-                  for rollout_id in ledger.running_rollouts(group_id)
+        wanted = {rollout_id: RunningAgent(max_version=version, incarnation=incarnation)
+                  for group_id in ledger.group_ids() if plans.plan(group_id).continues_saved_turns
+                  for rollout_id, incarnation in ledger.running_attempts(group_id).items()
                   if rollout_id not in ledger.abandoned(group_id)}
         continuations: dict[tuple[str, int], Continuation] = {}
         if not wanted:
@@ -206,6 +214,7 @@ class CrashRestore:
             ContinuationRef(
                 rollout_id=cont.rollout_id, next_rollout_id=f"{gid}.{sib}.{_attempt_of(cont.rollout_id) + 1}",
                 group_id=gid, sibling=sib, turn_index=cont.turn_index, boundary_sha=cont.boundary_sha,
+                started_by=_started_by(c.ledger, gid, sib),
             )
             for (gid, sib), cont in sorted(continuations.items())
         ]
@@ -218,6 +227,11 @@ class CrashRestore:
             agents_not_continued=sorted(rerun_agents), agents_from=agents_from,
         )
         audit.flush()
+
+
+def _started_by(ledger, group_id: str, sibling: int) -> int:
+    entry = ledger.sibling(group_id, sibling)
+    return 0 if entry is None else entry.incarnation
 
 
 def _attempt_of(rollout_id: str) -> int:

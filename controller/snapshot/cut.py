@@ -8,6 +8,10 @@ First the train pump's step is checked against what the attempt expects: with th
 trainer hold it cannot have moved (if it did, that is a bug); without it a step that
 finished during the Gym phase makes the attempt worthless, as in the peer system.
 
+A journal snapshot (`snapshot.agents = "journal"`) parked nothing: its state names the
+environment servers' turn journal positions instead of saved agents, and ACKs may be in
+flight (their rows are journaled, so the cut holds them).
+
 Nothing under the barrier waits on the network, ACKs included (they go out after it
 opens, `pending_acks`): while it is held no row is stored anywhere in the controller, so
 a call to a server that hangs would stall the cut, the trainer checkpoint and every
@@ -27,13 +31,18 @@ import orjson
 from controller.errors import AcksInFlight, InvariantBroken, TrainerMoved
 from controller.state.continuations import read_saved_agents
 from controller.state.cut_state import capture_cut
+from controller.state.sealing import stored_but_running
 from controller.stores import snapshot_store
 from primitives.atomic_files import atomic_write_bytes
 from schemas.audit import CutTaken
-from schemas.participant import Artifact, SavedAgent
+from schemas.participant import Artifact, JournalMark, SavedAgent
 from schemas.snapshot import TrainerHoldResult
 
 STATE_FILE = Path("controller") / "state.json"
+AGENTS_FROM = "agents_from"
+"""`journal` in a journal snapshot's state: a restore continues its running agents from the turn journals."""
+TURN_JOURNALS = "turn_journals"
+"""A journal snapshot's `JournalMark`s, one per environment server."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,8 @@ class Cut:
     """The policy version of the committed step, as the train pump recorded it."""
     barrier_s: float = 0.0
     """Seconds the data-plane barrier was held: no row was stored meanwhile."""
+    running_agents: int = 0
+    """Siblings running at a journal snapshot's cut: a restore continues them from the turn journals."""
 
     def counts(self) -> dict[str, int]:
         return {"data_plane_rows": self.data_plane_rows, "unfinished_groups": self.unfinished_groups,
@@ -55,25 +66,28 @@ class Cut:
 
 async def cut_data_plane(
     controller, staging: Path, anchor_step: int, hold: TrainerHoldResult | None,
-    under_barrier: Callable[[], Awaitable[None]] | None = None,
+    under_barrier: Callable[[], Awaitable[None]] | None = None, marks: list[JournalMark] | None = None,
 ) -> Cut:
     """Write `<staging>/controller/state.json`; `under_barrier` runs before the barrier opens again
     and must not wait on the network (ask servers before calling this).
 
-    `hold` is what `trainer.hold` returned, None for an attempt without the trainer hold.
+    `hold` is what `trainer.hold` returned, None for an attempt without the trainer hold. `marks`: a journal
+    snapshot's turn journal positions (its agents were neither parked nor saved); None reads the saved agents.
     """
-    saved_agents = read_saved_agents(staging)
-    return await cut_under_barrier(controller, staging, saved_agents, anchor_step, hold, under_barrier)
+    saved_agents = read_saved_agents(staging) if marks is None else []
+    return await cut_under_barrier(controller, staging, saved_agents, anchor_step, hold, under_barrier, marks)
 
 
 async def cut_under_barrier(
     controller, staging: Path, saved_agents: list[SavedAgent], anchor_step: int, hold: TrainerHoldResult | None,
-    under_barrier: Callable[[], Awaitable[None]] | None = None,
+    under_barrier: Callable[[], Awaitable[None]] | None = None, marks: list[JournalMark] | None = None,
 ) -> Cut:
     """Everything the cut does while no row is stored (and, the servers being prepared, no ACK in flight)."""
     async with controller.data_plane.barrier:
         entered = time.perf_counter()
-        if in_flight := controller.data_plane.pending_acks.receipts():
+        # A journal snapshot parks nothing, so ACKs may be in flight: each one's row is journaled already, and
+        # the cut holds it (its sibling is sealed there, never continued).
+        if marks is None and (in_flight := controller.data_plane.pending_acks.receipts()):
             # Prepared servers hold no unACKed result; one in flight now could be saved by its server as well.
             raise AcksInFlight(in_flight)
         training = controller.training
@@ -85,6 +99,8 @@ async def cut_under_barrier(
                 f"{training.policy_version}), the hold returned step {hold.step} (policy version {hold.policy_version})"
             )
         capture = capture_cut(controller, saved_agents)
+        running = (controller.ledger.running_count() - len(stored_but_running(controller.data_plane, controller.ledger))
+                   if marks is not None else 0)
         policy_version = training.policy_version
         if controller.audit is not None:
             controller.audit.emit(CutTaken, kind="snapshot", **capture.summary)  # under the barrier: in row order
@@ -97,9 +113,12 @@ async def cut_under_barrier(
     path = staging / STATE_FILE
     path.parent.mkdir(exist_ok=True)
     state = capture.state
+    if marks is not None:
+        state[AGENTS_FROM] = "journal"
+        state[TURN_JOURNALS] = [mark.model_dump() for mark in marks]
     atomic_write_bytes(path, orjson.dumps(state))
     return Cut(
         artifact=snapshot_store.artifact_for(staging, path), data_plane_rows=capture.summary["rows"],
         unfinished_groups=capture.summary["groups"], continuations=len(state["continuations"]),
-        cut_unix_s=state["cut_unix_s"], policy_version=policy_version, barrier_s=barrier_s,
+        cut_unix_s=state["cut_unix_s"], policy_version=policy_version, barrier_s=barrier_s, running_agents=running,
     )

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from participants.errors import ParticipantNotReady, ParticipantUnavailable
-from schemas.participant import Artifact, CommitResult, ControlReply, ParticipantStatus
+from schemas.participant import Artifact, CommitResult, ControlReply, JournalMark, ParticipantStatus
 
 log = logging.getLogger("turnkeep.snapshot")
 
@@ -35,6 +35,7 @@ class Participant(Protocol):
     async def commit(self, checkpoint_id: str, directory: str | Path) -> CommitResult: ...
     async def resume(self, checkpoint_id: str) -> ControlReply: ...
     async def abort(self, checkpoint_id: str) -> ControlReply: ...
+    async def mark(self, checkpoint_id: str) -> JournalMark: ...
 
 
 Renew = Callable[[], Awaitable[None]]
@@ -128,6 +129,13 @@ async def commit_participants(
         for key, value in result.counts.items():
             counts[key] = counts.get(key, 0) + value
     return Committed(participant_s=round(time.monotonic() - started, 3), artifacts=artifacts, counts=counts)
+
+
+async def mark_participants(environments: Sequence[Participant], checkpoint_id: str) -> tuple[list[JournalMark], float]:
+    """Every environment server's turn journal made durable and marked, all at once; (marks, seconds)."""
+    started = time.monotonic()
+    marks = await _all_at_once(env.mark(checkpoint_id) for env in environments)
+    return list(marks), round(time.monotonic() - started, 3)
 
 
 async def release_participants(environments: Sequence[Participant], checkpoint_id: str, abort: bool) -> float:

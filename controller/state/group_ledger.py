@@ -33,6 +33,8 @@ class SiblingEntry:
     last_reason: str = ""
     restarts: int = 0
     """Attempts cut short by a crash; they do not count against `rollout.max_attempts`."""
+    incarnation: int = 0
+    """The controller incarnation that started the current attempt (its turn journal records carry it)."""
 
 
 @dataclass
@@ -61,6 +63,8 @@ class GroupLedger:
         self._groups: dict[str, GroupEntry] = {}
         self._min_sealed = min_sealed
         self.journal: JournalHooks = NO_JOURNAL
+        self.incarnation = 0
+        """This controller's incarnation, stamped on every attempt it starts (`Controller.start_journal`)."""
 
     def _changed(self, group_id: str) -> None:
         self.journal.record(GROUP, self._entry_dict(self._groups[group_id]))
@@ -72,6 +76,7 @@ class GroupLedger:
     def start_attempt(self, group_id: str, sibling: int) -> int:
         entry = self._groups[group_id].siblings[sibling]
         entry.state = SiblingState.RUNNING
+        entry.incarnation = self.incarnation
         attempt = entry.attempts
         entry.attempts += 1
         self._changed(group_id)
@@ -112,10 +117,17 @@ class GroupLedger:
         group = self._groups.get(group_id)
         return None if group is None else group.round
 
+    def running_count(self) -> int:
+        return sum(s.state is SiblingState.RUNNING for g in self._groups.values() for s in g.siblings)
+
     def running_rollouts(self, group_id: str) -> list[str]:
+        return list(self.running_attempts(group_id))
+
+    def running_attempts(self, group_id: str) -> dict[str, int]:
+        """Each running sibling's current attempt (its rollout id) -> the incarnation that started it."""
         group = self._groups[group_id]
-        return [f"{group_id}.{i}.{s.attempts - 1}" for i, s in enumerate(group.siblings)
-                if s.state is SiblingState.RUNNING]
+        return {f"{group_id}.{i}.{s.attempts - 1}": s.incarnation for i, s in enumerate(group.siblings)
+                if s.state is SiblingState.RUNNING}
 
     def restart_group(self, group_id: str) -> list[int]:
         """Start the whole group over as a new round; returns the sealed siblings this discards.
@@ -222,7 +234,8 @@ class GroupLedger:
         self._groups.clear()
         for raw in state["groups"]:
             siblings = [
-                SiblingEntry(SiblingState(s["state"]), s["attempts"], s["last_reason"], s.get("restarts", 0))
+                SiblingEntry(SiblingState(s["state"]), s["attempts"], s["last_reason"], s.get("restarts", 0),
+                             s.get("incarnation", 0))
                 for s in raw["siblings"]
             ]
             problem = Problem.model_validate(raw["problem"])

@@ -10,6 +10,7 @@ import uuid
 import aiohttp
 import pytest
 
+from schemas.participant import RunningAgent
 from schemas.rollout import RolloutOutcome, RolloutRequest
 from tests.rollout_driver import RolloutDriver
 
@@ -35,11 +36,19 @@ def test_finished_rollouts_come_back_from_the_journal_and_only_score(stack, stac
 
             # A restored trainer older than every turn: no boundary of these rollouts may be continued.
             older = await env.restore_from_journal(f"recovery-{uuid.uuid4().hex[:6]}",
-                                                   {rid: version - 1 for rid in requests})
+                                                   {rid: RunningAgent(max_version=version - 1, incarnation=0)
+                                                    for rid in requests})
             assert older.restored == [] and older.held == []
 
+            # Another incarnation's attempts under the same ids: another lineage, nothing continues.
+            foreign = await env.restore_from_journal(f"recovery-{uuid.uuid4().hex[:6]}",
+                                                     {rid: RunningAgent(max_version=version, incarnation=7)
+                                                      for rid in requests})
+            assert foreign.restored == [] and foreign.held == []
+
             reply = await env.restore_from_journal(f"recovery-{uuid.uuid4().hex[:6]}",
-                                                   {rid: version for rid in requests})
+                                                   {rid: RunningAgent(max_version=version, incarnation=0)
+                                                    for rid in requests})
             finished = {r.rollout_id: r for r in originals if r.outcome is RolloutOutcome.FINISHED}
             assert finished, "no rollout finished; the test needs at least one"
             held = {h.rollout_id: h for h in reply.held}

@@ -9,16 +9,21 @@ from pathlib import Path
 
 from envs.turn_journal import TurnJournal, newest_boundaries
 from envs.turn_records import TurnRecords
+from schemas.participant import RunningAgent
 from schemas.rollout import Problem, RolloutRequest, Segment, TurnBoundary
 
 REPO = Path(__file__).resolve().parents[2]
 LOG_ID = "env/test"
 
 
-def request(rollout_id: str) -> RolloutRequest:
+def request(rollout_id: str, incarnation: int = 1) -> RolloutRequest:
     group_id, sibling, attempt = rollout_id.rsplit(".", 2)
     return RolloutRequest(rollout_id=rollout_id, group_id=group_id, sibling=int(sibling), attempt=int(attempt),
-                          problem=Problem(question="Q 1+2", answer=3))
+                          incarnation=incarnation, problem=Problem(question="Q 1+2", answer=3))
+
+
+def want(max_version: int, incarnation: int = 1) -> RunningAgent:
+    return RunningAgent(max_version=max_version, incarnation=incarnation)
 
 
 def conversation(turns: list[int]) -> list[Segment]:
@@ -30,12 +35,13 @@ def conversation(turns: list[int]) -> list[Segment]:
     return segments
 
 
-def commit_turns(records: TurnRecords, rollout_id: str, versions: list[int], done_at_end: bool = False) -> None:
+def commit_turns(records: TurnRecords, rollout_id: str, versions: list[int], done_at_end: bool = False,
+                 incarnation: int = 1) -> None:
     for turn in range(1, len(versions) + 1):
         done = done_at_end and turn == len(versions)
         boundary = TurnBoundary(rollout_id=rollout_id, turn_index=turn, segments=conversation(versions[:turn]),
                                 done=done)
-        records.commit(boundary, request=request(rollout_id), env=None)
+        records.commit(boundary, request=request(rollout_id, incarnation), env=None)
 
 
 def test_the_newest_boundary_within_the_restored_policy_is_rebuilt_turn_for_turn(tmp_path):
@@ -47,7 +53,8 @@ def test_the_newest_boundary_within_the_restored_policy_is_rebuilt_turn_for_turn
     commit_turns(records, "g2.0.1", [4])
     commit_turns(records, "g9.0.0", [1])  # not wanted by the restore
     end = asyncio.run(journal.sync())
-    saved = newest_boundaries(tmp_path, LOG_ID, {"g1.0.0": 4, "g1.1.0": 4, "g2.0.1": 3, "g3.0.0": 9}, end)
+    saved = newest_boundaries(tmp_path, LOG_ID, {"g1.0.0": want(4), "g1.1.0": want(4), "g2.0.1": want(3),
+                                                      "g3.0.0": want(9)}, end)
     assert sorted(saved) == ["g1.0.0", "g1.1.0"]  # g2.0.1's only turn is from policy 4 > 3; g3 never ran here
     assert saved["g1.0.0"].boundary.turn_index == 2
     assert saved["g1.0.0"].boundary.segments == conversation([3, 4])
@@ -67,8 +74,30 @@ def test_a_continuation_starts_a_conversation_of_its_own(tmp_path):
     records.commit(TurnBoundary(rollout_id="g1.0.1", turn_index=3, segments=conversation([1, 1, 2])),
                    request=request("g1.0.1"), env=None)
     end = asyncio.run(journal.sync())
-    saved = newest_boundaries(tmp_path, LOG_ID, {"g1.0.1": 2}, end)
+    saved = newest_boundaries(tmp_path, LOG_ID, {"g1.0.1": want(2)}, end)
     assert saved["g1.0.1"].boundary.turn_index == 3 and saved["g1.0.1"].boundary.segments == conversation([1, 1, 2])
+
+
+def test_a_rollout_id_of_another_lineage_is_never_continued(tmp_path):
+    """Rollout ids repeat across lineages (a restore admits the same prompts again). Incarnation 1 ran g5 past the
+    snapshot that incarnation 2 restored; incarnation 2 admitted g5 again, and incarnation 3 restores a cut of
+    incarnation 2. Policy version 6 means different weights on the two lineages: only incarnation 2's turns count,
+    even when incarnation 1's conversation comes later in the journal or is the only one there."""
+    journal = TurnJournal(tmp_path, LOG_ID)
+    records = TurnRecords()
+    records.journal = journal
+    commit_turns(records, "g5.0.0", [5, 6], incarnation=2)
+    records.forget("g5.0.0")
+    commit_turns(records, "g5.0.0", [5, 6, 6], incarnation=1)  # an older lineage, read after ours
+    records.forget("g5.0.0")
+    commit_turns(records, "g6.0.0", [6], incarnation=1)  # only the abandoned lineage ran g6
+    end = asyncio.run(journal.sync())
+    saved = newest_boundaries(tmp_path, LOG_ID, {"g5.0.0": want(6, incarnation=2), "g6.0.0": want(6, 2)}, end)
+    assert sorted(saved) == ["g5.0.0"]
+    assert saved["g5.0.0"].boundary.segments == conversation([5, 6])
+    assert saved["g5.0.0"].request.incarnation == 2
+    # Without the incarnation check the newer-looking foreign conversation would have won.
+    assert newest_boundaries(tmp_path, LOG_ID, {"g5.0.0": want(6, 1)}, end)["g5.0.0"].boundary.turn_index == 3
 
 
 WRITER = r"""
@@ -115,7 +144,7 @@ def test_every_boundary_reported_durable_survives_a_kill(tmp_path):
     assert len(list(tmp_path.glob("*.seg"))) > 1  # segments rotated while it ran
     journal = TurnJournal(tmp_path, LOG_ID)  # a restarted server reopens it, cutting off a torn tail
     end = journal.position()
-    saved = newest_boundaries(tmp_path, LOG_ID, {rid: 10**6 for rid in durable}, end)
+    saved = newest_boundaries(tmp_path, LOG_ID, {rid: want(10**6) for rid in durable}, end)
     for rid, turn in durable.items():
         assert saved[rid].boundary.turn_index >= turn
         assert saved[rid].boundary.segments == conversation(list(range(saved[rid].boundary.turn_index)))

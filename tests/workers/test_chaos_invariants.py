@@ -341,3 +341,22 @@ def test_a_journaled_agent_holding_a_turn_of_a_rolled_back_policy_is_caught():
     result = check_invariants(_journal_restore([3, 4, 5], restored_version=4, saved_turn=3)).result(2, "journaled agents")
     assert not result.ok
     assert "came from policy versions [5], newer than the restored 4" in result.violations[0]
+
+
+def test_a_same_named_attempt_of_another_lineage_is_not_mistaken_for_the_continued_one():
+    """Incarnation 1 started g1.0.0 and committed turns of policies 3, 4, 5; an abandoned lineage (incarnation
+    7) reused the id with a turn of policy 9. Only incarnation 1's turns are the continued agent's."""
+    events = _journal_restore([3, 4, 5], restored_version=4, saved_turn=2)
+    for event in events:
+        if event.event == "turn_committed":
+            event.started_by = 1
+        if event.event == "restored":
+            event.continuations[0].started_by = 1
+    foreign = turn(1500.0, 7, "g1.0.0", 2).model_copy(update={"policy_version": 9, "started_by": 7})
+    result = check_invariants(events[:3] + [foreign] + events[3:]).result(2, "journaled agents")
+    assert result.ok and result.checked == 1, result
+    # Matched by id alone, the foreign turn would have been taken for the continued one.
+    for event in events:
+        if event.event == "restored":
+            event.continuations[0].started_by = 7
+    assert not check_invariants(events[:3] + [foreign] + events[3:]).result(2, "journaled agents").ok

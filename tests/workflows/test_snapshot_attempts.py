@@ -237,3 +237,53 @@ def test_a_resume_that_keeps_failing_is_published_release_pending_then_released(
     assert first["outcome"] == "published_release_pending", first
     assert first["snapshot_dir"] and "release failed" in first["reason"]
     assert_released(result)  # the run workflow kept retrying the release until it went through
+
+
+def test_a_journal_snapshot_stops_nothing_and_names_the_journal_positions(stack, stack_config, temporal_address):
+    """`snapshot.agents = "journal"`: no attempt closes admission, suspends deadlines, parks or fences anything;
+    each published snapshot's state names the environment server's turn journal position and the agents running
+    at its cut."""
+    from schemas.snapshot import SnapshotNowSignal
+    from workflows.run_workflow import RunWorkflow
+
+    closed_by_snapshots: set[str] = set()
+
+    async def snapshot_while_watching_the_gates(snapshots, controller):
+        async def watch():
+            while True:
+                for holds in (controller.admission, controller.deadline_holds):
+                    closed_by_snapshots.update(h for h in holds.holders() if h.startswith("snapshot:"))
+                await asyncio.sleep(0.002)
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            for number in range(6):
+                await snapshots.handle.signal(RunWorkflow.snapshot_now, SnapshotNowSignal(reason=f"journal #{number}"))
+                status = await _until_outcome(snapshots, lambda r: r.reason != last[0] and r.trigger == "operator")
+                last[0] = status.last_result.reason
+                if status.last_result.journaled_agents > 0 and number >= 1:
+                    return
+        finally:
+            watcher.cancel()
+
+    last = [""]
+    cfg = scenario_config(stack_config, agents="journal", rollout={"max_inflight_groups": 24})
+    result = asyncio.run(run_scenario(stack, temporal_address, cfg, steps=None,
+                                      during=snapshot_while_watching_the_gates))
+    published = [line for line in result.snapshot_lines if line["outcome"] == "published"]
+    assert len(published) >= 2, result.snapshot_lines
+    assert closed_by_snapshots == set()
+    for line in published:
+        assert "gym_mark" in line["phase_s"] and "cut" in line["phase_s"]
+        assert not {"gym_prepare", "gym_commit", "resume"} & set(line["phase_s"]), line["phase_s"]
+        assert line["admission_closed_s"] == 0 and line["parked_agents"] == 0
+    assert max(line["journaled_agents"] for line in published) > 0
+    for snapshot_dir in published_dirs(result.run_dir):
+        manifest = SnapshotManifest.model_validate_json((snapshot_dir / "manifest.json").read_bytes())
+        state = orjson.loads((snapshot_dir / "controller" / "state.json").read_bytes())
+        assert state["agents_from"] == "journal" and state["continuations"] == []
+        [mark] = state["turn_journals"]
+        assert mark["name"] == "env" and mark["checkpoint_id"] == manifest.checkpoint_id and mark["seq"] > 0
+        assert not (snapshot_dir / "env").exists()  # nothing was saved by the environment server
+        assert manifest.counts["journaled_agents"] >= 0
+    assert_released(result)

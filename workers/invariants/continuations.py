@@ -126,15 +126,16 @@ def journaled_agents_were_committed(events: list) -> InvariantResult:
     `turn_committed` at that turn), and none of the turns up to it came from a policy newer than the restored
     one: the journal may hold turns of a policy the restore rolled back, and those must never be continued. An
     item is one continued agent."""
-    committed: dict[str, dict[int, int]] = defaultdict(dict)  # rollout id -> turn -> policy version
+    # (rollout id, incarnation that started it) -> turn -> policy version: ids repeat across lineages
+    committed: dict[tuple[str, int], dict[int, int]] = defaultdict(dict)
     violations: list[str] = []
     checked = unverifiable = 0
     for event in events:
         if isinstance(event, TurnCommitted):
-            committed[event.rollout_id][event.turn] = event.policy_version
+            committed[(event.rollout_id, event.started_by)][event.turn] = event.policy_version
         elif isinstance(event, Restored) and event.agents_from == "journal":
             for c in event.continuations:
-                turns = committed.get(c.rollout_id, {})
+                turns = committed.get((c.rollout_id, c.started_by), {})
                 if c.turn_index not in turns:
                     unverifiable += 1  # its commit may not have reached the audit log before the kill
                     continue

@@ -9,10 +9,12 @@ from types import SimpleNamespace
 from controller.pumps.rollout_pump import Continuation
 from controller.restore.crash_restore import CrashRestore
 from controller.state.data_plane import DataPlane
+from controller.state.group_ledger import GroupLedger
 from primitives.audit_log import AUDIT_FILE, AuditLog, read_audit
 from primitives.holds import HoldSet
 from schemas.audit import Restored
 from schemas.recovery import RecoverySource, SourceKind
+from schemas.rollout import Problem
 
 
 class _Gate:
@@ -39,7 +41,12 @@ def test_the_restore_pause_is_a_hold_taken_and_released():
 
 def test_the_restored_event_names_the_saved_agents_rerun_from_scratch(tmp_path):
     audit = AuditLog(tmp_path / AUDIT_FILE, 4)
-    controller = SimpleNamespace(audit=audit, data_plane=DataPlane(), dataloader=SimpleNamespace(next_index=9))
+    ledger = GroupLedger()
+    ledger.incarnation = 3
+    ledger.admit("g0000007", Problem(question="Q 1+1", answer=2), 4)
+    ledger.start_attempt("g0000007", 1)
+    controller = SimpleNamespace(audit=audit, data_plane=DataPlane(), dataloader=SimpleNamespace(next_index=9),
+                                 ledger=ledger)
     source = RecoverySource(kind=SourceKind.SNAPSHOT, step=3, policy_version=3, checkpoint_dir="c", snapshot_dir="s",
                             reason="newest")
     state = {"cut_unix_s": 12.5, "group_ledger": {"groups": [{"group_id": "g0000007"}, {"group_id": "g0000008"}]}}
@@ -49,4 +56,5 @@ def test_the_restored_event_names_the_saved_agents_rerun_from_scratch(tmp_path):
     [event] = list(read_audit(tmp_path))
     assert isinstance(event, Restored) and event.cut_unix_s == 12.5 and event.next_group_index == 9
     assert [c.next_rollout_id for c in event.continuations] == ["g0000007.1.1"]
+    assert event.continuations[0].started_by == 3  # the incarnation that started the saved attempt
     assert event.agents_not_continued == ["g0000008.0.2", "g0000008.1.0"]
