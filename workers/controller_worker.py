@@ -44,6 +44,7 @@ from schemas.snapshot import (
     Trigger,
 )
 from workers.temporal_server import register_search_attributes
+from workers.workflow_thread import WorkflowThread
 from workflows.recovery_workflow import RecoveryWorkflow
 from workflows.run_workflow import RunWorkflow
 from workflows.snapshot_attempt import SnapshotAttemptWorkflow
@@ -62,6 +63,7 @@ class SnapshotRuntime:
     worker_task: asyncio.Task
     handle: WorkflowHandle
     ctx: SnapshotCoordinator
+    workflows: WorkflowThread
     stopped: bool = False
 
     async def watch(self) -> str:
@@ -120,10 +122,14 @@ def participant_clients(processes, session: aiohttp.ClientSession, timeout_s: fl
     return environments, policy
 
 
+CONTROLLER_WORKFLOWS = (RunWorkflow, SnapshotAttemptWorkflow, RecoveryWorkflow)
+
+
 def controller_worker(
     client: Client, ctx: SnapshotCoordinator, recovery: RecoveryActivities | None = None
 ) -> tuple[Worker, asyncio.Task]:
-    """The workflows and the controller's activities on `<run_id>.controller`."""
+    """The controller's activities on `<run_id>.controller`, on the controller's loop with the objects they change
+    (the workflows run on `WorkflowThread`, on the same queue)."""
     gym, snap = GymActivities(ctx), SnapshotActivities(ctx)
     extra = [] if recovery is None else [recovery.cancel_stale, recovery.choose_source, recovery.restore,
                                          recovery.resume]
@@ -132,7 +138,6 @@ def controller_worker(
         activities=[gym.mark, gym.prepare, gym.commit, gym.resume, gym.abort, snap.anchor, snap.request_checkpoint,
                     snap.preflight, snap.open_staging,
                     snap.discard_staging, snap.cut, snap.publish, snap.record, *extra],
-        workflows=[RunWorkflow, SnapshotAttemptWorkflow, RecoveryWorkflow],
     )
 
 
@@ -158,23 +163,30 @@ async def start_snapshots(
     recovery_acts = None
     if recovery is not None:
         recovery_acts = RecoveryActivities(client, recovery, incarnation, wait_s=cfg.snapshot.phase_timeout_s)
-    worker, worker_task = controller_worker(client, ctx, recovery_acts)
-    if recovery is not None:
-        ctx.recovery = await _recover(cfg, client, run_id, incarnation)
-    handle = await client.start_workflow(
-        RunWorkflow.run,
-        RunWorkflowInput(
-            run_id=run_id, incarnation=incarnation, attempt_interval_s=cfg.snapshot.attempt_interval_s,
-            max_consecutive_failures=cfg.snapshot.max_consecutive_failures, keep_latest_k=cfg.snapshot.keep_latest_k,
-            trainer_hold=cfg.snapshot.trainer_hold, checkpoint_on_demand=cfg.snapshot.checkpoint_on_demand,
-            agents=cfg.snapshot.agents, timeouts=timeouts(cfg),
-            carried=RunCarryOver(numbers=next_snapshot_numbers(cfg.run.run_dir)),
-        ),
-        id=run_workflow_id(run_id), task_queue=controller_queue(run_id),
-        static_summary=f"turnkeep run {run_id} ({cfg.run.run_dir})",
-        search_attributes=TypedSearchAttributes([SearchAttributePair(sa.RUN_ID, run_id)]),
-    )
-    runtime = SnapshotRuntime(client, worker, worker_task, handle, ctx)
+    workflows = WorkflowThread(address, cfg.temporal.namespace, security, controller_queue(run_id),
+                               CONTROLLER_WORKFLOWS)
+    await workflows.start()
+    try:
+        worker, worker_task = controller_worker(client, ctx, recovery_acts)
+        if recovery is not None:
+            ctx.recovery = await _recover(cfg, client, run_id, incarnation)
+        handle = await client.start_workflow(
+            RunWorkflow.run,
+            RunWorkflowInput(
+                run_id=run_id, incarnation=incarnation, attempt_interval_s=cfg.snapshot.attempt_interval_s,
+                max_consecutive_failures=cfg.snapshot.max_consecutive_failures, keep_latest_k=cfg.snapshot.keep_latest_k,
+                trainer_hold=cfg.snapshot.trainer_hold, checkpoint_on_demand=cfg.snapshot.checkpoint_on_demand,
+                agents=cfg.snapshot.agents, timeouts=timeouts(cfg),
+                carried=RunCarryOver(numbers=next_snapshot_numbers(cfg.run.run_dir)),
+            ),
+            id=run_workflow_id(run_id), task_queue=controller_queue(run_id),
+            static_summary=f"turnkeep run {run_id} ({cfg.run.run_dir})",
+            search_attributes=TypedSearchAttributes([SearchAttributePair(sa.RUN_ID, run_id)]),
+        )
+    except BaseException:
+        await workflows.stop()  # the run does not start: nothing may keep polling for it
+        raise
+    runtime = SnapshotRuntime(client, worker, worker_task, handle, ctx, workflows)
     controller.after_checkpoint = lambda step, trigger, repeat: _tie_attempt_to_checkpoint(
         cfg, runtime, step, trigger, repeat)
     return runtime
@@ -260,3 +272,4 @@ async def stop_snapshots(runtime: SnapshotRuntime | None, reason: str, grace_s: 
     except RayActorError as err:
         log.info("policy server gone while stopping: %s", str(err).splitlines()[0] if str(err) else err)
     await runtime.worker.shutdown()
+    await runtime.workflows.stop()
