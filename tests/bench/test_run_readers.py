@@ -15,15 +15,26 @@ def write_lines(path, lines) -> None:
 
 
 def test_lower_bound_compares_each_attempt_with_its_slowest_turn_plus_write_time(tmp_path) -> None:
+    """The slowest turn comes from the audit log (the hold event and the server's turn commits); the product's own
+    `agents_parked_s` (here 9 s, far off) is shown beside it but never enters the bound."""
+    from primitives.audit_log import AUDIT_FILE
+    from tests.bench.test_turn_bound import committed, hold, started
+
     attempts = [{"kind": "snapshot", "checkpoint_id": f"r.snapshot.20.{n}", "outcome": "published",
-                 "admission_closed_s": 0.5, "agents_parked_s": 0.2, "bytes_written": 1 << 20} for n in (1, 2)]
+                 "admission_closed_s": 0.5, "agents_parked_s": 9.0, "bytes_written": 1 << 20} for n in (1, 2)]
     write_lines(tmp_path / "on", [*attempts, {"kind": "snapshot", "outcome": "skipped"}])
+    events = [started(1.0, "g1.0.0"), hold(5.0, "taken", "r.snapshot.20.1"), committed(5.2, "g1.0.0", 1),
+              hold(5.5, "released", "r.snapshot.20.1")]
+    (tmp_path / "on" / AUDIT_FILE).write_bytes(b"".join(orjson.dumps(e.model_dump(mode="json")) + b"\n"
+                                                        for e in events))
     result = lower_bound.run(argparse.Namespace(run_dir=tmp_path / "on", out=tmp_path))
-    [first, _] = result.data["attempts"]
+    [first, second] = result.data["attempts"]
     speed = result.data["disk_write_mib_s"]
     assert speed > 0
+    assert first["slowest_turn_s"] == 0.2 and first["product_parked_s"] == 9.0
     assert first["lower_bound_s"] == round(0.2 + 1 / speed, 4)
     assert first["ratio"] == round(0.5 / (0.2 + 1 / speed), 2)
+    assert second["slowest_turn_s"] == 0.0  # no closure of its own in the log
     assert "closed / lower bound" in result.table
 
 
