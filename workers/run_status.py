@@ -103,8 +103,8 @@ def _training(step: dict | None, metrics: Path, now: float) -> dict | None:
 def _attempt(line: dict | None) -> dict | None:
     if line is None:
         return None
-    keys = ("checkpoint_id", "outcome", "reason", "anchor_step", "trigger", "parked_agents", "data_plane_rows",
-            "admission_closed_s", "wall_s")
+    keys = ("checkpoint_id", "outcome", "reason", "anchor_step", "trigger", "parked_agents", "journaled_agents",
+            "data_plane_rows", "admission_closed_s", "wall_s")
     return {k: line.get(k) for k in keys}
 
 

@@ -73,8 +73,10 @@ def _snapshot_lines(report: dict) -> list[str]:
     newest = report["newest_snapshot"]
     if newest:
         counts = newest["counts"]
+        agents = (f"{counts['journaled_agents']} running agents in the turn journals" if "journaled_agents" in counts
+                  else f"{counts.get('parked_agents', 0)} parked agents")
         lines.append(f"  newest snapshot: {newest['dir']}, {_ago(newest['age_s'])}: step {newest['step']}, "
-                     f"{counts.get('data_plane_rows', 0)} rows, {counts.get('parked_agents', 0)} parked agents, "
+                     f"{counts.get('data_plane_rows', 0)} rows, {agents}, "
                      f"{counts.get('unfinished_groups', 0)} unfinished groups")
     else:
         lines.append("  no published snapshot yet")

@@ -76,3 +76,12 @@ def test_status_json_is_one_object_with_every_section(tmp_path, capsys):
     report = orjson.loads(capsys.readouterr().out)
     assert {"run_id", "up", "processes", "live", "training", "last_attempt", "last_recovery", "newest_snapshot",
             "temporal"} <= set(report)
+
+
+def test_a_journal_snapshot_shows_the_running_agents_it_keeps_in_the_turn_journals(tmp_path):
+    run_dir = _run_dir(tmp_path)
+    manifest = run_dir / "checkpoints" / "step_12" / "snapshots" / "1" / "manifest.json"
+    atomic_write_json(manifest, {"anchor_step": 12, "policy_version": 12, "created_unix_s": NOW - 90,
+                                 "counts": {"data_plane_rows": 40, "journaled_agents": 17, "parked_agents": 0}})
+    text = "\n".join(render(gather(run_dir, now=NOW)))
+    assert "step 12, 40 rows, 17 running agents in the turn journals, 0 unfinished groups" in text
