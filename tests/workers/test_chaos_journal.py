@@ -1,6 +1,6 @@
 """The chaos command with journal snapshots (`snapshot.agents = "journal"`): nothing is parked, so every
 restore from a snapshot continues the running agents from the environment servers' turn journals. Kills land
-in the Gym phase (the journal mark), at the cut, before the publish and at a random moment of training; the
+in the Gym phase (the journal mark), at the cut and at a random moment of training; the
 invariants are checked from the audit log after each restart."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from tests.run_command import short_run_dir, small_run_settings, turnkeep
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 
-POINTS = ["gym_prepare", "cut", "publish", "training"]
+POINTS = ["gym_prepare", "cut", "training"]
 
 
 def test_kills_around_journal_snapshots_restore_running_agents_from_the_journals(stack_config) -> None:
@@ -21,7 +21,7 @@ def test_kills_around_journal_snapshots_restore_running_agents_from_the_journals
     log = run_dir.parent / "chaos.log"
     proc = turnkeep(
         "chaos", "--run-dir", str(run_dir), "--kills", str(len(POINTS)), "--points", ",".join(POINTS),
-        "--steps", "36", "--seed", "5", "--phase-timeout-s", "240", *small_run_settings(stack_config),
+        "--steps", "30", "--seed", "5", "--phase-timeout-s", "240", *small_run_settings(stack_config),
         "--set", "snapshot.agents=journal",
         # Slower tools keep agents mid-rollout at every cut, so a restore has running agents to continue.
         "--set", "env.tool_latency_s=0.3", log=log,
