@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from ray.exceptions import RayActorError
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from controller.errors import AcksInFlight, InvariantBroken, TrainerMoved
@@ -54,3 +55,9 @@ def translated_errors() -> Iterator[None]:
         raise expected_failure(str(err), ErrorType.PARTICIPANT_REFUSED) from err
     except ParticipantUnavailable as err:
         raise expected_failure(str(err), ErrorType.PARTICIPANT_UNAVAILABLE, retryable=True) from err
+    except RayActorError as err:
+        # The trainer or the policy server died mid-attempt: the run stops on that with one line of its own, and
+        # the attempt fails with the reason (no traceback in the output).
+        first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise expected_failure(f"a process the attempt needs died: {first_line}", ErrorType.PARTICIPANT_UNAVAILABLE,
+                               retryable=True) from err

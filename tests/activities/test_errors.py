@@ -39,3 +39,14 @@ def test_a_broken_invariant_is_loud_and_final() -> None:
     err = _translated(InvariantBroken("two cuts for one attempt"))
     assert err.type == ErrorType.INVARIANT_BROKEN and err.non_retryable
     assert err.category != ApplicationErrorCategory.BENIGN
+
+
+def test_a_process_that_died_mid_attempt_fails_it_quietly_with_the_reason() -> None:
+    """The trainer killed during gym.commit (its lease renewal): the run stops on the death in one line of its own,
+    and the attempt's failure is benign, logged without a traceback."""
+    from ray.exceptions import ActorDiedError
+
+    err = _translated(ActorDiedError())
+    assert err.type == ErrorType.PARTICIPANT_UNAVAILABLE and not err.non_retryable
+    assert err.category == ApplicationErrorCategory.BENIGN
+    assert str(err).endswith("a process the attempt needs died: The actor died unexpectedly before finishing this task.")
