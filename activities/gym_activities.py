@@ -52,6 +52,14 @@ async def flush_acks(data_plane) -> None:
                                 "names what it waits on", len(late), ACK_FLUSH_S, ", ".join(late[:3]))
 
 
+def _refuse_if_a_server_is_away(snapshots: SnapshotCoordinator) -> None:
+    """An environment server that is away can neither save nor mark its agents, and waiting for it would hold
+    admission (a parked attempt) for nothing: the attempt fails at once, naming it."""
+    if away := snapshots.controller.env_client.away():
+        raise expected_failure("; ".join(away) + "; this attempt fails, the previous snapshot stays the restore "
+                               "point", ErrorType.PARTICIPANT_REFUSED)
+
+
 class GymActivities:
     def __init__(self, snapshots: SnapshotCoordinator) -> None:
         self._snapshots = snapshots
@@ -63,9 +71,7 @@ class GymActivities:
         snapshots = self._snapshots
         check_incarnation(inp.incarnation, snapshots.incarnation)
         parse_attempt_id("checkpoint_id", inp.checkpoint_id, snapshots.run_id)
-        if away := snapshots.controller.env_client.away():
-            raise expected_failure("; ".join(away) + "; this attempt fails, the previous snapshot stays the restore "
-                                   "point", ErrorType.PARTICIPANT_REFUSED)
+        _refuse_if_a_server_is_away(snapshots)
         with translated_errors():
             marks, participant_s = await mark_participants(snapshots.environments, inp.checkpoint_id)
         await reached("gym_prepare", snapshots.run_dir)  # the chaos point of the Gym phase, whichever kind
@@ -77,10 +83,7 @@ class GymActivities:
         check_incarnation(inp.incarnation, snapshots.incarnation)
         check_lease("lease_s", inp.lease_s)
         parse_attempt_id("checkpoint_id", inp.checkpoint_id, snapshots.run_id)
-        if away := snapshots.controller.env_client.away():
-            # Its agents cannot be saved, and waiting for it would hold admission for nothing.
-            raise expected_failure("; ".join(away) + "; this attempt fails, the previous snapshot stays the restore "
-                                   "point", ErrorType.PARTICIPANT_REFUSED)
+        _refuse_if_a_server_is_away(snapshots)
         snapshots.close_admission(inp.checkpoint_id, inp.lease_s)
         await flush_acks(snapshots.controller.data_plane)
         with translated_errors(), heartbeating("preparing participants"):

@@ -110,7 +110,7 @@ class _Newest:
             self.following = record["request"].get("incarnation", 0) == self.incarnation
             if self.following:
                 self.request, self.segments, self.newest_version, self.best = record["request"], [], -1, None
-        if not self.following or self.request is None or record["from"] != len(self.segments):
+        if not self.following or record["from"] != len(self.segments):
             return  # a record of a conversation whose start was pruned or lost: nothing to rebuild from
         self.segments.extend(record["new"])
         versions = [s["policy_version"] for s in record["new"] if s.get("policy_version") is not None]

@@ -31,7 +31,6 @@ import orjson
 from controller.errors import AcksInFlight, InvariantBroken, TrainerMoved
 from controller.state.continuations import read_saved_agents
 from controller.state.cut_state import capture_cut
-from controller.state.sealing import stored_but_running
 from controller.stores import snapshot_store
 from primitives.atomic_files import atomic_write_bytes
 from schemas.audit import CutTaken
@@ -99,7 +98,8 @@ async def cut_under_barrier(
                 f"{training.policy_version}), the hold returned step {hold.step} (policy version {hold.policy_version})"
             )
         capture = capture_cut(controller, saved_agents)
-        running = (controller.ledger.running_count() - len(stored_but_running(controller.data_plane, controller.ledger))
+        # A sibling whose row is stored already is sealed by a restore (`controller.state.sealing`), not continued.
+        running = (sum(not controller.data_plane.has_row(*key) for key in controller.ledger.running_siblings())
                    if marks is not None else 0)
         policy_version = training.policy_version
         if controller.audit is not None:

@@ -117,8 +117,10 @@ class GroupLedger:
         group = self._groups.get(group_id)
         return None if group is None else group.round
 
-    def running_count(self) -> int:
-        return sum(s.state is SiblingState.RUNNING for g in self._groups.values() for s in g.siblings)
+    def running_siblings(self) -> list[tuple[str, int]]:
+        """(group id, sibling) of every running sibling."""
+        return [(gid, i) for gid, g in self._groups.items() for i, s in enumerate(g.siblings)
+                if s.state is SiblingState.RUNNING]
 
     def running_rollouts(self, group_id: str) -> list[str]:
         return list(self.running_attempts(group_id))

@@ -15,9 +15,8 @@ from controller.state.group_ledger import GroupLedger
 
 def stored_but_running(data_plane: DataPlane, ledger: GroupLedger) -> list[tuple[str, int]]:
     """(group id, sibling) of each running sibling that already has its row in the data plane."""
-    return [(group_id, int(rollout_id.rsplit(".", 2)[1]))
-            for group_id in ledger.group_ids() for rollout_id in ledger.running_rollouts(group_id)
-            if data_plane.has_row(group_id, int(rollout_id.rsplit(".", 2)[1]))]
+    return [(group_id, sibling) for group_id, sibling in ledger.running_siblings()
+            if data_plane.has_row(group_id, sibling)]
 
 
 def seal_stored_rows(data_plane: DataPlane, ledger: GroupLedger) -> list[tuple[str, int]]:
