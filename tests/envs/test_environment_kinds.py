@@ -30,24 +30,15 @@ def test_each_kind_reports_its_mode_and_comes_back_as_the_mode_says(stack, stack
         async with aiohttp.ClientSession() as session:
             driver = RolloutDriver(session, stack.env_url, stack.control_token, stack_config.task)
             env = driver.client("env", stack.env_url)
-            ck = f"ck-{uuid.uuid4().hex[:8]}"
+            releases: list = []
             try:
                 reported = {caps.name: caps for caps in (await env.capabilities()).environments}
                 assert {n: (c.recovery_mode, c.group_scored, c.group_size) for n, c in reported.items()} == {
                     "calc": ("stateless", False, None), "workspace": ("exported", False, None),
                     "lab": ("restart_only", False, None), "judge": ("stateless", True, stack_config.rollout.group_size),
                 }
-                size = stack_config.rollout.group_size
-                originals = {kind: driver.start(size, env=kind) for kind in KINDS}
-                await wait_for(lambda: _running_at_least(driver, size * len(KINDS)), 10, "every agent running")
-                await env.prepare(ck, lease_s=30)
-                status = await wait_ready(env, ck)
-                saved = check_artifacts(await env.commit(ck, tmp_path / "env"), tmp_path, status.parked)
-                await env.resume(ck)
-                finished = {kind: await asyncio.wait_for(asyncio.gather(*tasks), 90) for kind, tasks in originals.items()}
-
-                by_kind = Counter(agent.request.problem.env for agent in saved)
-                assert set(by_kind) == set(KINDS), f"every kind must have a parked agent: {by_kind}"
+                saved, finished, ck, root = await _park_every_kind(
+                    driver, env, stack_config.rollout.group_size, tmp_path, releases)
                 for agent in saved:
                     kind = agent.request.problem.env
                     if kind == "workspace":  # the tape of every result so far, exported with the turns
@@ -55,7 +46,7 @@ def test_each_kind_reports_its_mode_and_comes_back_as_the_mode_says(stack, stack
                     else:
                         assert agent.env_state is None
 
-                reply = await env.restore(f"recovery-{ck}", tmp_path / "env")
+                reply = await env.restore(f"recovery-{ck}", root / "env")
                 lab = sorted(a.request.rollout_id for a in saved if a.request.problem.env == "lab")
                 assert reply.cannot_continue == lab
                 assert sorted(reply.restored) == sorted(a.request.rollout_id for a in saved
@@ -92,6 +83,28 @@ def test_each_kind_reports_its_mode_and_comes_back_as_the_mode_says(stack, stack
                                         headers={"Authorization": f"Bearer {stack.control_token}"}) as resp:
                     assert resp.status == 400 and "not group-scored" in await resp.text()
             finally:
-                await driver.cleanup([(env, ck)])
+                await driver.cleanup(releases)
 
     asyncio.run(scenario())
+
+
+async def _park_every_kind(driver, env, size: int, tmp_path, releases: list, tries: int = 4):
+    """One group of every kind running, then a checkpoint that parks them: again with fresh groups while
+    some kind had no agent at a boundary (a sampled episode can end in one turn, before the prepare)."""
+    by_kind: Counter = Counter()
+    for attempt in range(tries):
+        ck = f"ck-{uuid.uuid4().hex[:8]}"
+        releases.append((env, ck))
+        originals = {kind: driver.start(size, env=kind) for kind in KINDS}
+        await wait_for(lambda: _running_at_least(driver, size * len(KINDS)), 10, "every agent running")
+        await env.prepare(ck, lease_s=30)
+        status = await wait_ready(env, ck)
+        root = tmp_path / f"try{attempt}"
+        saved = check_artifacts(await env.commit(ck, root / "env"), root, status.parked)
+        await env.resume(ck)
+        finished = {kind: await asyncio.wait_for(asyncio.gather(*tasks), 90) for kind, tasks in originals.items()}
+        by_kind = Counter(agent.request.problem.env for agent in saved)
+        if set(by_kind) == set(KINDS):
+            return saved, finished, ck, root
+        driver.tasks.clear()  # this try's agents are all done: the next try counts only its own
+    raise AssertionError(f"no checkpoint in {tries} tries parked an agent of every kind; the last: {by_kind}")
