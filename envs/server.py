@@ -102,6 +102,8 @@ class EnvServer:
         self.records = TurnRecords()
         self.turn_journal = TurnJournal(journal_dir, f"env/{name}") if journal_dir is not None else None
         self.records.journal = self.turn_journal
+        if self.turn_journal is not None and audit is not None:
+            self.turn_journal.before_sync = self._flush_audit
         self._journal_flusher: asyncio.Task | None = None
         self.receipts = ReceiptBook()
         self.door = HoldSet("env-door")
@@ -109,7 +111,7 @@ class EnvServer:
         self.agents = AgentRegistry(self.door, self.boundary_gate)
         self.environments = self._capabilities(factory.names(), group_size)
         self.participant = ParticipantCore(
-            env_capabilities(self.environments, name),
+            env_capabilities(self.environments, name, journals_turns=self.turn_journal is not None),
             EnvParticipant(self.agents, self.records, self.receipts, self.door, self.boundary_gate,
                            before_write=audit.flush if audit is not None else None),
         )
@@ -227,7 +229,8 @@ class EnvServer:
         self._attach(codec, request.policy_url, LoopLimits(**request.limits.model_dump()), attachment)
         if self.factory.answers_any_name:
             self.environments = self._capabilities([request.name], request.group_size)
-            self.participant.rename(env_capabilities(self.environments, request.name))
+            self.participant.rename(env_capabilities(self.environments, request.name,
+                                                     journals_turns=self.turn_journal is not None))
         reply = AttachReply(name=self.participant.name, attachment=attachment, environments=self.environments)
         return web.Response(body=reply.model_dump_json(), content_type="application/json")
 
@@ -371,6 +374,12 @@ class EnvServer:
         except (ValueError, NotImplementedError) as err:
             return _bad_request(f"cannot judge this group: {err}")
         return web.Response(body=JudgeReply(rewards=rewards).model_dump_json(), content_type="application/json")
+
+    def _flush_audit(self) -> None:
+        try:
+            self._audit.flush()
+        except Exception:  # noqa: BLE001 - the audit log reports its own failures; the journal must not wait on it
+            pass
 
     def _audit_turn(self, request: RolloutRequest, turn: int, segment: Segment) -> None:
         if self._audit is not None:

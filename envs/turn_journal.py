@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,9 @@ class TurnJournal:
         self._log = SegmentLog(self.directory, log_id, segment_bytes=segment_bytes)
         self._journaled: dict[str, int] = {}
         """Rollout id -> segments of its conversation already in the journal."""
+        self.before_sync: Callable[[], None] | None = None
+        """Runs before every sync (the server's audit-log flush): a turn the journal keeps is then always in the
+        audit log too, so the invariant checker can verify every continuation against what was generated."""
 
     def committed(self, request: RolloutRequest, boundary: TurnBoundary, env_state: dict[str, Any] | None,
                   done: bool) -> int:
@@ -62,6 +66,8 @@ class TurnJournal:
         return self._log.position()
 
     async def sync(self) -> LogPosition:
+        if self.before_sync is not None:
+            self.before_sync()
         return await self._log.sync()
 
     async def flush_forever(self, every_s: float, keep_bytes: int = 256 << 20) -> None:
@@ -70,7 +76,7 @@ class TurnJournal:
         while True:
             await asyncio.sleep(every_s)
             if self._log.durable_seq < self._log.position().seq:
-                await self._log.sync()
+                await self.sync()
                 self.prune_to(keep_bytes)
 
     def prune_to(self, keep_bytes: int) -> list[Path]:

@@ -148,3 +148,33 @@ def test_every_boundary_reported_durable_survives_a_kill(tmp_path):
     for rid, turn in durable.items():
         assert saved[rid].boundary.turn_index >= turn
         assert saved[rid].boundary.segments == conversation(list(range(saved[rid].boundary.turn_index)))
+
+
+def test_the_audit_log_is_flushed_before_each_journal_batch_reaches_the_disk(tmp_path):
+    """A boundary the journal keeps must be in the audit log too, or the invariant checker cannot verify its
+    continuation: the hook runs before the batch is written, every time, the background flusher's too."""
+    journal = TurnJournal(tmp_path, LOG_ID)
+    records = TurnRecords()
+    records.journal = journal
+    on_disk_at_hook: list[int] = []
+
+    def bytes_on_disk() -> int:
+        return sum(path.stat().st_size for path in tmp_path.glob("*.seg"))
+
+    journal.before_sync = lambda: on_disk_at_hook.append(bytes_on_disk())
+
+    async def scenario() -> None:
+        commit_turns(records, "g1.0.0", [1])
+        await journal.sync()
+        commit_turns(records, "g2.0.0", [1])
+        flusher = asyncio.create_task(journal.flush_forever(0.01))
+        await asyncio.sleep(0.1)
+        flusher.cancel()
+        await asyncio.gather(flusher, return_exceptions=True)
+
+    asyncio.run(scenario())
+    # Each time before its batch: nothing of g1 yet, then g1 but not g2; at the end both.
+    first, second = on_disk_at_hook[:2]
+    assert first < second < bytes_on_disk()
+    assert sorted(newest_boundaries(tmp_path, LOG_ID, {"g1.0.0": want(9), "g2.0.0": want(9)},
+                                    journal.position())) == ["g1.0.0", "g2.0.0"]
