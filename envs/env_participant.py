@@ -40,8 +40,11 @@ AGENTS_FILE = "agents.jsonl"
 
 
 
-def env_capabilities(environments: list[EnvironmentCapabilities], name: str = "env") -> Capabilities:
-    return Capabilities(name=name, kind="environment", saves_state=True, environments=environments)
+def env_capabilities(
+    environments: list[EnvironmentCapabilities], name: str = "env", journals_turns: bool = False,
+) -> Capabilities:
+    return Capabilities(name=name, kind="environment", saves_state=True, environments=environments,
+                        journals_turns=journals_turns)
 
 
 class EnvParticipant:

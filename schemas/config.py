@@ -392,11 +392,12 @@ class SnapshotConfig(StrictModel):
     """Published snapshots kept per trainer checkpoint."""
     trainer_hold: bool = True
     """Hold the optimizer step from before the Gym phase until the cut (off: the peer's behaviour, for benchmarks)."""
-    agents: Literal["parked", "journal"] = "parked"
-    """Where a snapshot keeps its running agents. `parked`: admission closes, every agent parks at its next turn
-    boundary and the environment servers save them. `journal`: nothing stops; the snapshot records the
+    agents: Literal["auto", "parked", "journal"] = "auto"
+    """Where a snapshot keeps its running agents. `journal`: nothing stops; the snapshot records the
     environment servers' turn journal positions and a restore continues each running agent from its newest
-    journaled boundary (needs `env.journal_turns`, and `--journal-dir` on a remote env-server)."""
+    journaled boundary (needs `env.journal_turns`, and `--journal-dir` on a remote env-server). `parked`:
+    admission closes, every agent parks at its next turn boundary and the environment servers save them.
+    `auto`: `journal` when every environment server journals its turns, else `parked` with one warning."""
     checkpoint_on_demand: bool = True
     """A periodic or operator attempt with no trainer checkpoint at the current step asks for one (written between
     steps) instead of being skipped; turn off for models whose checkpoints are expensive (then save_period rules)."""

@@ -47,6 +47,9 @@ class Capabilities(Wire):
     """True when commit writes artifacts (agents, resources); False for a fence-only participant."""
     environments: list[EnvironmentCapabilities] = []
     """An environment server: what each environment it runs can do for recovery (empty: it runs no agents)."""
+    journals_turns: bool = False
+    """An environment server that journals every committed turn boundary, so a snapshot can keep its running agents
+    as journal positions (`snapshot.agents = "journal"`) instead of parking them."""
 
 
 class PrepareRequest(Wire):

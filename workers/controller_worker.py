@@ -21,6 +21,7 @@ from activities.snapshot_activities import SnapshotActivities
 from controller.fingerprint import config_fingerprint
 from controller.restore.crash_restore import CrashRestore
 from controller.runtime import Controller
+from controller.snapshot.agents_mode import AgentsMode
 from controller.snapshot.coordinator import SnapshotCoordinator
 from controller.stores import snapshot_store
 from controller.stores.trainer_checkpoint import published_steps
@@ -144,9 +145,10 @@ def controller_worker(
 
 async def start_snapshots(
     cfg: TurnkeepConfig, controller: Controller, session: aiohttp.ClientSession, address: str, run_id: str,
-    incarnation: int, recovery: CrashRestore | None = None,
+    incarnation: int, recovery: CrashRestore | None = None, *, agents_mode: AgentsMode,
 ) -> SnapshotRuntime:
-    """Start the workers; with `recovery`, restore the run through the recovery workflow; then start the run workflow."""
+    """Start the workers; with `recovery`, restore the run through the recovery workflow; then start the run workflow
+    whose attempts keep the running agents as `agents_mode` says (`snapshot.agents` resolved at start)."""
     processes = controller.processes
     security = cfg.temporal.security() if cfg.temporal.address is not None else None
     client = await connect(address, cfg.temporal.namespace, security)
@@ -177,7 +179,7 @@ async def start_snapshots(
                 run_id=run_id, incarnation=incarnation, attempt_interval_s=cfg.snapshot.attempt_interval_s,
                 max_consecutive_failures=cfg.snapshot.max_consecutive_failures, keep_latest_k=cfg.snapshot.keep_latest_k,
                 trainer_hold=cfg.snapshot.trainer_hold, checkpoint_on_demand=cfg.snapshot.checkpoint_on_demand,
-                agents=cfg.snapshot.agents, timeouts=timeouts(cfg),
+                agents=agents_mode, timeouts=timeouts(cfg),
                 carried=RunCarryOver(numbers=next_snapshot_numbers(cfg.run.run_dir)),
             ),
             id=run_workflow_id(run_id), task_queue=controller_queue(run_id),

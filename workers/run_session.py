@@ -26,6 +26,7 @@ from controller.restore.crash_restore import CrashRestore
 from controller.restore.restore_source import has_trainer_checkpoint
 from controller.rollout_levels import RolloutLevelPlan, plan_levels
 from controller.runtime import Controller, RunSummary
+from controller.snapshot.agents_mode import AgentsMode, resolve_agents_mode
 from controller.stores.run_dir import RunIdentity, open_run_dir
 from controller.stores.trainer_checkpoint import CheckpointIdentity
 from primitives.atomic_files import append_jsonl
@@ -34,6 +35,7 @@ from primitives.pid_files import write_pid_file
 from schemas.audit import RunEnded, RunStarted
 from schemas.config import TurnkeepConfig
 from schemas.names import ray_namespace
+from schemas.participant import Capabilities
 from schemas.recovery import RecoveryResult, SourceKind
 from workers.controller_worker import (
     participant_clients,
@@ -91,10 +93,11 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
         servers = ", ".join(f"{ep.name} {ep.url} ({', '.join(ep.environments)})" for ep in processes.env_servers)
         log.info("policy server %s, environment servers: %s; model %s", processes.policy_url, servers,
                  processes.model_dir)
+        servers = await _server_capabilities(cfg, processes, session)
         controller = Controller(
             cfg, processes, session, max_steps, audit=audit,
             checkpoint_identity=CheckpointIdentity(identity.run_id, fingerprint_fields(cfg)),
-            level_plans=await _recovery_plans(cfg, processes, session),
+            level_plans=_recovery_plans(cfg, servers),
         )
         stack.push_async_callback(controller.env_client.close)
         stack.callback(lambda: controller.data_plane.journal.close())
@@ -104,7 +107,7 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
         snapshots, watch = None, None
         if temporal_address is not None:
             snapshots = await start_snapshots(cfg, controller, session, temporal_address, identity.run_id,
-                                              identity.incarnation, recovery)
+                                              identity.incarnation, recovery, agents_mode=_agents_mode(cfg, servers))
             stack.push_async_callback(stop_snapshots, snapshots, "training finished", cfg.snapshot.phase_timeout_s)
             watch = snapshots.watch()
             if snapshots.ctx.recovery is not None:
@@ -158,14 +161,30 @@ async def _processes(cfg: TurnkeepConfig, identity: RunIdentity, head: RayHead |
     return await launch(cfg, identity.incarnation, reserve_gpus(cfg, detached=True), identity=stamp)
 
 
-async def _recovery_plans(cfg: TurnkeepConfig, processes, session) -> dict[str, RolloutLevelPlan]:
-    """Each environment's recovery level, lowered from what its server reports; one warning per lowered one."""
+async def _server_capabilities(cfg: TurnkeepConfig, processes, session) -> list[Capabilities]:
     environments, _ = participant_clients(processes, session, cfg.snapshot.phase_timeout_s)
-    reported = [caps for env in environments for caps in (await env.capabilities()).environments]
-    plans, warnings = plan_levels(cfg, reported)
+    return [await env.capabilities() for env in environments]
+
+
+def _warn(warning: str) -> None:
+    log.warning("%s", warning)
+    print(f"turnkeep: warning: {warning}", file=sys.stderr, flush=True)
+
+
+def _agents_mode(cfg: TurnkeepConfig, servers: list[Capabilities]) -> AgentsMode:
+    """`snapshot.agents` resolved against the servers; one warning when `auto` has to park."""
+    mode, warning = resolve_agents_mode(cfg.snapshot.agents, cfg.env.journal_turns, servers)
+    if warning is not None:
+        _warn(warning)
+    log.info("snapshots keep the running agents: %s (snapshot.agents = %s)", mode, cfg.snapshot.agents)
+    return mode
+
+
+def _recovery_plans(cfg: TurnkeepConfig, servers: list[Capabilities]) -> dict[str, RolloutLevelPlan]:
+    """Each environment's recovery level, lowered from what its server reports; one warning per lowered one."""
+    plans, warnings = plan_levels(cfg, [caps for server in servers for caps in server.environments])
     for warning in warnings:
-        log.warning("%s", warning)
-        print(f"turnkeep: warning: {warning}", file=sys.stderr, flush=True)
+        _warn(warning)
     levels = ", ".join(f"{p.name}={p.level}{' (group-scored)' if p.group_scored else ''}" for p in plans.values())
     log.info("recovery levels: %s", levels)
     return plans

@@ -92,6 +92,9 @@ def test_two_remote_servers_and_the_local_one_snapshot_restore_and_survive_a_kil
         wait_until(remote_agents_parked_after_the_return, 300,
                    "training and a published snapshot with remote agents parked after remote_a came back", run)
         output = log.read_text()
+        # The remote servers keep no turn journal, so `snapshot.agents = "auto"` parks, and says why once.
+        assert output.count("turnkeep: warning: snapshots park the running agents") == 1, output[-3000:]
+        assert "environment server(s) ['remote_a', 'remote_b'] keep no turn journal" in output
         assert re.search(r"environment server remote_a \(http://127\.0\.0\.1:\d+\) has been away for", output)
         assert "re-attached environment server remote_a" in output or "remote_a is back" in output
 

@@ -36,8 +36,9 @@ def scenario_config(base: TurnkeepConfig, rollout: dict | None = None, **snapsho
     run_dir = Path(tempfile.mkdtemp(prefix="tk-snap-", dir="/tmp"))
     data = base.model_dump(mode="json")
     data["run"]["run_dir"] = str(run_dir)
+    # Parked unless a test asks for journal snapshots: most scenarios here are about the Gym phase's parking.
     data["snapshot"] = {"attempt_interval_s": 3600, "prepare_timeout_s": 30, "phase_timeout_s": 20, "lease_s": 15,
-                        **snapshot}
+                        "agents": "parked", **snapshot}
     data["train"]["save_period"] = 2
     data["rollout"].update(rollout or {})
     return TurnkeepConfig.model_validate(data)
@@ -61,7 +62,8 @@ async def run_scenario(
         (env,), policy = participant_clients(stack, session, 30)
         await env.set_faults(env_faults or FaultPlan())
         await policy.set_faults(policy_faults or FaultPlan())
-        snapshots = await start_snapshots(cfg, controller, session, address, run_id, incarnation=1)
+        snapshots = await start_snapshots(cfg, controller, session, address, run_id, incarnation=1,
+                                          agents_mode=cfg.snapshot.agents)
         try:
             side = asyncio.ensure_future(during(snapshots, controller)) if during else None
             if steps is None:
