@@ -257,7 +257,8 @@ def test_a_journal_snapshot_stops_nothing_and_names_the_journal_positions(stack,
 
         watcher = asyncio.ensure_future(watch())
         try:
-            for number in range(6):
+            # Up to 12 tries: a cut can find no agent running (generation ahead, the data plane full).
+            for number in range(12):
                 await snapshots.handle.signal(RunWorkflow.snapshot_now, SnapshotNowSignal(reason=f"journal #{number}"))
                 status = await _until_outcome(snapshots, lambda r: r.reason != last[0] and r.trigger == "operator")
                 last[0] = status.last_result.reason
