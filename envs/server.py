@@ -52,7 +52,7 @@ from schemas.environments import (
     JudgeReply,
     JudgeRequest,
 )
-from schemas.participant import JournalMark, ParticipantError, RestoreReply, RestoreRequest, SavedAgent
+from schemas.participant import Capabilities, JournalMark, ParticipantError, RestoreReply, RestoreRequest, SavedAgent
 from schemas.rollout import (
     AckRequest,
     CancelRequest,
@@ -111,7 +111,7 @@ class EnvServer:
         self.agents = AgentRegistry(self.door, self.boundary_gate)
         self.environments = self._capabilities(factory.names(), group_size)
         self.participant = ParticipantCore(
-            env_capabilities(self.environments, name, journals_turns=self.turn_journal is not None),
+            self._participant_capabilities(name),
             EnvParticipant(self.agents, self.records, self.receipts, self.door, self.boundary_gate,
                            before_write=audit.flush if audit is not None else None),
         )
@@ -229,8 +229,7 @@ class EnvServer:
         self._attach(codec, request.policy_url, LoopLimits(**request.limits.model_dump()), attachment)
         if self.factory.answers_any_name:
             self.environments = self._capabilities([request.name], request.group_size)
-            self.participant.rename(env_capabilities(self.environments, request.name,
-                                                     journals_turns=self.turn_journal is not None))
+            self.participant.rename(self._participant_capabilities(request.name))
         reply = AttachReply(name=self.participant.name, attachment=attachment, environments=self.environments)
         return web.Response(body=reply.model_dump_json(), content_type="application/json")
 
@@ -374,6 +373,9 @@ class EnvServer:
         except (ValueError, NotImplementedError) as err:
             return _bad_request(f"cannot judge this group: {err}")
         return web.Response(body=JudgeReply(rewards=rewards).model_dump_json(), content_type="application/json")
+
+    def _participant_capabilities(self, name: str) -> Capabilities:
+        return env_capabilities(self.environments, name, journals_turns=self.turn_journal is not None)
 
     def _flush_audit(self) -> None:
         try:

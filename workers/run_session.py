@@ -93,11 +93,11 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
         servers = ", ".join(f"{ep.name} {ep.url} ({', '.join(ep.environments)})" for ep in processes.env_servers)
         log.info("policy server %s, environment servers: %s; model %s", processes.policy_url, servers,
                  processes.model_dir)
-        servers = await _server_capabilities(cfg, processes, session)
+        reported = await _server_capabilities(cfg, processes, session)
         controller = Controller(
             cfg, processes, session, max_steps, audit=audit,
             checkpoint_identity=CheckpointIdentity(identity.run_id, fingerprint_fields(cfg)),
-            level_plans=_recovery_plans(cfg, servers),
+            level_plans=_recovery_plans(cfg, reported),
         )
         stack.push_async_callback(controller.env_client.close)
         stack.callback(lambda: controller.data_plane.journal.close())
@@ -107,7 +107,7 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
         snapshots, watch = None, None
         if temporal_address is not None:
             snapshots = await start_snapshots(cfg, controller, session, temporal_address, identity.run_id,
-                                              identity.incarnation, recovery, agents_mode=_agents_mode(cfg, servers))
+                                              identity.incarnation, recovery, agents_mode=_agents_mode(cfg, reported))
             stack.push_async_callback(stop_snapshots, snapshots, "training finished", cfg.snapshot.phase_timeout_s)
             watch = snapshots.watch()
             if snapshots.ctx.recovery is not None:
