@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     ]
     notes = ["Restart time is mostly process start-up: Ray, the vLLM engine (about 20 s on CPU) and the "
              "Temporal dev server; the recovery workflow itself takes well under a second here.",
-             "Tokens generated again are the turns after the restored cut, plus all in-flight turns when the "
-             "restore fell back to a trainer checkpoint's own data plane."]
+             "Tokens generated again are the turns after the restored cut or checkpoint, plus the turns in "
+             "flight at the kill (and every in-flight turn of an environment server without a turn journal)."]
     return BenchResult("recovery", markdown_table(["figure", "value"], rows),
                        {"chaos_dir": str(chaos_dir), "report": report}, notes)

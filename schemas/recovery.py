@@ -43,7 +43,8 @@ class SourceKind(StrEnum):
     OLDER_SNAPSHOT = "older_snapshot"
     """A snapshot under the newest usable trainer checkpoint, after newer ones failed to verify."""
     TRAINER_CHECKPOINT = "trainer_checkpoint"
-    """The trainer checkpoint's own data plane: in-flight rollouts start over."""
+    """The trainer checkpoint's own data plane; running agents continue from the environment servers' turn
+    journals (those of a server without one start over)."""
     FRESH = "fresh"
     """No trainer checkpoint existed yet: the run starts from step 0."""
 

@@ -405,7 +405,8 @@ def _source_under(
     none_left = f"no snapshot under {under} verified" if numbers else f"no published snapshot under {under}"
     fallback = (
         f"{none_left}; using the trainer checkpoint's own data plane (step {checkpoint.step}, "
-        f"policy version {checkpoint.policy_version}): in-flight rollouts start over"
+        f"policy version {checkpoint.policy_version}): running agents continue from the environment servers' turn "
+        "journals (those of a server without one start over)"
     )
     return RecoverySource(
         kind=SourceKind.TRAINER_CHECKPOINT,

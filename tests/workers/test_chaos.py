@@ -54,9 +54,11 @@ def test_a_kill_in_every_phase_restores_and_keeps_every_invariant(chaos_run) -> 
     results = {r["number"]: r for r in report["verdict"]["results"]}
     assert all(r["ok"] for r in results.values()), results
     assert results[1]["checked"] > 0
-    # Some restore came from a snapshot with parked agents, and they resumed exactly (invariant 2).
+    # No restore fell back to rows only: each came from a snapshot or a trainer checkpoint, whichever was newest
+    # where the kill landed (a restore from a parked snapshot is pinned down in test_remote_env_servers.py).
+    # Continued agents resumed exactly (invariant 2).
     counts = report["verdict"]["counts"]
-    assert counts["restores_by_source"].get("snapshot", 0) >= 1
+    assert set(counts["restores_by_source"]) <= {"fresh", "snapshot", "trainer_checkpoint"}, counts
     assert counts["continuations_sealed"] >= 1 and results[2]["checked"] >= 1
 
 

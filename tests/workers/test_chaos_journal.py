@@ -36,8 +36,11 @@ def test_kills_around_journal_snapshots_restore_running_agents_from_the_journals
 
     events = list(read_audit(run_dir))
     restores = [e for e in events if e.event == "restored" and e.source != "fresh"]
+    # Every trainer checkpoint is a snapshot: whether the newest one had a published snapshot under it yet
+    # (source "snapshot") or not ("trainer_checkpoint") depends on where the kill landed, and either way its
+    # running agents come from the turn journals.
     assert restores and all(e.agents_from == "journal" for e in restores), [(e.source, e.agents_from) for e in restores]
-    assert any(e.source == "snapshot" for e in restores)
+    assert {e.source for e in restores} <= {"snapshot", "trainer_checkpoint"}, [e.source for e in restores]
     # Admission never closed for a snapshot (a restore's own pause is a recovery holder).
     assert not [e for e in events if e.event == "hold_changed" and e.change == "taken" and "admission" in e.holds
                 and e.holder.startswith("snapshot:")]

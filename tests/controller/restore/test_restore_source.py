@@ -254,7 +254,8 @@ def test_every_snapshot_bad_falls_back_to_the_trainer_checkpoint(tmp_path: Path)
     assert [s.problem for s in source.skipped] == ["unreadable_manifest", "digest_mismatch"]
     assert source.reason.endswith(
         "no snapshot under checkpoints/step_40 verified; using the trainer checkpoint's own data plane "
-        "(step 40, policy version 40): in-flight rollouts start over"
+        "(step 40, policy version 40): running agents continue from the environment servers' turn journals "
+        "(those of a server without one start over)"
     )
 
 
