@@ -35,6 +35,7 @@ from envs.kinds import EnvironmentFactory, capabilities_of
 from envs.policy_client import PolicyCallError, PolicyClient
 from envs.receipts import ReceiptBook
 from envs.restored_agents import RestoredAgents, RestoreError
+from envs.slow_tools import slow_tools
 from envs.turn_journal import TurnJournal
 from envs.turn_records import TurnRecords
 from participants.core import ParticipantCore, ParticipantFault
@@ -318,7 +319,7 @@ class EnvServer:
                 return _failed(request, f"no restored agent {request.resume_from} on this server; "
                                         "rerun the sibling from scratch")
         try:
-            env = self.factory.make(request.problem)
+            env = slow_tools(self.factory.make(request.problem), self._faults.tool_delay_s(request.problem.env))
         except ValueError as err:
             return _failed(request, str(err))
         async with self.agents.live(request) as agent:

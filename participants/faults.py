@@ -2,8 +2,8 @@
 
 The snapshot workflow's retry and compensation paths only run when a participant
 misbehaves; a `FaultPlan` makes a real participant misbehave on cue: fail the next N
-calls of a route with HTTP 5xx, fail the next N commit writes with ENOSPC, or slow a
-route down. It is served only when the config's `fault_injection` is on.
+calls of a route with HTTP 5xx, fail the next N commit writes with ENOSPC, slow a
+route down, or slow an environment's tools down. It is served only when the config's `fault_injection` is on.
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ class FaultInjector:
 
     def delay_s(self, route: str) -> float:
         return self.plan.delay_s.get(route, 0.0)
+
+    def tool_delay_s(self, env: str) -> float:
+        return self.plan.tool_delay_s.get(env, 0.0)
 
     def crash_rollout(self, env: str) -> bool:
         """True when an injected tool crash is due for a rollout of environment `env`."""

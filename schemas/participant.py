@@ -257,6 +257,9 @@ class FaultPlan(Wire):
     """The next N commits raise OSError(ENOSPC) inside the write (reported as HTTP 507, `io_error`)."""
     delay_s: dict[CheckpointRoute, Annotated[float, Field(ge=0)]] = {}
     """Seconds every call of a route takes after it has acted (a slow drain or a slow write), until the plan changes."""
+    tool_delay_s: dict[str, Annotated[float, Field(ge=0)]] = {}
+    """Environment servers: every tool call of the named environment's agents takes this many seconds longer (a
+    slow tool that keeps agents mid-rollout), until the plan changes."""
     crash_rollouts: dict[str, Annotated[int, Field(ge=0)]] = {}
     """Environment servers: the next N rollouts of each named environment fail at once, as if their tool crashed
     (a live failure of one sibling)."""

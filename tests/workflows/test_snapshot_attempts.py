@@ -91,18 +91,20 @@ def test_a_parked_rollout_longer_than_its_budget_is_not_timed_out(stack, stack_c
         # Whether agents are mid-rollout at a given instant is timing; ask until one attempt parked some.
         for number in range(8):
             await snapshots.handle.signal(RunWorkflow.snapshot_now, SnapshotNowSignal(reason=f"park #{number}"))
-            status = await _until_outcome(snapshots, lambda r: r.trigger == "operator" and r.reason != last[0])
-            last[0] = status.last_result.reason
+            status = await _until_outcome(snapshots, lambda r: r.trigger == "operator" and r.checkpoint_id not in seen)
+            seen.add(status.last_result.checkpoint_id)
             if status.last_result.parked_agents > 0:
                 return
 
-    last = [""]
+    seen: set[str] = set()
     # The park (prepare delayed 12 s) is half again the budget, and the budget is far above a rollout's own running
-    # time even on a loaded machine (a 2 s budget there timed out rollouts that had merely run slowly).
-    cfg = scenario_config(stack_config, rollout={"rollout_timeout_s": 8.0, "max_inflight_groups": 24})
+    # time even on a loaded machine (a 2 s budget there timed out rollouts that had merely run slowly). Slow tools
+    # and a small window keep generation behind training, so agents are mid-rollout when the trainer is held (with
+    # generation ahead, every agent finished before admission closed and nothing was parked).
+    cfg = scenario_config(stack_config, rollout={"rollout_timeout_s": 8.0, "max_inflight_groups": 8})
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"save_period": 1000})})
     result = asyncio.run(run_scenario(stack, temporal_address, cfg, steps=None, during=snapshot_until_agents_were_parked,
-                                      env_faults=FaultPlan(delay_s={"prepare": 12.0})))
+                                      env_faults=FaultPlan(delay_s={"prepare": 12.0}, tool_delay_s={"calc": 0.3})))
     parked = [line for line in result.snapshot_lines if line["parked_agents"] > 0]
     assert parked, result.snapshot_lines
     assert parked[0]["outcome"] == "published"
@@ -257,20 +259,23 @@ def test_a_journal_snapshot_stops_nothing_and_names_the_journal_positions(stack,
 
         watcher = asyncio.ensure_future(watch())
         try:
-            # Up to 12 tries: a cut can find no agent running (generation ahead, the data plane full).
+            # Slow tools keep agents mid-rollout; still, up to 12 tries, as a cut can find no agent running. A new
+            # attempt is told by its id: a skipped one ("nothing changed") repeats the last one's reason.
             for number in range(12):
                 await snapshots.handle.signal(RunWorkflow.snapshot_now, SnapshotNowSignal(reason=f"journal #{number}"))
-                status = await _until_outcome(snapshots, lambda r: r.reason != last[0] and r.trigger == "operator")
-                last[0] = status.last_result.reason
+                status = await _until_outcome(snapshots,
+                                              lambda r: r.checkpoint_id not in seen and r.trigger == "operator")
+                seen.add(status.last_result.checkpoint_id)
                 if status.last_result.journaled_agents > 0 and number >= 1:
                     return
         finally:
             watcher.cancel()
 
-    last = [""]
+    seen: set[str] = set()
     cfg = scenario_config(stack_config, agents="journal", rollout={"max_inflight_groups": 24})
     result = asyncio.run(run_scenario(stack, temporal_address, cfg, steps=None,
-                                      during=snapshot_while_watching_the_gates))
+                                      during=snapshot_while_watching_the_gates,
+                                      env_faults=FaultPlan(tool_delay_s={"calc": 0.3})))
     published = [line for line in result.snapshot_lines if line["outcome"] == "published"]
     assert len(published) >= 2, result.snapshot_lines
     assert closed_by_snapshots == set()
