@@ -70,11 +70,14 @@ def check_rollout_levels(cfg: TurnkeepConfig) -> None:
                 "override the other environments instead"
             )
     wants_turns = [name for name in cfg.environments if _configured_level(cfg, name) == "turn"]
-    if wants_turns and not cfg.snapshot.enabled:
+    # A restore continues turns from a parked snapshot or from the environment servers' turn journals (which
+    # every trainer checkpoint restore reads); with neither there is nothing to continue.
+    if wants_turns and not cfg.snapshot.enabled and not cfg.env.journal_turns:
         raise RolloutLevelError(
             f"rollout_recovery.target_level = 'turn' (environments {wants_turns}) continues turns saved by "
-            "snapshots, but snapshot.enabled = false takes none; set snapshot.enabled = true, or "
-            "rollout_recovery.target_level = 'sibling' (trainer checkpoints keep sealed siblings)"
+            "snapshots or turn journals, but snapshot.enabled = false and env.journal_turns = false keep none; set "
+            "env.journal_turns = true (or snapshot.enabled = true), or rollout_recovery.target_level = 'sibling' "
+            "(trainer checkpoints keep sealed siblings)"
         )
     for name, spec in sorted(cfg.environments.items()):
         if spec.group_size is not None and spec.group_size != cfg.rollout.group_size:

@@ -41,8 +41,9 @@ def test_a_coarser_target_is_not_lowered_further_and_overrides_only_coarsen():
      ["rollout_recovery.overrides", "'jduge'", "[environments.jduge]"]),
     ({"environments": MIXED, "rollout_recovery": {"target_level": "sibling", "overrides": {"calc": "turn"}}},
      ["rollout_recovery.overrides.calc = 'turn'", "rollout_recovery.target_level = 'sibling'", "coarser"]),
-    ({"snapshot": {"enabled": False}},
-     ["rollout_recovery.target_level = 'turn'", "snapshot.enabled = false", "snapshot.enabled = true"]),
+    ({"snapshot": {"enabled": False}, "env": {"journal_turns": False}},
+     ["rollout_recovery.target_level = 'turn'", "snapshot.enabled = false", "env.journal_turns = false",
+      "env.journal_turns = true"]),
     ({"environments": {"judge": {"kind": "judge", "group_size": 4}}, "rollout": {"group_size": 8}},
      ["environments.judge.group_size = 4", "rollout.group_size = 8", "set both"]),
 ])
@@ -54,8 +55,13 @@ def test_settings_that_cannot_be_honoured_are_refused_naming_both_settings_and_t
 
 
 def test_snapshots_off_is_fine_once_no_environment_needs_saved_turns():
-    check_rollout_levels(parse_config({"snapshot": {"enabled": False},
+    check_rollout_levels(parse_config({"snapshot": {"enabled": False}, "env": {"journal_turns": False},
                                           "rollout_recovery": {"target_level": "sibling"}}))
+
+
+def test_snapshots_off_keeps_the_turn_level_while_the_turn_journals_hold_the_turns():
+    # A restore from a trainer checkpoint continues its running agents from the turn journals.
+    check_rollout_levels(parse_config({"snapshot": {"enabled": False}}))
 
 
 def test_a_server_that_does_not_report_a_configured_environment_is_refused():
