@@ -3,7 +3,8 @@
 The snapshot workflow's retry and compensation paths only run when a participant
 misbehaves; a `FaultPlan` makes a real participant misbehave on cue: fail the next N
 calls of a route with HTTP 5xx, fail the next N commit writes with ENOSPC, slow a
-route down, or slow an environment's tools down. It is served only when the config's `fault_injection` is on.
+route down, or slow an environment's tools down. It is served only when the config's
+`fault_injection` is on.
 """
 
 from __future__ import annotations

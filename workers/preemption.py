@@ -88,7 +88,8 @@ class PreemptionHandler:
         training.request_checkpoint("preemption")
         while not training.has_checkpoint_of_current_step():
             await asyncio.sleep(0.1)
-        return f"trainer checkpoint checkpoints/step_{training.step} (its data plane; running agents continue from the turn journals)"
+        return (f"trainer checkpoint checkpoints/step_{training.step} "
+                "(its data plane; running agents continue from the turn journals)")
 
 
 def _kill_children(run_dir: Path) -> None:
