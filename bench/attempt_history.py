@@ -1,12 +1,17 @@
 """Where one workflow execution's wall time went, from the timestamps of its history events
 alone: inside activities, waiting for a worker to pick an activity up, and in workflow
-tasks. Pure arithmetic on `HistoryEvent`s, so it can be checked on hand-built events."""
+tasks. Pure arithmetic on `HistoryEvent`s, so it can be checked on hand-built events.
+
+A local activity has no events of its own: it runs inside a workflow task and leaves a
+marker with its schedule and completion times, which count as inside time and not as
+workflow-task time."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import orjson
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 
@@ -24,6 +29,7 @@ ACTIVITY_CLOSES = {
     EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT: "activity_task_timed_out_event_attributes",
     EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED: "activity_task_canceled_event_attributes",
 }
+LOCAL_ACTIVITY_MARKER = "core_local_activity"
 WORKFLOW_TASK_CLOSES = {
     EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED: "workflow_task_completed_event_attributes",
     EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED: "workflow_task_failed_event_attributes",
@@ -38,18 +44,22 @@ class HistoryTimes:
     wall_s: float
     """Close event time minus WorkflowExecutionStarted time."""
     inside_s: float = 0.0
-    """Sum over activities of close minus (last attempt's) start: the time spent in activity code."""
+    """Sum over activities of close minus (last attempt's) start, and over local activities of completion minus
+    schedule: the time spent in activity code."""
     queue_s: float = 0.0
     """Sum over first-attempt activities of start minus schedule: dispatch latency to a worker."""
     retry_s: float = 0.0
     """Sum over retried activities of last start minus schedule: earlier attempts and backoff.
     Temporal writes only the last attempt's Started event, so this cannot be split further."""
     workflow_task_s: float = 0.0
-    """Sum over workflow tasks of close minus schedule: workflow code and its task round trips."""
+    """Sum over workflow tasks of close minus schedule, less the local activities run inside them: workflow code
+    and its task round trips."""
     workflow_task_wait_s: float = 0.0
     """The part of `workflow_task_s` before a worker took the task (schedule -> start)."""
     workflow_tasks: int = 0
     activities: int = 0
+    """Every activity, local ones included."""
+    local_activities: int = 0
     retried_activities: int = 0
     activity_s: dict[str, float] = field(default_factory=dict)
     """Inside time per activity type, summed."""
@@ -57,6 +67,19 @@ class HistoryTimes:
 
 def seconds(event: HistoryEvent) -> float:
     return event.event_time.seconds + event.event_time.nanos / 1e9
+
+
+def local_activity(event: HistoryEvent) -> tuple[str, float] | None:
+    """(activity type, seconds from schedule to completion) of a local activity's marker; None for other markers."""
+    marker = event.marker_recorded_event_attributes
+    if marker.marker_name != LOCAL_ACTIVITY_MARKER or "data" not in marker.details:
+        return None
+    data = orjson.loads(marker.details["data"].payloads[0].data)
+
+    def at(stamp: dict) -> float:
+        return stamp["seconds"] + stamp.get("nanos", 0) / 1e9
+
+    return data["activity_type"], max(0.0, at(data["complete_time"]) - at(data["original_schedule_time"]))
 
 
 def history_times(events: Iterable[HistoryEvent]) -> HistoryTimes:
@@ -69,6 +92,7 @@ def history_times(events: Iterable[HistoryEvent]) -> HistoryTimes:
     task_started: dict[int, float] = {}
     task_s = task_wait_s = 0.0
     tasks = 0
+    local: list[tuple[str, float]] = []
     for event in events:
         kind = event.event_type
         if kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
@@ -82,6 +106,8 @@ def history_times(events: Iterable[HistoryEvent]) -> HistoryTimes:
         elif kind in ACTIVITY_CLOSES:
             scheduled_id = getattr(event, ACTIVITY_CLOSES[kind]).scheduled_event_id
             spans.append((scheduled[scheduled_id], activity_started.get(scheduled_id), event))
+        elif kind == EventType.EVENT_TYPE_MARKER_RECORDED and (ran := local_activity(event)) is not None:
+            local.append(ran)
         elif kind == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
             task_scheduled[event.event_id] = seconds(event)
         elif kind == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
@@ -96,8 +122,12 @@ def history_times(events: Iterable[HistoryEvent]) -> HistoryTimes:
     if started_at is None or closed_at is None:
         raise ValueError("the history has no start or no close event: is the execution still running?")
 
-    times = HistoryTimes(close=close, wall_s=closed_at - started_at, workflow_task_s=task_s,
-                         workflow_task_wait_s=task_wait_s, workflow_tasks=tasks, activities=len(scheduled))
+    local_s = sum(seconds_inside for _, seconds_inside in local)
+    times = HistoryTimes(close=close, wall_s=closed_at - started_at, workflow_task_s=task_s - local_s,
+                         workflow_task_wait_s=task_wait_s, workflow_tasks=tasks,
+                         activities=len(scheduled) + len(local), local_activities=len(local), inside_s=local_s)
+    for name, inside in local:
+        times.activity_s[name] = times.activity_s.get(name, 0.0) + inside
     for sched, start, end in spans:
         if start is None:
             # Closed before any worker took it (cancelled, schedule-to-start timeout): all waiting.

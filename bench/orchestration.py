@@ -169,7 +169,9 @@ def notes_of(costs: list[AttemptCost]) -> list[str]:
     ]
     if tasks:
         notes.append(
-            f"per workflow task ({tasks:.0f} in all: one to start, one after each activity): {1000 * task_wait_s / tasks:.0f} ms "
+            f"per workflow task ({tasks:.0f} in all: one to start, one after each activity that is not local; "
+            f"{total(lambda c: c.times.local_activities):.0f} local activities ran inside them): "
+            f"{1000 * task_wait_s / tasks:.0f} ms "
             f"before the worker took it and {1000 * (task_s - task_wait_s) / tasks:.0f} ms until it completed; the "
             "workflow code itself is a few lines, so long tasks mean the worker process (its event loop, the GIL "
             "or the CPU) was busy"

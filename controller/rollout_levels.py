@@ -21,6 +21,7 @@ from schemas.environments import (
     RecoveryMode,
     coarser,
 )
+from schemas.participant import Capabilities
 
 _WHY_LOWERED = {
     "restart_only": "its state cannot be saved, so a saved turn cannot be continued; unfinished siblings rerun "
@@ -110,6 +111,24 @@ def plan_levels(
             )
         plans[name] = RolloutLevelPlan(name, caps.kind, caps.recovery_mode, level, caps.group_scored)
     return plans, warnings
+
+
+def unjournaled_turns_warning(cfg: TurnkeepConfig, servers: list[Capabilities],
+                             plans: dict[str, RolloutLevelPlan]) -> str | None:
+    """With snapshots off, only the turn journals keep turns: an environment planned at 'turn' on a server that
+    keeps no journal continues nothing after a restore. One warning naming those servers and the fixes, or None."""
+    if cfg.snapshot.enabled:
+        return None  # its snapshots keep the agents of a server without a journal (parked)
+    lacking = {server.name: [caps.name for caps in server.environments
+                             if caps.name in plans and plans[caps.name].continues_saved_turns]
+               for server in servers if not server.journals_turns}
+    lacking = {name: envs for name, envs in lacking.items() if envs}
+    if not lacking:
+        return None
+    named = "; ".join(f"{server} ({', '.join(sorted(envs))})" for server, envs in sorted(lacking.items()))
+    return (f"environment server(s) {named} keep no turn journal and snapshot.enabled = false: after a restore "
+            "their unfinished siblings start over (the 'sibling' level, not 'turn'); start them with `turnkeep "
+            "env-server --journal-dir DIR`, or set snapshot.enabled = true")
 
 
 def _configured_level(cfg: TurnkeepConfig, name: str) -> RecoveryLevel:

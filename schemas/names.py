@@ -93,6 +93,14 @@ class Activity(StrEnum):
     POLICY_LOAD_WEIGHTS = "policy.load_weights"
 
 
+LOCAL_ACTIVITIES = frozenset({
+    Activity.PREFLIGHT, Activity.OPEN_STAGING, Activity.DISCARD_STAGING, Activity.GYM_MARK, Activity.CUT,
+    Activity.PUBLISH, Activity.ANCHOR, Activity.REQUEST_CHECKPOINT, Activity.RECORD,
+})
+"""The controller's short calls that run as local activities on the workflow worker: no task-queue round trip
+and no workflow task of their own (a journal attempt's 7 activities cost 3 workflow tasks, not 8). The
+controller also keeps them as ordinary activities, for histories recorded before."""
+
 # -- holders of the hold sets (admission, deadlines, the trainer hold, the policy gate) --
 
 REFIT_HOLDER = "refit"

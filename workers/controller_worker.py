@@ -31,6 +31,7 @@ from schemas import search_attributes as sa
 from schemas.config import TurnkeepConfig
 from schemas.names import (
     CHECKPOINT_HOLDER_PREFIX,
+    LOCAL_ACTIVITIES,
     checkpoint_holder,
     controller_queue,
     recovery_workflow_id,
@@ -44,6 +45,7 @@ from schemas.snapshot import (
     TrainerCheckpointSignal,
     Trigger,
 )
+from workers.loop_bridge import bridged_activities
 from workers.temporal_server import register_search_attributes
 from workers.workflow_thread import WorkflowThread
 from workflows.recovery_workflow import RecoveryWorkflow
@@ -132,15 +134,16 @@ def controller_worker(
 ) -> tuple[Worker, asyncio.Task]:
     """The controller's activities on `<run_id>.controller`, on the controller's loop with the objects they change
     (the workflows run on `WorkflowThread`, on the same queue)."""
-    gym, snap = GymActivities(ctx), SnapshotActivities(ctx)
     extra = [] if recovery is None else [recovery.cancel_stale, recovery.choose_source, recovery.restore,
                                          recovery.resume]
-    return start_worker(
-        client, controller_queue(ctx.run_id),
-        activities=[gym.mark, gym.prepare, gym.commit, gym.resume, gym.abort, snap.anchor, snap.request_checkpoint,
-                    snap.preflight, snap.open_staging,
-                    snap.discard_staging, snap.cut, snap.publish, snap.record, *extra],
-    )
+    return start_worker(client, controller_queue(ctx.run_id), activities=[*controller_activities(ctx), *extra])
+
+
+def controller_activities(ctx: SnapshotCoordinator) -> list:
+    """Every attempt and run phase the controller itself carries out."""
+    gym, snap = GymActivities(ctx), SnapshotActivities(ctx)
+    return [gym.mark, gym.prepare, gym.commit, gym.resume, gym.abort, snap.anchor, snap.request_checkpoint,
+            snap.preflight, snap.open_staging, snap.discard_staging, snap.cut, snap.publish, snap.record]
 
 
 async def start_snapshots(
@@ -166,8 +169,9 @@ async def start_snapshots(
     recovery_acts = None
     if recovery is not None:
         recovery_acts = RecoveryActivities(client, recovery, incarnation, wait_s=cfg.snapshot.phase_timeout_s)
+    local = bridged_activities(controller_activities(ctx), LOCAL_ACTIVITIES, asyncio.get_running_loop())
     workflows = WorkflowThread(address, cfg.temporal.namespace, security, controller_queue(run_id),
-                               CONTROLLER_WORKFLOWS)
+                               CONTROLLER_WORKFLOWS, local)
     await workflows.start()
     try:
         worker, worker_task = controller_worker(client, ctx, recovery_acts)

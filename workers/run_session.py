@@ -24,7 +24,7 @@ from controller.fingerprint import fingerprint_fields, process_digest
 from controller.processes import Processes
 from controller.restore.crash_restore import CrashRestore
 from controller.restore.restore_source import has_trainer_checkpoint
-from controller.rollout_levels import RolloutLevelPlan, plan_levels
+from controller.rollout_levels import RolloutLevelPlan, plan_levels, unjournaled_turns_warning
 from controller.runtime import Controller, RunSummary
 from controller.snapshot.agents_mode import AgentsMode, resolve_agents_mode
 from controller.stores.run_dir import RunIdentity, open_run_dir
@@ -183,6 +183,8 @@ def _agents_mode(cfg: TurnkeepConfig, servers: list[Capabilities]) -> AgentsMode
 def _recovery_plans(cfg: TurnkeepConfig, servers: list[Capabilities]) -> dict[str, RolloutLevelPlan]:
     """Each environment's recovery level, lowered from what its server reports; one warning per lowered one."""
     plans, warnings = plan_levels(cfg, [caps for server in servers for caps in server.environments])
+    if (unjournaled := unjournaled_turns_warning(cfg, servers, plans)) is not None:
+        warnings.append(unjournaled)
     for warning in warnings:
         _warn(warning)
     levels = ", ".join(f"{p.name}={p.level}{' (group-scored)' if p.group_scored else ''}" for p in plans.values())

@@ -6,7 +6,9 @@ measured most of an attempt's orchestration time there. Here the workflows (run,
 recovery) are polled and run on a loop that does nothing else, while the controller's
 activities stay on the main loop with the objects they work on. Both workers poll the
 same task queue; Temporal hands workflow tasks only to the worker that registered
-workflows, activity tasks only to the one with activities.
+workflows, activity tasks only to the one with activities. The controller's short attempt
+phases run here as local activities (`workers.loop_bridge` hands each call to the main
+loop), so they cost no task-queue round trip and no workflow task of their own.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import threading
 from collections.abc import Sequence
 
 from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from primitives.temporal_client import connect
 from schemas.config import TemporalSecurity
@@ -25,6 +28,13 @@ log = logging.getLogger("turnkeep.snapshot")
 
 START_TIMEOUT_S = 60.0
 
+WORKFLOW_RUNNER = SandboxedWorkflowRunner(
+    restrictions=SandboxRestrictions.default.with_passthrough_modules("workflows"))
+"""The sandbox re-imports a workflow's modules for every new run (each attempt is one), which costs its first
+workflow task about 7 ms of CPU on an idle machine and several times that under load. The `workflows` package
+keeps no state between runs and imports only `schemas/` and the SDK, so it is imported once; the sandbox's
+checks on what workflow code calls stay, and the replay test still proves determinism."""
+
 
 class WorkflowThreadError(RuntimeError):
     """The workflow worker could not start (or stopped); the message says why."""
@@ -32,10 +42,11 @@ class WorkflowThreadError(RuntimeError):
 
 class WorkflowThread:
     def __init__(self, address: str, namespace: str, security: TemporalSecurity | None, task_queue: str,
-                 workflows: Sequence[type]) -> None:
+                 workflows: Sequence[type], local_activities: Sequence = ()) -> None:
         self._connect = (address, namespace, security)
         self._task_queue = task_queue
         self._workflows = list(workflows)
+        self._local_activities = list(local_activities)
         self._ready = threading.Event()
         self._failure: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -78,7 +89,9 @@ class WorkflowThread:
     async def _serve(self) -> None:
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         client = await connect(*self._connect)
-        worker = Worker(client, task_queue=self._task_queue, workflows=self._workflows)
+        # no_remote_activities: the controller's activity tasks stay with the main loop's worker.
+        worker = Worker(client, task_queue=self._task_queue, workflows=self._workflows, workflow_runner=WORKFLOW_RUNNER,
+                        activities=self._local_activities, no_remote_activities=True)
         running = asyncio.ensure_future(worker.run())
         stopping = asyncio.ensure_future(self._stop.wait())
         self._ready.set()

@@ -57,6 +57,8 @@ from workflows.retry_policies import RUN_QUICK, RUN_UNTIL_IT_WORKS
 from workflows.snapshot_attempt import SnapshotAttemptWorkflow
 
 ATTEMPTS_BEFORE_CONTINUE_AS_NEW = 200
+LOCAL_CONTROLLER_CALLS = "run-controller-calls-local"
+"""Patch id: the run's calls to the controller are local activities (histories from before it schedule them)."""
 URGENCY = [Trigger.PERIODIC, Trigger.TRAINER_CHECKPOINT, Trigger.OPERATOR, Trigger.PREEMPTION]
 
 
@@ -67,6 +69,15 @@ class PendingTrigger(NamedTuple):
     note: str
     held: bool = True
     """Whether the train pump holds the trainer at `step` until the attempt takes over."""
+
+
+async def _controller_call(activity: Activity, arg, result_type):
+    """A short call to the controller (anchor, checkpoint request, record): a local activity on the workflow's own
+    worker, or an ordinary one in histories recorded before that."""
+    options = dict(result_type=result_type, start_to_close_timeout=timedelta(seconds=30), retry_policy=RUN_QUICK)
+    if workflow.patched(LOCAL_CONTROLLER_CALLS):
+        return await workflow.execute_local_activity(activity, arg, summary=str(activity), **options)
+    return await workflow.execute_activity(activity, arg, **options)
 
 
 def _more_urgent(a: Trigger, b: Trigger | None) -> Trigger:
@@ -174,10 +185,9 @@ class RunWorkflow:
                 continue
             started_attempts += 1
             stop = self._account(inp, result)
-            await workflow.execute_activity(
+            await _controller_call(
                 Activity.RECORD, AttemptRecord(result=result, consecutive_failures=self._state.consecutive_failures),
-                result_type=RecordResult, start_to_close_timeout=timedelta(seconds=30), retry_policy=RUN_QUICK,
-            )
+                RecordResult)
             if stop:
                 return RunWorkflowResult(stopped_reason=stop, attempts_by_outcome=dict(self._state.counts))
             if (started_attempts >= ATTEMPTS_BEFORE_CONTINUE_AS_NEW and not self._triggers
@@ -216,17 +226,12 @@ class RunWorkflow:
         trigger, step, note = pending.trigger, pending.step, pending.note
         held = step is not None and pending.held
         if step is None:
-            anchor = await workflow.execute_activity(
-                Activity.ANCHOR, AnchorQuery(incarnation=inp.incarnation), result_type=AnchorResult,
-                start_to_close_timeout=timedelta(seconds=30), retry_policy=RUN_QUICK,
-            )
+            anchor = await _controller_call(Activity.ANCHOR, AnchorQuery(incarnation=inp.incarnation), AnchorResult)
             if inp.checkpoint_on_demand and anchor.newest_checkpoint_step != anchor.current_step:
                 self._requested = _more_urgent(trigger, self._requested)
-                await workflow.execute_activity(
-                    Activity.REQUEST_CHECKPOINT, CheckpointRequest(incarnation=inp.incarnation, trigger=trigger),
-                    result_type=CheckpointRequestResult, start_to_close_timeout=timedelta(seconds=30),
-                    retry_policy=RUN_QUICK,
-                )
+                await _controller_call(Activity.REQUEST_CHECKPOINT,
+                                       CheckpointRequest(incarnation=inp.incarnation, trigger=trigger),
+                                       CheckpointRequestResult)
                 return None
             step = anchor.newest_checkpoint_step if anchor.newest_checkpoint_step is not None else 0
         number = self._state.numbers.get(str(step), 1)

@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from schemas import search_attributes as sa
     from schemas.names import (
         ATTEMPT_CANCELLED_SIGNAL,
+        LOCAL_ACTIVITIES,
         Activity,
         ErrorType,
         WorkflowType,
@@ -62,6 +63,9 @@ from workflows.retry_policies import ATTEMPT_FEW_TRIES, ATTEMPT_PERSISTENT, ATTE
 
 CANCEL_ENDS_CANCELED = "cancelled-attempt-ends-canceled"
 """Patch id: a cancelled attempt compensates, then ends as Canceled (histories from before it completed)."""
+LOCAL_CONTROLLER_PHASES = "controller-phases-local"
+"""Patch id: the controller's short phases (`LOCAL_ACTIVITIES`) run as local activities (histories from before it
+schedule them on the controller's task queue)."""
 MIN_PREPARE_LEFT_S = 2.0
 """The policy server's fence gets at least this long, even when parking the agents used up the budget."""
 
@@ -273,8 +277,9 @@ class SnapshotAttemptWorkflow:
     async def _call(self, progress, phase, activity, arg, result_type, timeout_s, retry, *, task_queue=None,
                     heartbeat_s=None, total_s=None):
         self._phase = phase
+        local = task_queue is None and activity in LOCAL_ACTIVITIES and workflow.patched(LOCAL_CONTROLLER_PHASES)
         return await timed_activity(progress.phase_s, phase, activity, arg, result_type, timeout_s, retry,
-                                    task_queue=task_queue, heartbeat_s=heartbeat_s, total_s=total_s)
+                                    task_queue=task_queue, heartbeat_s=heartbeat_s, total_s=total_s, local=local)
 
     def _result(self, inp, progress: AttemptProgress, outcome: Outcome, reason: str) -> SnapshotAttemptResult:
         return SnapshotAttemptResult(

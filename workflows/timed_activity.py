@@ -13,10 +13,17 @@ from temporalio.common import RetryPolicy
 
 async def timed_activity(seconds: dict[str, float], phase: str, activity: str, arg, result_type, timeout_s: float,
                          retry: RetryPolicy, *, task_queue: str | None = None, heartbeat_s: float | None = None,
-                         total_s: float | None = None):
-    """`timeout_s` bounds one try; `total_s`, when given, every try together (schedule-to-close)."""
+                         total_s: float | None = None, local: bool = False):
+    """`timeout_s` bounds one try; `total_s`, when given, every try together (schedule-to-close). `local` runs it
+    as a local activity on the workflow's own worker (no task queue, no heartbeat)."""
     began = workflow.time()
     try:
+        if local:
+            return await workflow.execute_local_activity(
+                activity, arg, result_type=result_type, start_to_close_timeout=timedelta(seconds=timeout_s),
+                retry_policy=retry, summary=str(activity),
+                schedule_to_close_timeout=timedelta(seconds=total_s) if total_s is not None else None,
+            )
         return await workflow.execute_activity(
             activity, arg, result_type=result_type, task_queue=task_queue,
             start_to_close_timeout=timedelta(seconds=timeout_s), retry_policy=retry,

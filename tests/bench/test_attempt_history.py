@@ -1,3 +1,4 @@
+import orjson
 import pytest
 from temporalio.api.enums.v1 import EventType as E
 from temporalio.api.history.v1 import HistoryEvent
@@ -73,3 +74,32 @@ def test_wall_time_splits_into_inside_queue_retries_and_workflow_tasks():
 def test_an_execution_without_a_close_event_is_refused():
     with pytest.raises(ValueError, match="still running"):
         history_times(a_history()[:-1])
+
+
+def local_marker(event_id, at_s, name, scheduled_at, completed_at):
+    def stamp(t):
+        return {"seconds": int(t), "nanos": int(round((t - int(t)) * 1e9))}
+
+    data = orjson.dumps({"seq": 1, "attempt": 1, "activity_type": name, "original_schedule_time": stamp(scheduled_at),
+                         "complete_time": stamp(completed_at)})
+    return event(event_id, E.EVENT_TYPE_MARKER_RECORDED, at_s, marker_recorded_event_attributes={
+        "marker_name": "core_local_activity", "details": {"data": {"payloads": [{"data": data}]}}})
+
+
+def test_a_local_activity_counts_as_inside_time_not_as_its_workflow_task():
+    """Two local activities (80 ms and 30 ms) run inside one 120 ms workflow task; a patch marker is no activity."""
+    history = [
+        event(1, E.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED, 100.0),
+        *task(2, 100.0, 100.120),
+        event(5, E.EVENT_TYPE_MARKER_RECORDED, 100.120,
+              marker_recorded_event_attributes={"marker_name": "core_patch", "details": {}}),
+        local_marker(6, 100.120, "data_plane.cut", 100.003, 100.083),
+        local_marker(7, 100.120, "snapshot.publish", 100.085, 100.115),
+        event(8, E.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, 100.120),
+    ]
+    times = history_times(history)
+    assert (times.activities, times.local_activities, times.workflow_tasks) == (2, 2, 1)
+    assert times.inside_s == pytest.approx(0.110)
+    assert times.workflow_task_s == pytest.approx(0.010)
+    assert times.activity_s == pytest.approx({"data_plane.cut": 0.080, "snapshot.publish": 0.030})
+    assert times.wall_s - times.inside_s == pytest.approx(times.queue_s + times.retry_s + times.workflow_task_s)

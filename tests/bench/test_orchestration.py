@@ -32,6 +32,15 @@ class TwoNaps:
         return "done"
 
 
+@workflow.defn(name="OrchestrationProbe")
+class NapThenLocalNap:
+    @workflow.run
+    async def run(self) -> str:
+        await workflow.execute_activity(nap, start_to_close_timeout=timedelta(seconds=30))
+        await workflow.execute_local_activity(nap, start_to_close_timeout=timedelta(seconds=30))
+        return "done"
+
+
 async def closed_costs(client, run_id: str) -> list[AttemptCost]:
     # Visibility is eventually consistent: the closed execution shows up a little later.
     for _ in range(100):
@@ -42,14 +51,14 @@ async def closed_costs(client, run_id: str) -> list[AttemptCost]:
     raise AssertionError("the closed probe workflow never showed in the visibility list")
 
 
-async def probe(address: str, run_id: str) -> list[AttemptCost]:
+async def probe(address: str, run_id: str, probe_workflow=TwoNaps) -> list[AttemptCost]:
     client = await connect(address, "default")
     queue = f"{run_id}.probe"
     # The sandbox would re-import this test module (pytest and all); the probe needs none of its checks.
-    async with Worker(client, task_queue=queue, workflows=[TwoNaps], activities=[nap],
+    async with Worker(client, task_queue=queue, workflows=[probe_workflow], activities=[nap],
                       workflow_runner=UnsandboxedWorkflowRunner()):
         await client.execute_workflow(
-            TwoNaps.run, id=f"{run_id}.probe.1", task_queue=queue,
+            probe_workflow.run, id=f"{run_id}.probe.1", task_queue=queue,
             search_attributes=TypedSearchAttributes([
                 SearchAttributePair(sa.RUN_ID, run_id), SearchAttributePair(sa.TRIGGER, "operator"),
             ]),
@@ -65,6 +74,14 @@ def test_a_real_history_splits_into_activity_time_and_orchestration(temporal_add
     assert cost.orchestration_s >= 0
     assert cost.trigger == "operator"
     assert cost.outcome == "completed"  # it never set TurnkeepOutcome: the close event says
+
+
+def test_a_real_local_activity_is_inside_time_and_needs_no_workflow_task_of_its_own(temporal_address):
+    [cost] = asyncio.run(probe(temporal_address, f"orch-{uuid.uuid4().hex[:8]}", NapThenLocalNap))
+    assert (cost.times.activities, cost.times.local_activities) == (2, 1)
+    assert cost.times.workflow_tasks == 2  # the start, and the one after the remote nap that runs the local one
+    assert cost.times.activity_s["orchestration_probe.nap"] >= 2 * NAP_S * 0.9
+    assert 0 <= cost.times.workflow_task_s < cost.orchestration_s + 1e-6
 
 
 def test_a_run_directory_is_read_from_a_copy_of_its_database(tmp_path):

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from controller.config_file import parse_config
-from controller.rollout_levels import RolloutLevelError, check_rollout_levels, plan_levels
+from controller.rollout_levels import RolloutLevelError, check_rollout_levels, plan_levels, unjournaled_turns_warning
 from envs.kinds import environment_capabilities
+from schemas.participant import Capabilities
 
 MIXED = {
     "calc": {"kind": "calc"}, "workspace": {"kind": "workspace"}, "lab": {"kind": "lab"}, "judge": {"kind": "judge"},
@@ -83,3 +84,27 @@ def test_an_unknown_key_in_an_environment_names_the_allowed_ones():
 
     with pytest.raises(ConfigError, match="unknown key 'environments.calc.kynd'.*entry, group_size, kind, options, token_file, url, weight"):
         parse_config({"environments": {"calc": {"kynd": "calc"}}})
+
+
+def _servers(cfg, journaled: dict[str, bool]) -> list[Capabilities]:
+    """One server per environment, named `<env>-server`, journaling its turns as `journaled` says."""
+    return [Capabilities(name=f"{caps.name}-server", kind="environment", saves_state=True, environments=[caps],
+                         journals_turns=journaled[caps.name])
+            for caps in environment_capabilities(cfg.environments, cfg.rollout.group_size)]
+
+
+def test_snapshots_off_warns_once_about_turn_level_servers_that_keep_no_journal():
+    cfg = parse_config({"environments": MIXED, "snapshot": {"enabled": False}})
+    plans, _ = plan_levels(cfg, environment_capabilities(cfg.environments, cfg.rollout.group_size))
+    servers = _servers(cfg, {"calc": True, "workspace": False, "lab": False, "judge": False})
+    warning = unjournaled_turns_warning(cfg, servers, plans)
+    # lab is already 'sibling' (restart_only): nothing is lost there that the plan did not say.
+    assert "judge-server (judge); workspace-server (workspace)" in warning and "lab" not in warning
+    assert "--journal-dir DIR" in warning and "snapshot.enabled = true" in warning
+    assert unjournaled_turns_warning(cfg, _servers(cfg, dict.fromkeys(MIXED, True)), plans) is None
+
+
+def test_with_snapshots_on_a_server_without_a_journal_needs_no_warning():
+    cfg = parse_config({"environments": MIXED})
+    plans, _ = plan_levels(cfg, environment_capabilities(cfg.environments, cfg.rollout.group_size))
+    assert unjournaled_turns_warning(cfg, _servers(cfg, dict.fromkeys(MIXED, False)), plans) is None

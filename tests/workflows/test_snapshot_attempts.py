@@ -9,6 +9,7 @@ import hashlib
 import orjson
 import pytest
 
+from bench.attempt_history import history_times
 from schemas.participant import FaultPlan
 from schemas.snapshot import SnapshotManifest
 from tests.workflows.snapshot_harness import published_dirs, run_scenario, scenario_config, staging_dirs
@@ -266,12 +267,16 @@ def test_a_journal_snapshot_stops_nothing_and_names_the_journal_positions(stack,
                 status = await _until_outcome(snapshots,
                                               lambda r: r.checkpoint_id not in seen and r.trigger == "operator")
                 seen.add(status.last_result.checkpoint_id)
+                if status.last_result.outcome == "published":
+                    handle = snapshots.client.get_workflow_handle(status.last_result.checkpoint_id)
+                    histories.append(history_times((await handle.fetch_history()).events))
                 if status.last_result.journaled_agents > 0 and number >= 1:
                     return
         finally:
             watcher.cancel()
 
     seen: set[str] = set()
+    histories: list = []
     cfg = scenario_config(stack_config, agents="journal", rollout={"max_inflight_groups": 24})
     result = asyncio.run(run_scenario(stack, temporal_address, cfg, steps=None,
                                       during=snapshot_while_watching_the_gates,
@@ -284,6 +289,11 @@ def test_a_journal_snapshot_stops_nothing_and_names_the_journal_positions(stack,
         assert not {"gym_prepare", "gym_commit", "resume"} & set(line["phase_s"]), line["phase_s"]
         assert line["admission_closed_s"] == 0 and line["parked_agents"] == 0
     assert max(line["journaled_agents"] for line in published) > 0
+    # The controller's phases ran as local activities: 3 workflow tasks (start, after the hold, after the release).
+    assert histories
+    for times in histories:
+        assert {"gym.mark", "data_plane.cut", "snapshot.publish", "snapshot.preflight"} <= set(times.activity_s)
+        assert (times.activities, times.local_activities, times.workflow_tasks) == (7, 5, 3), times
     for snapshot_dir in published_dirs(result.run_dir):
         manifest = SnapshotManifest.model_validate_json((snapshot_dir / "manifest.json").read_bytes())
         state = orjson.loads((snapshot_dir / "controller" / "state.json").read_bytes())
