@@ -15,7 +15,7 @@ from enum import StrEnum
 
 from controller.journal.records import GROUP, GROUPS_FINISHED
 from controller.journal.state_journal import NO_JOURNAL, JournalHooks
-from schemas.audit import ids_digest
+from schemas.audit import IdsDigest
 from schemas.rollout import Problem
 
 
@@ -61,15 +61,29 @@ class GroupEntry:
 class GroupLedger:
     def __init__(self, min_sealed: int = 2) -> None:
         self._groups: dict[str, GroupEntry] = {}
+        # Kept as groups come and go, so a cut (under the data-plane barrier) reads them without visiting every group.
+        self._digest = IdsDigest()
+        self._with_running: dict[str, None] = {}
+        """Groups with a running sibling, in the order they got one."""
         self._min_sealed = min_sealed
         self.journal: JournalHooks = NO_JOURNAL
         self.incarnation = 0
         """This controller's incarnation, stamped on every attempt it starts (`Controller.start_journal`)."""
 
     def _changed(self, group_id: str) -> None:
-        self.journal.record(GROUP, self._entry_dict(self._groups[group_id]))
+        group = self._groups[group_id]
+        self._index_running(group)
+        self.journal.record(GROUP, self._entry_dict(group))
+
+    def _index_running(self, group: GroupEntry) -> None:
+        if any(s.state is SiblingState.RUNNING for s in group.siblings):
+            self._with_running.setdefault(group.group_id)
+        else:
+            self._with_running.pop(group.group_id, None)
 
     def admit(self, group_id: str, problem: Problem, group_size: int) -> None:
+        if group_id not in self._groups:
+            self._digest.add(group_id)
         self._groups[group_id] = GroupEntry(group_id, problem, [SiblingEntry() for _ in range(group_size)])
         self._changed(group_id)
 
@@ -118,8 +132,8 @@ class GroupLedger:
         return None if group is None else group.round
 
     def running_siblings(self) -> list[tuple[str, int]]:
-        """(group id, sibling) of every running sibling."""
-        return [(gid, i) for gid, g in self._groups.items() for i, s in enumerate(g.siblings)
+        """(group id, sibling) of every running sibling; visits only the groups that have one."""
+        return [(gid, i) for gid in self._with_running for i, s in enumerate(self._groups[gid].siblings)
                 if s.state is SiblingState.RUNNING]
 
     def running_rollouts(self, group_id: str) -> list[str]:
@@ -202,7 +216,9 @@ class GroupLedger:
 
     def finish(self, group_ids: list[str]) -> None:
         for group_id in group_ids:
-            self._groups.pop(group_id, None)
+            if self._groups.pop(group_id, None) is not None:
+                self._digest.remove(group_id)
+                self._with_running.pop(group_id, None)
         self.journal.record(GROUPS_FINISHED, list(group_ids))
 
     def inflight(self) -> int:
@@ -215,7 +231,8 @@ class GroupLedger:
         return [gid for gid, group in self._groups.items() if group.complete]
 
     def groups_digest(self) -> str:
-        return ids_digest(self._groups)
+        """`ids_digest` of every group id, kept as groups come and go."""
+        return self._digest.hexdigest()
 
     @staticmethod
     def _entry_dict(g: GroupEntry) -> dict:
@@ -234,6 +251,7 @@ class GroupLedger:
 
     def load_state_dict(self, state: dict) -> None:
         self._groups.clear()
+        self._digest, self._with_running = IdsDigest(), {}
         for raw in state["groups"]:
             siblings = [
                 SiblingEntry(SiblingState(s["state"]), s["attempts"], s["last_reason"], s.get("restarts", 0),
@@ -241,7 +259,11 @@ class GroupLedger:
                 for s in raw["siblings"]
             ]
             problem = Problem.model_validate(raw["problem"])
-            self._groups[raw["group_id"]] = GroupEntry(
+            group = GroupEntry(
                 raw["group_id"], problem, siblings, raw["complete"], raw.get("round", 0), raw.get("scored", False),
                 list(raw.get("abandoned", [])),
             )
+            if group.group_id not in self._groups:
+                self._digest.add(group.group_id)
+            self._groups[group.group_id] = group
+            self._index_running(group)
