@@ -34,9 +34,14 @@ class SettledTraining:
     policy_version: int = POLICY_VERSION
 
 
+SYNC_EVERY_GROUPS = 1024
+"""Fill writes its journal out this often, as a live run's ACKs do all along (records wait in memory until then)."""
+
+
 class FilledController:
     audit = None
     """No audit log: the cut's flush is not what is timed."""
+    journal: StateJournal | None = None
 
     def __init__(self) -> None:
         self.training = SettledTraining()
@@ -48,19 +53,26 @@ class FilledController:
     def start_journal(self, run_dir: Path) -> StateJournal:
         """Journal every change from now on, as `Controller.start_journal` does (a cut needs it)."""
         journal = StateJournal(run_dir, "bench", 1, self.state_dict())
-        self.data_plane.journal = self.ledger.journal = self.dataloader.journal = journal
+        self.data_plane.journal = self.ledger.journal = self.dataloader.journal = self.journal = journal
         return journal
 
     def fill(self, rows: int, turns: int, parked: list[RolloutRequest], rng: random.Random) -> None:
-        """`rows` sealed rows in groups of GROUP_SIZE (the last one may be partial), plus the parked agents' groups."""
+        """`rows` sealed rows in groups of GROUP_SIZE (the last one may be partial), plus the parked agents' groups.
+
+        The rows share one random conversation per sibling (`model_copy` shares its segments): a cut reads no row,
+        each row is still stored and journaled whole through the data plane's own `put`, and a million rows fit
+        in memory (each with its own conversation took about 15 KB)."""
+        templates = [finished_row(rng, "template", sibling, turns) for sibling in range(GROUP_SIZE)]
         for start in range(0, rows, GROUP_SIZE):
             group_id = f"d{start // GROUP_SIZE:07d}"
             self.ledger.admit(group_id, chain_problem(rng, turns), GROUP_SIZE)
             for sibling in range(min(GROUP_SIZE, rows - start)):
                 self.ledger.start_attempt(group_id, sibling)
-                self.data_plane.put(finished_row(rng, group_id, sibling, turns))
+                self.data_plane.put(templates[sibling].model_copy(update={"group_id": group_id}))
                 self.ledger.seal(group_id, sibling)
             self.ledger.settle(group_id)
+            if self.journal is not None and (start // GROUP_SIZE) % SYNC_EVERY_GROUPS == SYNC_EVERY_GROUPS - 1:
+                self.journal.sync_blocking()
         # A parked agent's sibling is running its first attempt, so its continuation is valid.
         for request in parked:
             self.ledger.admit(request.group_id, request.problem, GROUP_SIZE)

@@ -26,6 +26,7 @@ from schemas.config import EnvironmentSpec
 from schemas.rollout import RolloutRequest, Segment, TurnBoundary
 
 PARKED_HOLDER = "bench:keep-parked"
+PARK_POLL_S = 0.02
 
 
 class ParkedGym:
@@ -55,12 +56,13 @@ class ParkedGym:
             )
             self.requests.append(request)
             self._agents.append(asyncio.create_task(self._agent(request, conversation(rng, turns))))
+        # Looked at every few ms, not at every loop turn: scanning 10k agents per turn made parking them quadratic.
         while self.registry.count(AgentPhase.PARKED) < count:
-            failed = next((task for task in self._agents if task.done()), None)
-            if failed is not None:
+            ended, _ = await asyncio.wait(self._agents, timeout=PARK_POLL_S, return_when=asyncio.FIRST_COMPLETED)
+            if ended:
+                failed = next(iter(ended))
                 failed.result()  # raises what stopped the agent before it parked
                 raise RuntimeError(f"agent task ended before parking: {failed}")
-            await asyncio.sleep(0)
 
     async def release(self) -> None:
         """Let the agents go and wait for them to leave the registry."""

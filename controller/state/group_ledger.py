@@ -10,7 +10,7 @@ finished group as its id, so a replay upserts entries in the order they changed.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from controller.journal.records import GROUP, GROUPS_FINISHED
@@ -35,6 +35,12 @@ class SiblingEntry:
     """Attempts cut short by a crash; they do not count against `rollout.max_attempts`."""
     incarnation: int = 0
     """The controller incarnation that started the current attempt (its turn journal records carry it)."""
+
+    def as_dict(self) -> dict:
+        # Written out: `dataclasses.asdict` deep-copies field by field, and every ledger change journals a whole
+        # group (it was most of the pumps' ledger time, and of `bench scaling`'s state building).
+        return {"state": self.state, "attempts": self.attempts, "last_reason": self.last_reason,
+                "restarts": self.restarts, "incarnation": self.incarnation}
 
 
 @dataclass
@@ -76,7 +82,7 @@ class GroupLedger:
         self.journal.record(GROUP, self._entry_dict(group))
 
     def _index_running(self, group: GroupEntry) -> None:
-        if any(s.state is SiblingState.RUNNING for s in group.siblings):
+        if SiblingState.RUNNING in [s.state for s in group.siblings]:
             self._with_running.setdefault(group.group_id)
         else:
             self._with_running.pop(group.group_id, None)
@@ -243,7 +249,7 @@ class GroupLedger:
             "round": g.round,
             "scored": g.scored,
             "abandoned": list(g.abandoned),
-            "siblings": [asdict(s) for s in g.siblings],
+            "siblings": [s.as_dict() for s in g.siblings],
         }
 
     def state_dict(self) -> dict:

@@ -1,9 +1,10 @@
+import dataclasses
 import random
 
 import pytest
 
 from controller.state.claim_ledger import ClaimLedger
-from controller.state.group_ledger import GroupLedger, SiblingState
+from controller.state.group_ledger import GroupLedger, SiblingEntry, SiblingState
 from schemas.audit import ids_digest
 from schemas.rollout import Problem
 
@@ -189,3 +190,9 @@ def test_the_kept_digest_and_running_index_match_a_recount_after_any_changes():
         digest, running = _recounted(ledger)
         assert ledger.groups_digest() == digest, step
         assert sorted(ledger.running_siblings()) == running, step
+
+
+def test_a_sibling_journals_every_field_it_has():
+    """`as_dict` is written out by hand: a field added to SiblingEntry must be added there too."""
+    entry = SiblingEntry(SiblingState.RUNNING, attempts=2, last_reason="timed_out", restarts=1, incarnation=3)
+    assert entry.as_dict() == dataclasses.asdict(entry)
