@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agents", type=_sizes, default=_sizes(DEFAULT_AGENTS),
                         help=f"parked agents per cell, comma-separated (default {DEFAULT_AGENTS}; 10k = 10000)")
     parser.add_argument("--rows", type=_sizes, default=_sizes(DEFAULT_ROWS),
-                        help=f"data-plane rows per cell, comma-separated (default {DEFAULT_ROWS})")
+                        help=f"data-plane rows per cell, comma-separated (default {DEFAULT_ROWS}; 1m = 1000000)")
     parser.add_argument("--turns", type=int, default=3, help="tool turns per parked agent and per row (default 3)")
     parser.add_argument("--repeats", type=int, default=1, help="attempts per cell; the table shows medians (default 1)")
     parser.add_argument("--work-dir", type=Path, default=None,
@@ -184,14 +184,15 @@ def _other_notes(cells: list[Cell]) -> list[str]:
 
 
 def _sizes(text: str) -> list[int]:
-    """`10,100,1k` -> [10, 100, 1000]."""
+    """`10,100,1k,1m` -> [10, 100, 1000, 1000000]."""
     sizes = []
     for part in text.split(","):
         part = part.strip().lower()
         try:
-            size = int(float(part[:-1]) * 1000) if part.endswith("k") else int(part)
+            scale = {"k": 1000, "m": 1_000_000}.get(part[-1:], 0)
+            size = int(float(part[:-1]) * scale) if scale else int(part)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"not a size: {part!r} (use e.g. 10,100,1k)") from None
+            raise argparse.ArgumentTypeError(f"not a size: {part!r} (use e.g. 10,100,1k,1m)") from None
         if size < 1:
             raise argparse.ArgumentTypeError(f"sizes must be at least 1, got {part!r}")
         sizes.append(size)

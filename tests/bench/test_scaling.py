@@ -60,7 +60,8 @@ def test_sizes_accept_thousands_and_refuse_nonsense():
     parser = argparse.ArgumentParser()
     scaling.add_arguments(parser)
     assert parser.parse_args(["--agents", "10, 1k,2.5k"]).agents == [10, 1000, 2500]
-    assert parser.parse_args([]).rows == [1000, 10000, 100000]
+    assert parser.parse_args([]).rows == [1000, 10000, 100000, 1000000]
+    assert parser.parse_args(["--rows", "1k,1m"]).rows == [1000, 1000000]
     for bad in ("ten", "0"):
         try:
             parser.parse_args(["--rows", bad])
