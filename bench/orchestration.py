@@ -48,15 +48,15 @@ class AttemptCost:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--run-dir", type=Path, default=None,
+    parser.add_argument("--run-dir", type=Path, action="append", default=None,
                         help="a finished `turnkeep run` directory (its temporal.db is copied, never opened in place; "
-                             "default: <out>/overhead/on)")
+                             "default: <out>/overhead/on); repeat it to pool the attempts of several runs")
     parser.add_argument("--limit", type=int, default=None, help="only the newest N closed attempts")
 
 
 def run(args: argparse.Namespace) -> BenchResult:
-    run_dir = Path(args.run_dir) if args.run_dir else args.out / "overhead" / "on"
-    costs = asyncio.run(costs_of_run_dir(run_dir, args.limit))
+    run_dirs = [Path(d) for d in args.run_dir] if args.run_dir else [args.out / "overhead" / "on"]
+    costs = [cost for run_dir in run_dirs for cost in asyncio.run(costs_of_run_dir(run_dir, args.limit))]
     return result_of(costs)
 
 

@@ -1,5 +1,6 @@
 """`turnkeep bench <name>`: run one benchmark, print its table, write `<out>/<name>.json`;
-`turnkeep bench markdown` renders every result in `<out>` into BENCHMARKS.md."""
+`turnkeep bench markdown` renders every result in `<out>` into BENCHMARKS.md, keeping the file's sections of
+benchmarks that `<out>` has no result for."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def add_bench_parser(subparsers) -> None:
         parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                             help="config override for the runs it starts")
         importlib.import_module(f"bench.{name}").add_arguments(parser)
-    markdown = names.add_parser("markdown", help="render every result in --out into BENCHMARKS.md")
+    markdown = names.add_parser("markdown", help="render every result in --out into BENCHMARKS.md (sections of "
+                                             "benchmarks --out has no result for stay as they are)")
     markdown.add_argument("--out", type=Path, default=Path("runs/bench"))
     markdown.add_argument("--file", type=Path, default=REPO / "BENCHMARKS.md")
 
@@ -44,7 +46,7 @@ def run_bench(args: argparse.Namespace, argv: list[str]) -> int:
     from bench.report import write_result
 
     if args.bench == "markdown":
-        args.file.write_text(render_markdown(args.out))
+        args.file.write_text(render_markdown(args.out, args.file.read_text() if args.file.exists() else ""))
         print(f"turnkeep bench: wrote {args.file}")
         return 0
     result = importlib.import_module(f"bench.{args.bench}").run(args)
@@ -57,23 +59,40 @@ def run_bench(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
-def render_markdown(out: Path) -> str:
+def render_markdown(out: Path, previous: str = "") -> str:
+    """Every result in `out` as a section; a benchmark without one keeps its section of `previous` (its own command
+    and machine lines say when and how it was measured)."""
     results = {p.stem: orjson.loads(p.read_bytes()) for p in sorted(out.glob("*.json"))}
     if not results:
         raise SystemExit(f"no results in {out}; run `turnkeep bench <name>` first")
-    lines = ["# Benchmarks", "", "What a snapshot and a recovery cost, measured side by side on one machine. "
-             "Every table is written by `turnkeep bench <name>` (the command is under each table; results are "
-             "JSON in `--out`, default `runs/bench`) and collected here with `turnkeep bench markdown`. Figures, "
-             "not timed tests.", ""]
-    for name in sorted(results, key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER)):
-        r = results[name]
+    sections = {name: body for name, body in _sections(previous).items() if name not in results}
+    for name, r in results.items():
         m = r["machine"]
         about = BENCHMARKS.get(name, "")
-        lines += [f"## {name}", "", about[:1].upper() + about[1:] + ".", "", r["table"], ""]
+        lines = [f"## {name}", "", about[:1].upper() + about[1:] + ".", "", r["table"], ""]
         lines += [f"- {note}" for note in r["notes"]]
         lines += ["", f"Command: `{r['command']}`  ", f"Machine: {m['cpu']}, {m['cores']} cores, "
                   f"{m['memory_gib']} GiB, Python {m['python']}, {m['os']}", ""]
-    return "\n".join(lines)
+        sections[name] = "\n".join(lines)
+    head = ["# Benchmarks", "", "What a snapshot and a recovery cost, measured side by side on one machine. "
+            "Every table is written by `turnkeep bench <name>` (the command is under each table; results are "
+            "JSON in `--out`, default `runs/bench`) and collected here with `turnkeep bench markdown`. Figures, "
+            "not timed tests.", ""]
+    ordered = sorted(sections, key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER))
+    return "\n".join(head + [sections[name] for name in ordered])
+
+
+def _sections(text: str) -> dict[str, str]:
+    """`## name` -> that section's text up to the next `## ` heading (the file's head is not a section)."""
+    sections: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            current = line[3:].strip()
+            sections[current] = []
+        if current is not None:
+            sections[current].append(line)
+    return {name: "\n".join(lines).rstrip("\n") + "\n" for name, lines in sections.items()}
 
 
 def main_bench(argv: list[str]) -> int:  # pragma: no cover - for `python -m workers.bench_cli`
