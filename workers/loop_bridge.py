@@ -48,10 +48,8 @@ def _settle(future: concurrent.futures.Future, task: asyncio.Task) -> None:
         future.set_result(task.result())
 
 
-def bridged(fn: Callable[[Any], Coroutine], loop: asyncio.AbstractEventLoop) -> Callable:
-    """`fn`, an activity of the controller, as an activity of the same name and types that runs it on `loop`."""
-    name = activity._Definition.must_from_callable(fn).name  # noqa: SLF001 - the SDK's own record of the name
-
+def bridged(fn: Callable[[Any], Coroutine], name: str, loop: asyncio.AbstractEventLoop) -> Callable:
+    """`fn`, the controller's activity `name`, as an activity of the same name and types that runs it on `loop`."""
     @functools.wraps(fn, updated=())  # not its __dict__: that holds the original's activity definition
     async def call(arg):
         running = asyncio.wrap_future(on_loop(loop, fn(arg)))
@@ -69,9 +67,8 @@ def bridged(fn: Callable[[Any], Coroutine], loop: asyncio.AbstractEventLoop) -> 
 
 def bridged_activities(fns: Iterable[Callable], names: Iterable[str], loop: asyncio.AbstractEventLoop) -> list:
     """The activities among `fns` whose names are in `names`, bridged to `loop`."""
-    wanted = set(names)
-    chosen = [fn for fn in fns if activity._Definition.must_from_callable(fn).name in wanted]  # noqa: SLF001
-    missing = wanted - {activity._Definition.must_from_callable(fn).name for fn in chosen}  # noqa: SLF001
+    by_name = {activity._Definition.must_from_callable(fn).name: fn for fn in fns}  # noqa: SLF001 - the SDK's record
+    missing = set(names) - set(by_name)
     if missing:
         raise ValueError(f"no controller activity is named {sorted(missing)}: every local activity needs one")
-    return [bridged(fn, loop) for fn in chosen]
+    return [bridged(by_name[name], name, loop) for name in sorted(set(names))]
