@@ -7,6 +7,7 @@ import types
 from pathlib import Path
 from typing import Annotated, Any, Union, get_args, get_origin
 
+import orjson
 from pydantic import BaseModel, ValidationError
 
 from schemas.config import TurnkeepConfig
@@ -28,6 +29,21 @@ def load_config(path: Path, overrides: dict[str, Any] | None = None) -> Turnkeep
         check_key_path(dotted)
         _set_dotted(raw, dotted, value, source=str(path))
     return parse_config(raw, source=str(path))
+
+
+def parse_overrides(pairs: list[str]) -> dict:
+    """`--set KEY=VALUE` flags as dotted overrides; load_config checks each key path against the config tree."""
+    overrides = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--set {pair!r}: expected KEY=VALUE, for example --set train.lr=1e-4")
+        try:
+            overrides[key] = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            overrides[key] = value
+    return overrides
 
 
 def parse_config(raw: dict[str, Any], source: str = "config") -> TurnkeepConfig:

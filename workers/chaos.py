@@ -24,9 +24,11 @@ from pathlib import Path
 
 import orjson
 
+from controller.config_file import ConfigError, load_config, parse_overrides
 from primitives.atomic_files import atomic_write_json
 from primitives.chaos_points import ENV_POINT, ENV_WAIT, POINTS, marker_path
 from primitives.process_tree import kill_tree
+from schemas.config import TurnkeepConfig
 from workers.chaos_invariants import Verdict, check_run_dir
 from workers.chaos_targets import (
     REPAIRED_BY_THE_RUN,
@@ -52,8 +54,11 @@ FRESH_START_SKIPS = ("restore",)
 HOOK_WAIT_S = "120"
 """How long a hooked run sits at its point; far longer than the kill takes, so it never moves on."""
 POLL_S = 0.1
-RANDOM_DELAY_S = (0.5, 12.0)
-"""After a train step of the incarnation, the random moment falls this many seconds later."""
+RANDOM_MIN_DELAY_S = 0.5
+"""After a train step of the incarnation, the random moment falls at least this many seconds later ..."""
+RANDOM_MIN_SPAN_S = 12.0
+"""... and at most `random_max_delay_s` later: two snapshot intervals, never less than this."""
+TRAINING_DELAY_S = (1.0, 8.0)
 AFTER_KILL_TIMEOUT_S = 240.0
 """How long a run may take to stop (trainer, policy) or to repair itself (env, temporal) after a kill."""
 
@@ -102,6 +107,9 @@ def add_chaos_parser(subparsers) -> argparse.ArgumentParser:
     chaos.add_argument("--seed", type=int, help="seed of the kill schedule and timing (default: random, reported)")
     chaos.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="config override passed to every `turnkeep run`")
+    chaos.add_argument("--max-delay-s", type=float, default=None,
+                       help="a random moment falls 0.5 s to this many seconds after a train step (default: two "
+                            "snapshot intervals of the config, at least 12), so some incarnations live to publish")
     chaos.add_argument("--phase-timeout-s", type=float, default=300.0,
                        help="give up waiting for a point after this long and kill anyway (default 300)")
     chaos.add_argument("--final-timeout-s", type=float, default=3600.0,
@@ -115,6 +123,13 @@ def parse_points(text: str) -> list[str]:
     if unknown or not points:
         raise ValueError(f"--at {text!r}: unknown {unknown}; choose from {', '.join(ALL_MOMENTS)}")
     return list(dict.fromkeys(points))
+
+
+def random_max_delay_s(config: TurnkeepConfig) -> float:
+    """Kills that always land before the first snapshot of an incarnation would only ever test fresh
+    restores: the window spans two snapshot intervals, so some incarnations publish and some do not."""
+    interval = config.snapshot.attempt_interval_s if config.snapshot.enabled else 0.0
+    return max(RANDOM_MIN_SPAN_S, 2.0 * interval)
 
 
 def kill_schedule(targets: list[str], points: list[str], kills: int, rng: random.Random) -> list[tuple[str, str]]:
@@ -311,13 +326,19 @@ def run_chaos(args) -> int:
     if not config.is_file():
         print(f"turnkeep chaos: no config file at {config}", file=sys.stderr)
         return 2
+    try:
+        max_delay_s = _max_delay_s(args, config)
+    except ConfigError as err:
+        print(f"turnkeep chaos: {err}", file=sys.stderr)
+        return 2
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     rng = random.Random(seed)
     schedule = kill_schedule(targets, points, args.kills, rng)
     command = [sys.executable, "-m", "workers.cli", "run", "--config", str(config), "--run-dir", str(run_dir),
                "--steps", str(args.steps), *[arg for pair in args.set for arg in ("--set", pair)]]
     print(f"turnkeep chaos: {args.kills} kills of {run_dir} (seed {seed}): "
-          f"{', '.join(f'{target}@{point}' for target, point in schedule)}", flush=True)
+          f"{', '.join(f'{target}@{point}' for target, point in schedule)}; random moments {RANDOM_MIN_DELAY_S}-"
+          f"{max_delay_s:.0f}s after a train step", flush=True)
 
     rounds: list[Round] = []
     problems: list[str] = []
@@ -331,7 +352,7 @@ def run_chaos(args) -> int:
                 sessions.append(current.proc.pid)
             elif point in POINTS:
                 point = RANDOM  # a running incarnation's hooks are armed only at its start
-            record = _one_round(current, run_dir, target, point, args.phase_timeout_s, rng)
+            record = _one_round(current, run_dir, target, point, args.phase_timeout_s, rng, max_delay_s)
             rounds.append(record)
             print(f"turnkeep chaos: incarnation {record.incarnation}: {record.target} {record.outcome} at "
                   f"{record.label} after {record.seconds:.0f}s{f' ({record.reason})' if record.reason else ''}",
@@ -359,7 +380,7 @@ def run_chaos(args) -> int:
 
     verdict = check_run_dir(run_dir, newest_snapshot_problems=problems, snapshot_checks=checks)
     meta = {"run_dir": str(run_dir), "config": str(config), "steps": args.steps, "seed": seed,
-            "kills_requested": args.kills, "points": points, "targets": targets, "sets": list(args.set)}
+            "kills_requested": args.kills, "max_delay_s": max_delay_s, "points": points, "targets": targets, "sets": list(args.set)}
     report = build_report(meta=meta, rounds=rounds, final=final, verdict=verdict, snapshot_problems=problems,
                           snapshot_checks=checks)
     atomic_write_json(run_dir / "chaos" / "report.json", report)
@@ -408,11 +429,19 @@ class _Incarnation:
         self.log.settle()
 
 
+def _max_delay_s(args, config: Path) -> float:
+    if args.max_delay_s is not None:
+        if args.max_delay_s <= RANDOM_MIN_DELAY_S:
+            raise ConfigError(f"--max-delay-s {args.max_delay_s}: must be more than {RANDOM_MIN_DELAY_S} s")
+        return args.max_delay_s
+    return random_max_delay_s(load_config(config, parse_overrides(args.set)))
+
+
 def _one_round(current: _Incarnation, run_dir: Path, target: str, point: str, timeout_s: float,
-               rng: random.Random) -> Round:
+               rng: random.Random, max_delay_s: float) -> Round:
     started = time.monotonic()
     fresh_first_step = current.first_step_s is None
-    moment = _wait_for_kill_moment(current, point, timeout_s, rng)
+    moment = _wait_for_kill_moment(current, point, timeout_s, rng, max_delay_s)
 
     def record(outcome: str, killed: int = 0, reason: str = "", after_kill_s: float | None = None) -> Round:
         current.log.settle()
@@ -503,7 +532,8 @@ def _start(command: list[str], point: str | None, log: _IncarnationLog) -> subpr
                                 env=env, start_new_session=True)
 
 
-def _wait_for_kill_moment(current: _Incarnation, point: str, timeout_s: float, rng: random.Random) -> str:
+def _wait_for_kill_moment(current: _Incarnation, point: str, timeout_s: float, rng: random.Random,
+                          max_delay_s: float) -> str:
     """`reached`, `timeout` or `exited` (the run ended on its own first)."""
     deadline = time.monotonic() + timeout_s
     steps_seen = current.steps()  # earlier incarnations' (and earlier rounds') steps are not new
@@ -515,7 +545,7 @@ def _wait_for_kill_moment(current: _Incarnation, point: str, timeout_s: float, r
         if point in (TRAINING, RANDOM):
             if current.steps() > steps_seen:
                 # Somewhere after a step: mid-generation, mid-backward, mid-refit or mid-attempt.
-                low, high = (1.0, 8.0) if point == TRAINING else RANDOM_DELAY_S
+                low, high = TRAINING_DELAY_S if point == TRAINING else (RANDOM_MIN_DELAY_S, max_delay_s)
                 pause_until = time.monotonic() + rng.uniform(low, high)
                 while time.monotonic() < pause_until:
                     if current.proc.poll() is not None:

@@ -8,9 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
-import orjson
-
-from controller.config_file import ConfigError, load_config
+from controller.config_file import ConfigError, load_config, parse_overrides
 from workers.bench_cli import add_bench_parser, run_bench
 from workers.chaos import add_chaos_parser, run_chaos
 from workers.env_server import add_env_server_parser, run_env_server
@@ -19,21 +17,6 @@ from workers.startup_checks import check_before_start
 from workers.status_cli import add_status_parser, run_status
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
-
-
-def _parse_overrides(pairs: list[str]) -> dict:
-    """`--set KEY=VALUE` flags as dotted overrides; load_config checks each key path against the config tree."""
-    overrides = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise ConfigError(f"--set {pair!r}: expected KEY=VALUE, for example --set train.lr=1e-4")
-        try:
-            overrides[key] = orjson.loads(value)
-        except orjson.JSONDecodeError:
-            overrides[key] = value
-    return overrides
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -69,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "plot":
         return run_plot(args)
     try:
-        overrides = _parse_overrides(args.set)
+        overrides = parse_overrides(args.set)
         if getattr(args, "steps", None) is not None:
             overrides["run.steps"] = args.steps
         if getattr(args, "run_dir", None) is not None:

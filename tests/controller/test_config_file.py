@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.config_file import ConfigError, check_key_path, load_config, parse_config
+from controller.config_file import ConfigError, check_key_path, load_config, parse_config, parse_overrides
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -192,3 +192,10 @@ def test_bad_set_flags_stop_the_cli_with_exit_code_2(flag, named, tmp_path, caps
     stderr = capsys.readouterr().err
     assert any(line.startswith(named) for line in stderr.splitlines()) and "Traceback" not in stderr, stderr
     assert not run_dir.exists()
+
+
+def test_set_flags_become_dotted_overrides_with_json_values():
+    assert parse_overrides(["train.lr=1e-4", "run.run_dir=runs/x", " snapshot.enabled =false"]) == {
+        "train.lr": 1e-4, "run.run_dir": "runs/x", "snapshot.enabled": False}
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        parse_overrides(["train.lr"])

@@ -7,6 +7,7 @@ from collections import Counter
 import orjson
 import pytest
 
+from controller.config_file import load_config
 from primitives.chaos_points import POINTS
 from schemas.audit import DeadlineExpired, RunEnded, RunStarted
 from workers.chaos import (
@@ -21,6 +22,7 @@ from workers.chaos import (
     kill_schedule,
     parse_points,
     point_schedule,
+    random_max_delay_s,
     run_chaos,
 )
 from workers.chaos_invariants import check_invariants
@@ -73,6 +75,27 @@ def test_a_used_run_dir_is_refused_and_left_alone(tmp_path, capsys):
     assert run_chaos(parse(["--run-dir", str(tmp_path)])) == 2
     assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
     assert "not empty" in capsys.readouterr().err
+
+
+def test_random_moments_span_two_snapshot_intervals_so_some_incarnations_publish():
+    tiny = load_config(parse(["--run-dir", "runs/x"]).config)
+    assert tiny.snapshot.attempt_interval_s == 20 and random_max_delay_s(tiny) == 40.0
+    assert random_max_delay_s(tiny.model_copy(update={"snapshot": tiny.snapshot.model_copy(
+        update={"attempt_interval_s": 3})})) == 12.0
+    assert random_max_delay_s(tiny.model_copy(update={"snapshot": tiny.snapshot.model_copy(
+        update={"enabled": False})})) == 12.0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-delay-s", "0.2"], "--max-delay-s 0.2: must be more than 0.5 s"),
+    (["--set", "snapshot.interval=5"], "snapshot.interval"),
+])
+def test_a_bad_window_or_config_is_one_line_and_touches_nothing(tmp_path, capsys, argv, message):
+    run_dir = tmp_path / "run"
+    assert run_chaos(parse(["--run-dir", str(run_dir), *argv])) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("turnkeep chaos: ") and len(err.strip().splitlines()) == 1
+    assert not run_dir.exists()
 
 
 def test_train_steps_are_counted_without_a_torn_last_line(tmp_path):
@@ -149,10 +172,10 @@ def test_a_run_that_finishes_early_is_a_warning():
     assert report["warnings"] == ["the run finished after 2 of 4 kills; give it more --steps"]
 
 
-def _round(command, run_dir, point, target="all"):
+def _round(command, run_dir, point, target="all", max_delay_s=12.0, seed=0):
     incarnation = _Incarnation(command, run_dir, 1, point)
     try:
-        return _one_round(incarnation, run_dir, target, point, 20, random.Random(0))
+        return _one_round(incarnation, run_dir, target, point, 20, random.Random(seed), max_delay_s)
     finally:
         incarnation.close()
 
@@ -180,6 +203,28 @@ def test_a_round_kills_the_run_at_its_point_and_keeps_its_log(tmp_path):
     assert record.log == str(run_dir / "chaos" / "incarnation-1.log")
     assert (run_dir / "chaos" / "incarnation-1.log").read_text().startswith("started")
     assert not list(tmp_path.glob(".*.log"))
+
+
+TRAINING_RUN = """
+import pathlib, sys, time
+run_dir = pathlib.Path(sys.argv[1])
+run_dir.mkdir(parents=True, exist_ok=True)
+(run_dir / "run.json").write_text("{}")
+time.sleep(0.3)
+(run_dir / "metrics.jsonl").write_text('{"kind": "train_step", "step": 1}\\n')
+print("stepped", time.monotonic(), flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_random_moment_falls_inside_its_window_after_a_train_step(tmp_path):
+    for seed, max_delay_s in ((1, 1.5), (2, 2.5)):
+        run_dir = tmp_path / f"run{seed}"
+        record = _round([sys.executable, "-c", TRAINING_RUN, str(run_dir)], run_dir, "random",
+                        max_delay_s=max_delay_s, seed=seed)
+        assert record.outcome == "killed"
+        # From the start: 0.3 s to the step, then 0.5 s to max_delay_s, plus the start and the polls.
+        assert 0.8 <= record.seconds <= 0.3 + max_delay_s + 2.0, record
 
 
 def test_a_round_whose_run_crashes_records_the_exit_code(tmp_path):
