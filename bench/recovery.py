@@ -33,6 +33,7 @@ def run(args: argparse.Namespace) -> BenchResult:
         ["kills", sum(report["kills_by_point"].values())],
         ["kills by point", ", ".join(f"{k} {v}" for k, v in sorted(report["kills_by_point"].items()))],
         ["restores by source", ", ".join(f"{k} {v}" for k, v in sorted(counts["restores_by_source"].items()))],
+        ["restores that continued in-flight agents", counts.get("restores_continuing_agents", "not counted")],
         ["invariants 1-5", "all hold" if verdict["ok"] else "BROKEN"],
         ["restart -> first generation, median s", counts["median_restart_to_first_generation_s"]],
         ["restart -> first generation, max s", max(restarts, default=0.0)],
@@ -43,7 +44,8 @@ def run(args: argparse.Namespace) -> BenchResult:
     ]
     notes = ["Restart time is mostly process start-up: Ray, the vLLM engine (about 20 s on CPU) and the "
              "Temporal dev server; the recovery workflow itself takes well under a second here.",
-             "Tokens generated again are the turns after the restored cut or checkpoint, plus the turns in "
-             "flight at the kill (and every in-flight turn of an environment server without a turn journal)."]
+             "Tokens generated again: turns of a sibling that a later incarnation committed again (same group, "
+             "sibling and turn index), read from the audit log's turns alone. They are the turns after the "
+             "restored cut that no continuation kept, plus the turns in flight at the kill."]
     return BenchResult("recovery", markdown_table(["figure", "value"], rows),
                        {"chaos_dir": str(chaos_dir), "report": report}, notes)

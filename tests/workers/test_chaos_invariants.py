@@ -133,6 +133,7 @@ def test_clean_history_with_two_restores_passes():
     counts = verdict.counts
     assert counts.incarnations == 3
     assert counts.restores_by_source == {"snapshot": 2}
+    assert counts.restores_continuing_agents == 1  # the first restore continues g3.0.0; the second has none
     assert (counts.steps_trained, counts.groups_trained) == (4, 5)
     assert (counts.continuations_restored, counts.continuations_resumed, counts.continuations_sealed) == (1, 1, 1)
     assert counts.restart_to_first_generation_s == {2: 12.0, 3: 12.0}
@@ -151,10 +152,32 @@ def test_tokens_after_the_restored_cut_count_as_regenerated():
 def test_restore_from_before_the_previous_incarnation_regenerates_all_of_its_turns():
     history = clean_history()[:-2]  # incarnation 3 dies before it trains
     history += [started(4000, 4, True), restored(4010, 4, 3, CUT_2, rows=[("g4", 0)], unfinished=["g4"], next_index=5),
-                trained(4020, 4, 4, "g4"), ended(4030, 4)]
+                *whole_rollout(4012, 4, "g4.1.0"), trained(4020, 4, 4, "g4"), ended(4030, 4)]
     counts = check_invariants(history).counts
     # Incarnation 1's turn after cut 1, and all three of incarnation 3's: cut 2 is incarnation 2's.
     assert counts.tokens_regenerated == TOKENS_PER_TURN * 4
+
+
+def test_turns_a_restore_continues_past_its_cut_are_not_regenerated():
+    """A journal restore continues g3.0.0 from turn 2, journaled after cut 1: nothing of it is generated again,
+    though it was committed after the cut."""
+    history = clean_history()
+    at = next(i for i, e in enumerate(history) if isinstance(e, TurnCommitted) and e.inc == 2 and e.turn == 2)
+    assert history[at].rollout_id == "g3.0.1"
+    del history[at]
+    counts = check_invariants(history).counts
+    assert counts.tokens_regenerated == 0
+
+
+def test_a_turn_thrown_away_twice_counts_for_each_incarnation_that_lost_it():
+    history = clean_history()[:-2]  # incarnation 3 dies before it trains: its g4.1.0 turns are lost
+    history += [started(4000, 4, True), restored(4010, 4, 3, CUT_2, rows=[("g4", 0)], unfinished=["g4"], next_index=5),
+                turn(4011, 4, "g4.1.0", 1),
+                started(5000, 5, True), restored(5010, 5, 3, CUT_2, rows=[("g4", 0)], unfinished=["g4"], next_index=5),
+                *whole_rollout(5012, 5, "g4.1.0"), trained(5020, 5, 4, "g4"), ended(5030, 5)]
+    counts = check_invariants(history).counts
+    # g3.0.0's turn 2 (incarnation 1), g4.1.0's three turns (incarnation 3) and its first turn again (incarnation 4).
+    assert counts.tokens_regenerated == TOKENS_PER_TURN * 5
 
 
 def test_group_trained_on_two_steps_of_one_lineage_is_broken():

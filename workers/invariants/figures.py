@@ -14,32 +14,28 @@ from workers.invariants.results import AuditCounts
 def fill_counts(events: list, walk: LineageWalk, counts: AuditCounts) -> None:
     counts.incarnations = len({e.inc for e in events})
     counts.restores_by_source = dict(Counter(str(e.source) for e in events if isinstance(e, Restored)))
+    counts.restores_continuing_agents = sum(1 for e in events if isinstance(e, Restored) and e.continuations)
     counts.steps_trained = len(walk.lineage)
     counts.groups_trained = len({g for _, _, groups in walk.lineage.values() for g in groups})
     turns = [e for e in events if isinstance(e, TurnCommitted)]
     counts.turns_committed = len(turns)
     counts.tokens_generated = sum(e.tokens for e in turns)
-    counts.tokens_regenerated = _tokens_regenerated(events, turns)
+    counts.tokens_regenerated = _tokens_regenerated(turns)
     counts.restart_to_first_generation_s = _restart_to_first_generation(events, turns)
 
 
-def _tokens_regenerated(events: list, turns: Iterable[TurnCommitted]) -> int:
-    """Tokens of turns that a later restore went back before: generated after the restored
-    cut by an earlier incarnation (all of them when the restore is a fresh start). Each turn
-    counts once, however many restores go back past it."""
-    live = list(turns)
-    regenerated = 0
-    for event in events:
-        if not isinstance(event, Restored):
-            continue
-        lost = [
-            turn for turn in live
-            if turn.inc < event.inc and (event.cut_unix_s is None or turn.t > event.cut_unix_s)
-        ]
-        regenerated += sum(turn.tokens for turn in lost)
-        lost_ids = {id(turn) for turn in lost}
-        live = [turn for turn in live if id(turn) not in lost_ids]
-    return regenerated
+def _tokens_regenerated(turns: Iterable[TurnCommitted]) -> int:
+    """Tokens of turns a later incarnation generated again: the same turn of the same sibling (group, sibling,
+    turn index) committed again after a restart. Read from the turns alone, not from what a restore says it kept:
+    a continuation from a boundary past the cut keeps its turns, and a turn committed by every incarnation that
+    went back past it counts once per incarnation that threw it away. A turn generated twice within one
+    incarnation (a live failure's rerun) is not a crash's loss and is not counted."""
+    turns = list(turns)
+    newest: dict[tuple[str, int, int], int] = {}
+    for turn in turns:
+        key = (turn.group_id, turn.sibling, turn.turn)
+        newest[key] = max(newest.get(key, turn.inc), turn.inc)
+    return sum(turn.tokens for turn in turns if newest[(turn.group_id, turn.sibling, turn.turn)] > turn.inc)
 
 
 def _restart_to_first_generation(events: list, turns: Iterable[TurnCommitted]) -> dict[int, float | None]:

@@ -40,6 +40,8 @@ class AuditCounts:
     """Steps on the final lineage (abandoned branches excluded)."""
     groups_trained: int = 0
     """Groups trained on the final lineage."""
+    restores_continuing_agents: int = 0
+    """Restores that continued at least one in-flight agent from its saved or journaled turn."""
     continuations_restored: int = 0
     continuations_resumed: int = 0
     """Continuations whose attempt N+1 started or committed a turn."""
@@ -48,7 +50,7 @@ class AuditCounts:
     turns_committed: int = 0
     tokens_generated: int = 0
     tokens_regenerated: int = 0
-    """Tokens generated after the cut that a later restore went back to (work a crash threw away)."""
+    """Tokens of turns that a later incarnation committed again (work a crash threw away)."""
     restart_to_first_generation_s: dict[int, float | None] = field(default_factory=dict)
     """Per resumed incarnation: seconds from `run_started` to its first committed turn (None: none)."""
 
@@ -104,7 +106,8 @@ class Verdict:
         median = c.median_restart_to_first_generation_s
         lines += [
             "",
-            f"incarnations {c.incarnations}; restores: {sources}",
+            f"incarnations {c.incarnations}; restores: {sources}; {c.restores_continuing_agents} of them continued "
+            "in-flight agents",
             f"final lineage: {c.steps_trained} steps, {c.groups_trained} groups trained",
             f"continuations: {c.continuations_restored} restored, {c.continuations_resumed} resumed, "
             f"{c.continuations_sealed} sealed on their saved prefix",
