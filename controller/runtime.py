@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import aiohttp
 
 from controller.journal.journal_prune import prune_journals
+from controller.journal.records import REPLAY_BATCHES
 from controller.journal.replay import state_at
 from controller.journal.state_journal import BASE_KEY, JournalRef, StateJournal, base_marker
 from controller.processes import EnvServerEndpoint, Processes
@@ -137,6 +139,7 @@ class Controller:
             "data_plane": self.data_plane.state_dict(),
             "claim_ledger": self.claims.state_dict(),
             "group_ledger": self.ledger.state_dict(),
+            REPLAY_BATCHES: [list(batch) for batch in self.training.replay_batches],
         }
 
     def load_state_dict(self, state: dict, policy_version: int) -> None:
@@ -146,6 +149,7 @@ class Controller:
         self.ledger.load_state_dict(state["group_ledger"])
         self.claims.load_state_dict({"claims": {}})
         self.training.restore(int(state["step"]), policy_version)
+        self.training.replay_batches = deque(list(batch) for batch in state.get(REPLAY_BATCHES, []))
 
     def audit_snapshot(self, checkpoint_id: str, step: int, snapshot_dir: str, cut_unix_s: float) -> None:
         if self.audit is not None:
@@ -162,12 +166,12 @@ class Controller:
         self.stop_reason = reason
         self._stop_requested.set()
 
-    def start_journal(self, run_id: str, incarnation: int) -> None:
+    def start_journal(self, run_id: str, incarnation: int, restored_from: dict | None = None) -> None:
         """Journal every change from now on, from the state held now (the restored one, or a fresh run's empty one)."""
         if self.data_plane.journal.started:
             self.data_plane.journal.close()
         base = {**self.state_dict(), "claim_ledger": {"claims": {}}}
-        journal = StateJournal(self.cfg.run.run_dir, run_id, incarnation, base)
+        journal = StateJournal(self.cfg.run.run_dir, run_id, incarnation, base, restored_from=restored_from)
         self.data_plane.journal = self.ledger.journal = self.dataloader.journal = journal
         self.ledger.incarnation = incarnation
 

@@ -34,7 +34,15 @@ def read_records(directory: Path, log_id: str, start: LogPosition, end: LogPosit
     return _read_records(Path(directory), log_id, start, end)
 
 
-def _read_records(directory: Path, log_id: str, start: LogPosition, end: LogPosition) -> Iterator[bytes]:
+def read_records_to_end(directory: Path, log_id: str, start: LogPosition) -> Iterator[bytes]:
+    """The payloads of records from start.seq to the last whole one: a torn tail (a record cut short by a crash
+    in the newest segment) ends the journal quietly. Damage before it, a missing segment or a chain that is not
+    the position's raise JournalCorrupt after the payloads before it were yielded; every prefix of a journal is a
+    state its writer held, so a reader may keep what it got and say why it stopped."""
+    return _read_records(Path(directory), log_id, start, None)
+
+
+def _read_records(directory: Path, log_id: str, start: LogPosition, end: LogPosition | None) -> Iterator[bytes]:
     segments = list_segments(directory)
     if not segments:
         raise JournalCorrupt(f"{directory} holds no journal segment, yet a position at seq {start.seq} needs "
@@ -75,7 +83,7 @@ def _read_records(directory: Path, log_id: str, start: LogPosition, end: LogPosi
                     raise JournalCorrupt(f"{path} offset {offset}: the chain at seq {seq} is {chain.hex()}, not "
                                          f"the position's {start.chain}: not the journal this position was "
                                          f"taken from (another run's journal, or one that was rewritten)")
-                if seq == end.seq:
+                if end is not None and seq == end.seq:
                     if chain != end.chain_bytes:
                         raise JournalCorrupt(f"{path} offset {offset}: the chain at seq {seq} is {chain.hex()}, "
                                              f"not the end position's {end.chain}: the records read are not the "
@@ -87,8 +95,13 @@ def _read_records(directory: Path, log_id: str, start: LogPosition, end: LogPosi
                 except BadRecord as bad:
                     # In the newest segment a torn tail means the journal ends here; damage raises in the check.
                     torn = newest and is_torn_tail(f, path, bad, size)
-                    raise JournalCorrupt(_read_failure(path, bad.offset, bad.problem, seq, end.seq, torn)) from None
+                    if end is None and torn:
+                        return
+                    wanted = None if end is None else end.seq
+                    raise JournalCorrupt(_read_failure(path, bad.offset, bad.problem, seq, wanted, torn)) from None
                 if record is None:
+                    if newest and end is None:
+                        return
                     if newest:
                         raise JournalCorrupt(_read_failure(path, offset, "the end of the newest segment", seq,
                                                            end.seq, newest))
@@ -100,7 +113,9 @@ def _read_records(directory: Path, log_id: str, start: LogPosition, end: LogPosi
                 seq += 1
 
 
-def _read_failure(path: Path, offset: int, problem: str, seq: int, wanted: int, at_end: bool) -> str:
+def _read_failure(path: Path, offset: int, problem: str, seq: int, wanted: int | None, at_end: bool) -> str:
+    if wanted is None:
+        return f"{path} offset {offset}: {problem} at seq {seq}, before the journal's last record; {DAMAGED}"
     if at_end:
         return (f"{path} offset {offset}: {problem}: the journal ends at seq {seq} before the position seq "
                 f"{wanted}: records the position counted were never made durable (the position was taken "

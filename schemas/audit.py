@@ -53,6 +53,22 @@ class ContinuationRef(Wire):
     """The incarnation that started the saved attempt (rollout ids repeat across lineages)."""
 
 
+class KeptAfterCut(Wire):
+    """What a restore kept of the journal after its cut (`rollout_recovery.keep_after_cut`)."""
+
+    records: int
+    """Journal records applied after the cut."""
+    undone_steps: list[int]
+    """Trainer steps after the cut, lost with the trainer: their groups are open again and train again first."""
+    newest_policy_version: int
+    """The newest policy version whose rows and turns the restore kept (the last undone step's, or the cut's)."""
+    journal: str = ""
+    """The journal read past the cut: the cut's own (`journal/inc-<n>`), or that of a later incarnation that
+    restored the same cut and died before it saved anything newer (it holds everything since)."""
+    stopped: str | None = None
+    """Why the journal was not read to its last record (damage), or None."""
+
+
 class Restored(_Event):
     event: Literal["restored"] = "restored"
     source: SourceKind
@@ -74,6 +90,9 @@ class Restored(_Event):
     agents_not_continued: list[str] = []
     """Saved agents (attempt N) of the snapshot that this restore reruns from scratch instead of continuing,
     because their environment's recovery level does not continue saved turns. Empty in logs from before it."""
+    kept_after_cut: KeptAfterCut | None = None
+    """None: the restore brought back exactly its cut (a fresh start, a parked snapshot, keep_after_cut off, or a
+    log from before it)."""
     agents_from: Literal["snapshot", "journal"] = "snapshot"
     """Where the continued agents came from: the snapshot's saved agents (checked against its cut), or the
     environment servers' turn journals (a trainer checkpoint without a snapshot)."""

@@ -180,6 +180,11 @@ class RolloutRecoveryConfig(StrictModel):
     overrides: dict[str, Literal["turn", "sibling", "prompt_group"]] = {}
     """Environment name -> a coarser level for that environment only. Naming an environment that is not in
     [environments], or a level finer than target_level, is refused at start-up."""
+    keep_after_cut: bool = True
+    """A restore reads the controller's journal on past its cut, to the last whole record: rows sealed, groups
+    admitted and agents' turns committed after the cut are kept (whichever policy version made them), and the
+    trainer steps after the cut, lost with the trainer, train the same groups again, first and in their order.
+    false: restore exactly the cut (a snapshot with parked agents always does)."""
 
 
 class RolloutConfig(StrictModel):

@@ -128,6 +128,10 @@ class RestoreResult(Wire):
     """Saved agents that will continue from their saved turn (attempt N+1)."""
     restarted_siblings: int
     """Unfinished siblings that start over from scratch."""
+    kept_after_cut_records: int = 0
+    """Controller journal records after the cut that the restore kept (`rollout_recovery.keep_after_cut`)."""
+    undone_steps: list[int] = []
+    """Trainer steps after the cut, lost with the trainer: their groups train again first."""
 
 
 class PolicyLoadInput(Wire):

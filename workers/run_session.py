@@ -214,8 +214,10 @@ def _report_recovery(run_dir: Path, identity: RunIdentity, result: RecoveryResul
     line = {"kind": "recovery", "incarnation": identity.incarnation, **result.model_dump(mode="json")}
     append_jsonl(run_dir / "metrics.jsonl", line, durable=True)
     if restored is not None:
-        log.info("restore: %d rows, %d agents continue from their saved turn, %d siblings start over",
-                 restored.data_plane_rows, restored.continuations, restored.restarted_siblings)
+        log.info("restore: %d rows, %d agents continue from their saved turn, %d siblings start over; %d journal "
+                 "records kept after the cut, undone steps %s train again first", restored.data_plane_rows,
+                 restored.continuations, restored.restarted_siblings, restored.kept_after_cut_records,
+                 restored.undone_steps)
 
 
 async def _audit_end(controller: Controller, processes, reason: str) -> None:

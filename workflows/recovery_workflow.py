@@ -89,7 +89,9 @@ class RecoveryWorkflow:
         workflow.set_current_details(
             f"restored from {source.kind} (step {source.step}, policy version {restored.policy_version}): "
             f"{restored.data_plane_rows} rows, {restored.continuations} agents continue from their saved turn, "
-            f"{restored.restarted_siblings} siblings start over. {source.reason}"
+            f"{restored.restarted_siblings} siblings start over; kept {restored.kept_after_cut_records} journal "
+            f"records after the cut, {len(restored.undone_steps)} undone trainer steps train again first. "
+            f"{source.reason}"
         )
         return RecoveryResult(source=source, restore=restored, cancelled=cancelled.cancelled + cancelled.terminated,
                               seconds=seconds)

@@ -13,8 +13,10 @@ from typing import Any
 
 import orjson
 
-ROW, REWARDS, ROWS_DELETED, GROUP, GROUPS_FINISHED, CURSOR, STEP = (
-    "row", "rewards", "rows_deleted", "group", "groups_finished", "cursor", "step")
+ROW, REWARDS, ROWS_DELETED, GROUP, GROUPS_FINISHED, CURSOR, STEP, TRAINED, REPLAY_CLEARED = (
+    "row", "rewards", "rows_deleted", "group", "groups_finished", "cursor", "step", "trained", "replay_cleared")
+REPLAY_BATCHES = "replay_batches"
+"""In a state: the batches of trainer steps a crash lost, oldest first, which the train pump trains again first."""
 
 
 def encode(kind: str, value: Any) -> bytes:
@@ -22,10 +24,20 @@ def encode(kind: str, value: Any) -> bytes:
 
 
 class ReplayState:
-    """A controller state being rebuilt record by record."""
+    """A controller state being rebuilt record by record.
+
+    Past the cut (`past_cut()`), the records of a run that went on after its snapshot are replayed on top of it
+    for a trainer that is back at the cut's step: rows, groups and the dataloader go on as they went, while each
+    train step after the cut is undone. Its groups keep their rows and stay unfinished, and its batch joins
+    `replay_batches`, so the train pump trains the same groups in the same order again."""
 
     def __init__(self, base: dict) -> None:
         self.step = int(base["step"])
+        self.replay_batches: list[list[str]] = [list(batch) for batch in base.get(REPLAY_BATCHES, [])]
+        self.lost_steps: list[dict] = []
+        """Train steps after the cut, undone: {"step", "policy_version", "groups"} in training order."""
+        self._past_cut = False
+        self._kept_groups: set[str] = set()
         self.dataloader = dict(base["dataloader"])
         self.rows: dict[str, dict[int, dict]] = {}
         for row in base["data_plane"]["rows"]:
@@ -44,22 +56,44 @@ class ReplayState:
                 siblings[sibling] = {**siblings[sibling], "reward": reward}
         elif kind == ROWS_DELETED:
             for group_id in value:
-                self.rows.pop(group_id, None)
+                if group_id not in self._kept_groups:
+                    self.rows.pop(group_id, None)
         elif kind == GROUP:
             self.groups[value["group_id"]] = value
         elif kind == GROUPS_FINISHED:
             for group_id in value:
-                self.groups.pop(group_id, None)
+                if group_id not in self._kept_groups:
+                    self.groups.pop(group_id, None)
         elif kind == CURSOR:
             self.dataloader = value
         elif kind == STEP:
-            self.step = int(value)
+            if not self._past_cut:
+                self.step = int(value)
+        elif kind == TRAINED:
+            self._trained(value)
+        elif kind == REPLAY_CLEARED:
+            self.replay_batches = []
         else:
             raise ValueError(f"unknown journal record kind {kind!r}")
 
+    def past_cut(self) -> None:
+        """The records from here on came after the cut the trainer is restored to."""
+        self._past_cut = True
+
+    def _trained(self, value: dict) -> None:
+        groups = list(value["groups"])
+        trained = set(groups)
+        self.replay_batches = [kept for batch in self.replay_batches if (kept := [g for g in batch if g not in trained])]
+        if self._past_cut:
+            self.lost_steps.append({"step": int(value["step"]), "policy_version": int(value["policy_version"]),
+                                    "groups": groups})
+            self._kept_groups |= trained
+
     def state_dict(self) -> dict:
+        batches = [step["groups"] for step in self.lost_steps] + self.replay_batches
         return {
             "step": self.step,
+            REPLAY_BATCHES: batches,
             "dataloader": self.dataloader,
             "data_plane": {"rows": [self.rows[gid][s] for gid in sorted(self.rows) for s in sorted(self.rows[gid])]},
             "claim_ledger": {"claims": {}},

@@ -8,14 +8,15 @@ the file and the problem, and the restore falls back to an older source.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 
 from controller.journal.records import ReplayState
-from controller.journal.state_journal import BASE_KEY, JournalRef
+from controller.journal.state_journal import BASE_KEY, JOURNAL_DIR, RESTORED_FROM_FILE, START_FILE, JournalRef
 from primitives.segment_format import JournalCorrupt, LogPosition
-from primitives.segment_reader import read_records
+from primitives.segment_reader import read_records, read_records_to_end
 from schemas.audit import ids_digest, row_key
 
 
@@ -32,6 +33,11 @@ def load_base(path: Path) -> tuple[dict, dict | None]:
 
 
 def state_at(run_dir: Path, ref: JournalRef) -> dict:
+    return replay_to(run_dir, ref).state_dict()
+
+
+def replay_to(run_dir: Path, ref: JournalRef) -> ReplayState:
+    """The cut's state, checked against what the cut recorded; `roll_past_cut` can carry it on."""
     base_path = Path(run_dir) / ref.base
     base, marker = load_base(base_path)
     if marker is None or marker.get("log_id") != ref.log_id or marker.get("position") != ref.base_position:
@@ -42,9 +48,39 @@ def state_at(run_dir: Path, ref: JournalRef) -> dict:
     start, end = LogPosition.from_dict(ref.base_position), LogPosition.from_dict(ref.position)
     for payload in read_records(Path(run_dir) / ref.journal, ref.log_id, start, end):
         replay.apply(payload)
-    state = replay.state_dict()
-    _check(state, ref, Path(run_dir) / ref.journal)
-    return state
+    _check(replay.state_dict(), ref, Path(run_dir) / ref.journal)
+    return replay
+
+
+@dataclass
+class PastCut:
+    """What a restore kept of the journal after its cut."""
+
+    records: int
+    lost_steps: list[dict]
+    stopped: str | None
+    """Why the journal was not read to its last record (damage, a missing segment), or None."""
+    journal: str = ""
+    """The journal read past the cut (relative to the run directory): the cut's own, or a later restore's."""
+    restored_from: dict | None = None
+    """What the restoring incarnation's journal records beside its base (`RESTORED_FROM_FILE`): the cut, and the
+    newest policy version kept so far."""
+
+
+def roll_past_cut(run_dir: Path, ref: JournalRef, replay: ReplayState) -> PastCut:
+    """Apply the records after the cut's position, to the last whole one. Every prefix of the journal is a state
+    the controller held, so damage part way keeps what came before it and says so; a torn tail is the normal end
+    of a journal whose writer was killed."""
+    replay.past_cut()
+    records, stopped = 0, None
+    try:
+        for payload in read_records_to_end(Path(run_dir) / ref.journal, ref.log_id,
+                                           LogPosition.from_dict(ref.position)):
+            replay.apply(payload)
+            records += 1
+    except JournalCorrupt as err:
+        stopped = str(err)
+    return PastCut(records, list(replay.lost_steps), stopped)
 
 
 def _check(state: dict, ref: JournalRef, journal: Path) -> None:
@@ -57,6 +93,70 @@ def _check(state: dict, ref: JournalRef, journal: Path) -> None:
             f"replaying {journal} to seq {ref.position.get('seq')} gives {found[0]} rows (digest {found[1]}) and "
             f"{found[2]} groups (digest {found[3]}), the cut recorded {wanted[0]} rows (digest {wanted[1]}) and "
             f"{wanted[2]} groups (digest {wanted[3]}): the journal does not hold what the cut saw")
+
+
+def resolve_state_past_cut(run_dir: Path, raw: dict, incarnation: int | None = None) -> tuple[dict, PastCut | None]:
+    """A saved controller state carried on to the end of the journal it was taken from (`roll_past_cut`): a cut
+    that names its journal position, or a trainer checkpoint's full state with its base marker. A state from
+    before journals has nowhere to go on from: (the state, None).
+
+    When an earlier incarnation already restored this same cut and went on (then died before it saved anything
+    newer), its journal starts from that restore and holds everything since: the restore goes on from the newest
+    such journal (below `incarnation`, the one restoring now) instead, so no incarnation's work is lost twice."""
+    if "journal_ref" in raw:
+        ref = JournalRef.model_validate(raw["journal_ref"])
+        replay = replay_to(run_dir, ref)
+        extra = {k: v for k, v in raw.items() if k != "journal_ref"}
+    elif isinstance(marker := raw.get(BASE_KEY), dict):
+        base = {k: v for k, v in raw.items() if k != BASE_KEY}
+        ref = _ref_at(marker["journal"], marker["log_id"], marker["position"])
+        replay = ReplayState(base)
+        extra = {k: v for k, v in base.items() if k not in replay.state_dict()}
+    else:
+        return resolve_state(run_dir, raw), None
+    cut = {"log_id": ref.log_id, "position": ref.position}
+    newest_before = None
+    if (later := _newest_restore_of(run_dir, cut, incarnation)) is not None:
+        start, later_base, marker, newest_before = later
+        replay, ref = ReplayState(later_base), _ref_at(str(start.parent.relative_to(run_dir)), marker["log_id"],
+                                                       marker["position"])
+    past = roll_past_cut(run_dir, ref, replay)
+    past.journal = ref.journal
+    newest = max([step["policy_version"] for step in past.lost_steps] + ([newest_before] if newest_before else []),
+                 default=None)
+    past.restored_from = {**cut, "newest_policy_version": newest}
+    return {**replay.state_dict(), **extra}, past
+
+
+def _ref_at(journal: str, log_id: str, position: dict) -> JournalRef:
+    """A reference to a bare journal position (no counts to check: reading on from it checks the chain)."""
+    return JournalRef(journal=journal, log_id=log_id, base="", base_position=position, position=position, rows=0,
+                      rows_digest="", groups=0, groups_digest="")
+
+
+def _newest_restore_of(run_dir: Path, cut: dict, incarnation: int | None) -> tuple[Path, dict, dict, int | None] | None:
+    """(start file, its state, its journal marker, the newest policy version kept by then) of the newest journal
+    whose base is a restore of `cut`, or None. One that cannot be read is passed over: the restore then keeps
+    less, never a damaged state."""
+    found = []
+    for path in Path(run_dir).glob(f"{JOURNAL_DIR}/inc-*/{RESTORED_FROM_FILE}"):
+        number = int(path.parent.name.removeprefix("inc-"))
+        if incarnation is not None and number >= incarnation:
+            continue
+        try:
+            restored_from = orjson.loads(path.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            continue
+        if isinstance(restored_from, dict) and {k: restored_from.get(k) for k in cut} == cut:
+            found.append((number, path.parent / START_FILE, restored_from.get("newest_policy_version")))
+    for _, start, newest in sorted(found, reverse=True):
+        try:
+            base = orjson.loads(start.read_bytes())
+            marker = base.pop(BASE_KEY)
+        except (OSError, orjson.JSONDecodeError, KeyError, AttributeError):
+            continue
+        return start, base, marker, newest
+    return None
 
 
 def resolve_state(run_dir: Path, raw: dict) -> dict:

@@ -35,6 +35,9 @@ JOURNAL_DIR = "journal"
 BASE_KEY = "journal_base"
 """In a base file (an incarnation's start, a trainer checkpoint's controller state): where in which journal it is."""
 START_FILE = "start.json"
+RESTORED_FROM_FILE = "restored_from.json"
+"""Beside a restored incarnation's base: the journal position of the cut its restore kept the journal past
+({"log_id", "position", "newest_policy_version"}), so a later restore of the same cut goes on from this journal."""
 
 
 class JournalRef(BaseModel):
@@ -80,7 +83,7 @@ class StateJournal(JournalHooks):
     started = True
 
     def __init__(self, run_dir: Path, run_id: str, incarnation: int, base_state: dict,
-                 segment_bytes: int = 64 << 20) -> None:
+                 segment_bytes: int = 64 << 20, restored_from: dict | None = None) -> None:
         """Start this incarnation's journal from `base_state` (what the controller holds right now)."""
         self.run_dir = Path(run_dir)
         self.directory = incarnation_dir(run_dir, incarnation)
@@ -92,6 +95,8 @@ class StateJournal(JournalHooks):
         start = LogPosition(seq=0, chain="00" * 32)
         self._base_file = self.directory / START_FILE
         write_base(self._base_file, base_state, self, start)
+        if restored_from is not None:
+            atomic_write_bytes(self.directory / RESTORED_FROM_FILE, orjson.dumps(restored_from))
         self._base_position = start
         self._previous_base_seq = start.seq
         self._log = SegmentLog(self.directory, self.log_id, segment_bytes=segment_bytes, base=start)

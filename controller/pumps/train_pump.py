@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from controller.journal.records import STEP
+from controller.journal.records import REPLAY_CLEARED, STEP, TRAINED
 from controller.state.claim_ledger import ClaimLedger
 from controller.state.data_plane import DataPlane
 from controller.state.group_ledger import GroupLedger
@@ -83,6 +84,9 @@ class TrainPump:
         self.policy_version = 0
         """Policy version of the committed step (the trainer's, reported with each step)."""
         self._frozen = False
+        self.replay_batches: deque[list[str]] = deque()
+        """Batches of steps a crash undid (`ReplayState`), trained again first, in their order, so the steps
+        after the restore train what the lost ones trained and each policy version keeps its meaning."""
         self.waiting_on = "starting"
         """What the pump waits on now, in words (the stall watchdog's warning names it)."""
 
@@ -169,6 +173,9 @@ class TrainPump:
                                  group_ids=group_ids)
                 self._audit.flush()
             self._claims.commit(target)
+            # Before the deletions it explains: a restore past this record undoes the step and keeps its groups.
+            self._data_plane.journal.record(TRAINED, {"step": target, "policy_version": trainer_stats["policy_version"],
+                                                      "groups": group_ids})
             self._data_plane.delete(group_ids)
             self._ledger.finish(group_ids)
             self.step = target
@@ -204,11 +211,32 @@ class TrainPump:
                 await self._group_settled.wait()  # a checkpoint request wakes it; a new group only re-checks
                 continue
             fresh = await self._drop_unusable_groups()
+            if (replayed := self._next_replay_batch(fresh)) is not None:
+                return replayed
             if len(fresh) >= self._cfg.prompts_per_step:
                 return fresh[: self._cfg.prompts_per_step]
             self.waiting_on = f"finished groups for step {self.step + 1}: {len(fresh)} of {self._cfg.prompts_per_step}"
             self._group_settled.clear()
             await self._group_settled.wait()
+
+    def _next_replay_batch(self, fresh: list[str]) -> list[str] | None:
+        """The oldest undone step's groups once all of them that are still open are complete; None to train as
+        usual. Groups discarded since (stale, too few siblings) leave the batch; one the pumps are still working
+        on (its group was rerun) ends the replay, and training picks its batches as usual from then on."""
+        ready = set(fresh)
+        while self.replay_batches:
+            batch = [gid for gid in self.replay_batches[0] if self._ledger.has_group(gid)]
+            if not batch:
+                self.replay_batches.popleft()
+                continue
+            if all(gid in ready for gid in batch):
+                self.replay_batches.popleft()
+                return batch
+            log.warning("the undone step's group %s is not complete; %d undone steps train in the usual order",
+                        next(gid for gid in batch if gid not in ready), len(self.replay_batches))
+            self.replay_batches.clear()
+            self._data_plane.journal.record(REPLAY_CLEARED, None)
+        return None
 
     async def _drop_unusable_groups(self) -> list[str]:
         if self._untrainable:

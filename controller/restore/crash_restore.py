@@ -16,7 +16,7 @@ from pathlib import Path
 import orjson
 
 from controller.fingerprint import fingerprint_fields
-from controller.journal.replay import resolve_state
+from controller.journal.replay import PastCut, resolve_state, resolve_state_past_cut
 from controller.pumps.rollout_pump import Continuation
 from controller.restore.restore_source import choose_source
 from controller.runtime import Controller
@@ -31,7 +31,7 @@ from primitives.atomic_files import remove_stale_staging
 from primitives.audit_log import segments_digest
 from primitives.chaos_points import reached
 from primitives.segment_format import JournalCorrupt
-from schemas.audit import ContinuationRef, Restored, RowRef
+from schemas.audit import ContinuationRef, KeptAfterCut, Restored, RowRef
 from schemas.config import TurnkeepConfig
 from schemas.names import recovery_holder, recovery_workflow_id
 from schemas.participant import RunningAgent, SavedAgent
@@ -84,13 +84,11 @@ class CrashRestore:
             raise CrashRestoreError(f"{trainer_dir} holds policy version {version}, its manifest says "
                                 f"{source.policy_version}")
         await reached("restore", self._cfg.run.run_dir)
-        try:
-            state = resolve_state(self._cfg.run.run_dir, orjson.loads(Path(source.controller_state or "").read_bytes()))
-        except JournalCorrupt as err:
-            raise CrashRestoreError(f"{source.controller_state} cannot be rebuilt from the journal: {err}") from None
+        state, past = self._restored_state(source)
         c.load_state_dict(state, version)
         # The restored state is the new journal's base; every change from here on (the reruns below) is journaled.
-        c.start_journal(self._identity.run_id, self._identity.incarnation)
+        c.start_journal(self._identity.run_id, self._identity.incarnation,
+                        restored_from=past.restored_from if past else None)
         if sealed := seal_stored_rows(c.data_plane, c.ledger):
             # The cut fell between their rows' store and their seal: the rows are in, they are never continued.
             log.info("%d siblings had their rows stored at the cut and are sealed now", len(sealed))
@@ -99,8 +97,10 @@ class CrashRestore:
         else:
             # A trainer checkpoint or a journal snapshot saved no agents: the environment servers' turn journals
             # hold them.
-            continuations = await self._continue_journaled_agents(version)
-            self._audit(source, state, continuations, agents_from="journal")
+            # Kept turns may come from the policies of the undone steps: the newest of those bounds them.
+            newest = max(version, (past.restored_from or {}).get("newest_policy_version") or 0) if past else version
+            continuations = await self._continue_journaled_agents(newest)
+            self._audit(source, state, continuations, agents_from="journal", past=past)
         queued, settled = c.rollouts.restore(continuations)
         for group_id in settled:
             c.training.group_settled(group_id, bool(c.rollouts.settle(group_id)))
@@ -109,7 +109,29 @@ class CrashRestore:
         return RestoreResult(
             step=source.step, policy_version=version, data_plane_rows=c.data_plane.num_rows(),
             unfinished_groups=c.ledger.inflight(), continuations=len(continuations), restarted_siblings=restarted,
+            kept_after_cut_records=past.records if past else 0,
+            undone_steps=[step["step"] for step in past.lost_steps] if past else [],
         )
+
+    def _restored_state(self, source: RecoverySource) -> tuple[dict, PastCut | None]:
+        """The source's controller state, carried on past its cut to the end of its journal (unless the config says
+        otherwise, or the snapshot parked its agents: they are saved as of the cut)."""
+        path = Path(source.controller_state or "")
+        try:
+            raw = orjson.loads(path.read_bytes())
+            parked = bool(source.snapshot_dir) and raw.get(AGENTS_FROM) != "journal"
+            if not self._cfg.rollout_recovery.keep_after_cut or parked:
+                return resolve_state(self._cfg.run.run_dir, raw), None
+            state, past = resolve_state_past_cut(self._cfg.run.run_dir, raw, self._identity.incarnation)
+        except JournalCorrupt as err:
+            raise CrashRestoreError(f"{path} cannot be rebuilt from the journal: {err}") from None
+        if past is not None:
+            if past.stopped:
+                log.warning("the journal after the restored cut is damaged; the restore keeps the %d records before "
+                            "the damage: %s", past.records, past.stopped)
+            log.info("kept %d journal records after the cut; %d trainer steps after it are undone and train again "
+                     "first", past.records, len(past.lost_steps))
+        return state, past
 
     async def _continue_saved_agents(self, source: RecoverySource, state: dict) -> dict:
         """The snapshot's parked agents, held again by their environment servers."""
@@ -202,7 +224,7 @@ class CrashRestore:
 
     def _audit(
         self, source: RecoverySource, state: dict | None, continuations: dict, rerun_agents: Sequence[str] = (),
-        agents_from: str = "snapshot",
+        agents_from: str = "snapshot", past: PastCut | None = None,
     ) -> None:
         audit = self._controller.audit
         if audit is None:
@@ -225,6 +247,11 @@ class CrashRestore:
             skipped=source.skipped, cut_unix_s=state.get("cut_unix_s") if state else None, rows=rows,
             continuations=refs, unfinished_groups=unfinished, next_group_index=c.dataloader.next_index,
             agents_not_continued=sorted(rerun_agents), agents_from=agents_from,
+            kept_after_cut=None if past is None else KeptAfterCut(
+                records=past.records, undone_steps=[step["step"] for step in past.lost_steps],
+                newest_policy_version=max(source.policy_version,
+                                          (past.restored_from or {}).get("newest_policy_version") or 0),
+                journal=past.journal, stopped=past.stopped),
         )
         audit.flush()
 

@@ -233,6 +233,9 @@ class GroupLedger:
     def group_ids(self) -> list[str]:
         return sorted(self._groups)
 
+    def has_group(self, group_id: str) -> bool:
+        return group_id in self._groups
+
     def complete_group_ids(self) -> list[str]:
         return [gid for gid, group in self._groups.items() if group.complete]
 

@@ -32,7 +32,7 @@ from primitives.segment_format import (
     segment_name,
 )
 from primitives.segment_log import SegmentLog
-from primitives.segment_reader import prune_before, read_records
+from primitives.segment_reader import prune_before, read_records, read_records_to_end
 
 REPO = Path(__file__).resolve().parents[2]
 LOG_ID = "run-7/journal"
@@ -179,6 +179,35 @@ def test_a_damaged_record_before_the_end_is_refused_by_open_and_by_read(tmp_path
         list(read_records(tmp_path, LOG_ID, START, positions[-1]))
     # Opening refused without cutting anything: the damaged file is as it was.
     assert damaged.read_bytes() == bytes(data)
+
+
+@pytest.mark.parametrize("tail", [b"", *TORN_TAILS.values()], ids=["clean end", *TORN_TAILS.keys()])
+def test_reading_to_the_end_yields_every_whole_record_and_stops_quietly_at_a_torn_tail(tmp_path, tail) -> None:
+    positions = write_log(tmp_path, 120)
+    with open(segment_files(tmp_path)[-1], "ab") as f:
+        f.write(tail)
+    assert list(read_records_to_end(tmp_path, LOG_ID, positions[37])) == [payload(i) for i in range(37, 120)]
+    assert list(read_records_to_end(tmp_path, LOG_ID, positions[120])) == []
+
+
+def test_reading_to_the_end_yields_the_prefix_before_damage_then_names_it(tmp_path) -> None:
+    write_log(tmp_path, 300)
+    damaged = segment_files(tmp_path)[len(segment_files(tmp_path)) // 2]
+    offset, length = record_offsets(damaged)[2]
+    data = bytearray(damaged.read_bytes())
+    data[offset + 8 + length // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    got = []
+    with pytest.raises(JournalCorrupt, match=f"{damaged.name} offset {offset}: .*before the journal's last record"):
+        for record in read_records_to_end(tmp_path, LOG_ID, START):
+            got.append(record)
+    assert got == [payload(i) for i in range(len(got))] and 0 < len(got) < 300
+
+
+def test_reading_to_the_end_from_another_journals_position_is_refused(tmp_path) -> None:
+    write_log(tmp_path, 50)
+    with pytest.raises(JournalCorrupt, match="not the journal this position was taken from"):
+        list(read_records_to_end(tmp_path, LOG_ID, LogPosition(seq=10, chain="ab" * 32)))
 
 
 def kill_payload(i: int) -> bytes:

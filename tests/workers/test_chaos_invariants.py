@@ -363,7 +363,7 @@ def test_a_journaled_agent_continued_within_the_restored_policy_passes():
 def test_a_journaled_agent_holding_a_turn_of_a_rolled_back_policy_is_caught():
     result = check_invariants(_journal_restore([3, 4, 5], restored_version=4, saved_turn=3)).result(2, "journaled agents")
     assert not result.ok
-    assert "came from policy versions [5], newer than the restored 4" in result.violations[0]
+    assert "came from policy versions [5], newer than the restored lineage's 4" in result.violations[0]
 
 
 def test_a_same_named_attempt_of_another_lineage_is_not_mistaken_for_the_continued_one():

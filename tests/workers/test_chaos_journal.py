@@ -44,6 +44,10 @@ def test_kills_around_journal_snapshots_restore_running_agents_from_the_journals
     # Admission never closed for a snapshot (a restore's own pause is a recovery holder).
     assert not [e for e in events if e.event == "hold_changed" and e.change == "taken" and "admission" in e.holds
                 and e.holder.startswith("snapshot:")]
+    # Each restore kept the journal past its cut (the default), and the invariant 7 check held it to what the
+    # killed incarnation sealed and admitted after its cut.
+    assert all(e.kept_after_cut is not None and e.kept_after_cut.stopped is None for e in restores), restores
+    assert any(e.kept_after_cut.records > 0 for e in restores), [e.kept_after_cut for e in restores]
     continued = [c for e in restores for c in e.continuations]
     assert continued, "no restore continued a running agent from a turn journal"
     # Each continued agent resumed from a turn its attempt committed, of the restored lineage (invariant 2's

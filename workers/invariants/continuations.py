@@ -19,6 +19,7 @@ from schemas.audit import (
     RunEnded,
     SiblingSealed,
     SiblingStarted,
+    StepTrained,
     TurnCommitted,
     ids_digest,
 )
@@ -123,32 +124,58 @@ def saved_agents_continued(events: list, grace_s: float = CONTINUE_GRACE_S) -> I
 
 def journaled_agents_were_committed(events: list) -> InvariantResult:
     """Each agent a restore continued from a turn journal continues a boundary its attempt really committed (a
-    `turn_committed` at that turn), and none of the turns up to it came from a policy newer than the restored
-    one: the journal may hold turns of a policy the restore rolled back, and those must never be continued. An
-    item is one continued agent."""
+    `turn_committed` at that turn), and none of the turns up to it came from a policy outside the restored
+    lineage: the cut's policy, or, when the restore kept the journal past its cut, the policies the cut's
+    incarnation trained after it (read from its `step_trained` lines, not from the restore's word). The turn
+    journal may hold turns of a policy the restore rolled back; those must never be continued. An item is one
+    continued agent."""
     # (rollout id, incarnation that started it) -> turn -> policy version: ids repeat across lineages
     committed: dict[tuple[str, int], dict[int, int]] = defaultdict(dict)
+    trained: dict[int, list[tuple[float, int]]] = defaultdict(list)  # incarnation -> (time, policy version)
+    cuts = cuts_by_time(events)
+    went_on: dict[float, list[tuple[int, float]]] = defaultdict(list)  # cut time -> (incarnation, from when)
     violations: list[str] = []
     checked = unverifiable = 0
     for event in events:
         if isinstance(event, TurnCommitted):
             committed[(event.rollout_id, event.started_by)][event.turn] = event.policy_version
+        elif isinstance(event, StepTrained):
+            trained[event.inc].append((event.t, event.policy_version))
         elif isinstance(event, Restored) and event.agents_from == "journal":
+            cut = cut_of(event, cuts)
+            if cut is not None and event.kept_after_cut is not None:
+                went_on[cut.cut_unix_s].append((event.inc, event.t))
+            newest = _newest_kept_policy(event, cut, trained, went_on)
+            if event.kept_after_cut is not None and event.kept_after_cut.newest_policy_version > newest:
+                violations.append(
+                    f"restore of incarnation {event.inc} says it kept policy version "
+                    f"{event.kept_after_cut.newest_policy_version}, but its cut's incarnation trained up to {newest}")
             for c in event.continuations:
                 turns = committed.get((c.rollout_id, c.started_by), {})
                 if c.turn_index not in turns:
                     unverifiable += 1  # its commit may not have reached the audit log before the kill
                     continue
                 checked += 1
-                newer = {turn: v for turn, v in turns.items() if turn <= c.turn_index and v > event.policy_version}
+                newer = {turn: v for turn, v in turns.items() if turn <= c.turn_index and v > newest}
                 if newer:
                     violations.append(
                         f"{c.next_rollout_id} continues {c.rollout_id} after turn {c.turn_index}, but turns "
                         f"{sorted(newer)} came from policy versions {sorted(set(newer.values()))}, newer than the "
-                        f"restored {event.policy_version}")
+                        f"restored lineage's {newest}")
     note = f"{unverifiable} continued agents whose boundary the audit log lacks" if unverifiable else ""
-    return InvariantResult(2, "journaled agents continue committed turns of the restored policy", not violations,
+    return InvariantResult(2, "journaled agents continue committed turns of the restored lineage", not violations,
                            checked, violations, note)
+
+
+def _newest_kept_policy(restored: Restored, cut: CutTaken | None, trained: dict[int, list[tuple[float, int]]],
+                        went_on: dict[float, list[tuple[int, float]]]) -> int:
+    """The newest policy the restored lineage can hold: trained after the cut by its incarnation, or by one that
+    restored the same cut earlier and went on from it."""
+    if restored.kept_after_cut is None or cut is None:
+        return restored.policy_version
+    starts = [(cut.inc, cut.cut_unix_s), *[(inc, t) for inc, t in went_on[cut.cut_unix_s] if inc != restored.inc]]
+    after = [version for inc, since in starts for t, version in trained.get(inc, []) if t > since]
+    return max([restored.policy_version, *after])
 
 
 def _agents_against_cut(restored: Restored, agents: list[str], cut: CutTaken) -> str | None:

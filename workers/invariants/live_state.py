@@ -65,6 +65,8 @@ class _Findings:
     ends_compared: int = 0
     admissions: int = 0
     unindexed: int = 0
+    unseen_rows: int = 0
+    """Rows a restore kept past its cut whose seal is not in the audit log (written within a flush of a kill)."""
 
 
 def invariant_7(events: list) -> list[InvariantResult]:
@@ -72,9 +74,10 @@ def invariant_7(events: list) -> list[InvariantResult]:
     cuts = any(isinstance(e, CutTaken) for e in events)
     unmatched = f"{found.restores_unmatched} restores whose cut is not in the log" if found.restores_unmatched else ""
     no_cuts = "" if cuts else "cuts not checked: no cut_taken events in this log"
+    unseen = f"{found.unseen_rows} rows kept past a cut whose seal the audit log lacks" if found.unseen_rows else ""
     if cuts:
         rows = InvariantResult(7, ROWS, not found.rows, found.cuts_checked + found.restores_checked, found.rows,
-                               unmatched)
+                               joined(unmatched, unseen))
     else:
         rows = not_checked(7, ROWS, "cut_taken")
     groups = InvariantResult(
@@ -94,15 +97,25 @@ def _walk(events: list) -> _Findings:
     cuts = cuts_by_time(events)
     live = _Live(inc=0, known=False)
     highest_admitted = -1  # over every branch: a restore cannot start past what was ever handed out
-    for event in events:
+    at_cut: dict[float, tuple[int, _Live]] = {}  # cut time -> (its index in the log, what the events said it held)
+    # (incarnation, cut time) -> (index, what it brought back): a later restore of the same cut may go on from there
+    kept: dict[tuple[int, float], tuple[int, _Live]] = {}
+    for index, event in enumerate(events):
         if isinstance(event, RunStarted):
             live = _Live(event.inc, known=not event.resumed, next_index=None if event.resumed else 0)
             continue
         if event.inc != live.inc:
             continue  # the environment server's events, or a stray line of a dead incarnation
         if isinstance(event, Restored):
-            _restore(event, cut_of(event, cuts), live, found, highest_admitted)
+            cut = cut_of(event, cuts)
+            if event.kept_after_cut is not None and cut is not None and cut.cut_unix_s in at_cut:
+                _restore_past_cut(event, cut, _went_on_from(event, cut, at_cut, kept, found), events, found)
+                _restore(event, None, live, found, highest_admitted, checked=True)
+            else:
+                _restore(event, cut, live, found, highest_admitted)
             live = _Live(event.inc, True, _rows_of(event), set(event.unfinished_groups), event.next_group_index)
+            if event.kept_after_cut is not None and event.cut_unix_s is not None:
+                kept[(event.inc, event.cut_unix_s)] = (index, live)
         elif isinstance(event, GroupAdmitted):
             highest_admitted = max(highest_admitted, _admit(event, live, found))
         elif isinstance(event, SiblingSealed):
@@ -112,6 +125,8 @@ def _walk(events: list) -> _Findings:
         elif isinstance(event, (GroupRerun, GroupDropped)):
             live.rows.pop(event.group_id, None)  # its sealed rows are thrown away; the group goes on (or is discarded)
         elif isinstance(event, CutTaken) and live.known:
+            at_cut[event.cut_unix_s] = (index, _Live(live.inc, True, {g: set(s) for g, s in live.rows.items()},
+                                                     set(live.groups), live.next_index))
             found.cuts_checked += 1
             _compare(f"{event.kind} cut at step {event.step} (incarnation {event.inc})", event, live, found)
         elif isinstance(event, RunEnded) and live.known:
@@ -194,11 +209,14 @@ def _moved(recorded: int, expected: int) -> str:
     return f"{expected - recorded} indices would be handed out again"
 
 
-def _restore(restored: Restored, cut: CutTaken | None, live: _Live, found: _Findings, highest_admitted: int) -> None:
+def _restore(restored: Restored, cut: CutTaken | None, live: _Live, found: _Findings, highest_admitted: int,
+             checked: bool = False) -> None:
     if restored.source == SourceKind.FRESH:
         return
     what = f"restore of incarnation {restored.inc} at step {restored.step}"
-    if cut is None:
+    if checked:
+        pass  # against its cut and the journal after it: `_restore_past_cut`
+    elif cut is None:
         found.restores_unmatched += 1
     else:
         # What the cut held is what the restore must bring back.
@@ -223,6 +241,73 @@ def _restore(restored: Restored, cut: CutTaken | None, live: _Live, found: _Find
     if ahead:
         found.dataloader.append(f"{what} brought back {', '.join(ahead[:5])} at or past its dataloader index "
                                 f"{position}: those indices would be handed out again")
+
+
+TAIL_S = 2.0
+"""A restore that keeps the journal after its cut keeps every row and group the incarnation's log shows more
+than this long before its last event: the journal's fsync batch and the audit log's flush each trail by well
+under a second, so only the last moments before a kill may be in one and not the other."""
+
+
+def _went_on_from(restored: Restored, cut: CutTaken, at_cut: dict, kept: dict,
+                  found: _Findings) -> tuple[int, int, _Live] | None:
+    """(incarnation, index, state) the restore went on from: the cut's own incarnation at the cut, or an earlier
+    incarnation that restored the same cut (kept past it) and died before it saved anything newer."""
+    journal = restored.kept_after_cut.journal
+    inc = int(journal.rsplit("-", 1)[1]) if journal else cut.inc
+    if inc == cut.inc:
+        return (cut.inc, *at_cut[cut.cut_unix_s])
+    if (inc, cut.cut_unix_s) in kept:
+        return (inc, *kept[(inc, cut.cut_unix_s)])
+    found.groups.append(f"restore of incarnation {restored.inc} went on from the journal of incarnation {inc}, "
+                        f"which never restored its cut at {cut.cut_unix_s}")
+    return None
+
+
+def _restore_past_cut(restored: Restored, cut: CutTaken, start: tuple[int, int, _Live] | None, events: list,
+                      found: _Findings) -> None:
+    """A restore that read the journal on past its cut must bring back what its starting point held (the cut, or
+    an earlier restore of it that went on) and what that incarnation went on to seal and admit, less what it
+    discarded or threw away; the groups of its train steps after that point are open again (those steps were
+    lost with the trainer). Rows the log never saw sealed are only counted: the kill may have taken their audit
+    line."""
+    found.restores_checked += 1
+    if start is None:
+        return
+    dead, cut_index, held = start
+    what = f"restore of incarnation {restored.inc} at step {restored.step} (journal kept past its cut)"
+    last = max(e.t for e in events if e.inc == dead)
+    rows = {row_key(g, s) for g, siblings in held.rows.items() for s in siblings}
+    groups, maybe_rows = set(held.groups), set(rows)
+    for event in events[cut_index + 1:]:
+        if event.inc != dead:
+            continue
+        settled = event.t <= last - TAIL_S
+        if isinstance(event, SiblingSealed):
+            maybe_rows.add(row_key(event.group_id, event.sibling))
+            if settled:
+                rows.add(row_key(event.group_id, event.sibling))
+        elif isinstance(event, GroupAdmitted) and settled:
+            groups.add(event.group_id)
+        elif isinstance(event, GroupsDiscarded):
+            groups -= set(event.group_ids)
+            rows = {r for r in rows if r.rsplit(".", 1)[0] not in event.group_ids}
+        elif isinstance(event, (GroupRerun, GroupDropped)):
+            rows = {r for r in rows if r.rsplit(".", 1)[0] != event.group_id}
+        elif isinstance(event, StepTrained) and event.step <= restored.step:
+            groups -= set(event.group_ids)  # a step the restore keeps (none comes after its cut today)
+    kept_rows = {row_key(r.group_id, r.sibling) for r in restored.rows}
+    kept_groups = set(restored.unfinished_groups)
+    if lost := sorted(rows - kept_rows):
+        found.rows.append(f"{what} lost {len(lost)} rows sealed before its incarnation's last {TAIL_S:.0f}s and "
+                          f"never discarded: {', '.join(lost[:5])}")
+    if lost := sorted(groups - kept_groups):
+        found.groups.append(f"{what} lost {len(lost)} open groups (admitted, restored or undone by the crash): "
+                            f"{', '.join(lost[:5])}")
+    found.unseen_rows += len(kept_rows - maybe_rows)
+    if restored.next_group_index < cut.next_group_index:
+        found.dataloader.append(f"{what} put the dataloader at index {restored.next_group_index}, behind its cut's "
+                                f"{cut.next_group_index}: {_moved(restored.next_group_index, cut.next_group_index)}")
 
 
 def _run_ended(event: RunEnded, live: _Live, found: _Findings) -> None:

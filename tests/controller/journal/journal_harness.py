@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import orjson
 
-from controller.journal.records import STEP
+from controller.journal.records import STEP, TRAINED
 from controller.journal.state_journal import StateJournal
 from controller.state.claim_ledger import ClaimLedger
 from controller.state.cut_state import capture_cut
@@ -43,6 +43,8 @@ class JournaledState:
         self.claims = ClaimLedger()
         self.training = SimpleNamespace(step=0)
         self.journal: StateJournal | None = None
+        self.trained: list[tuple[int, str, dict, list[dict]]] = []
+        """Each train step as it happened: (step, group id, its ledger entry and its rows just before)."""
 
     def state_dict(self) -> dict:
         return {"step": self.training.step, "dataloader": self.dataloader.state_dict(),
@@ -91,7 +93,18 @@ class JournaledState:
         elif roll < 0.1 and self.data_plane.sealed_count(group_id):
             self.data_plane.set_rewards(group_id, [rng.random() for _ in range(self.data_plane.sealed_count(group_id))])
         elif self.ledger.settle(group_id) is not None:
-            self.data_plane.delete([group_id])
-            self.ledger.finish([group_id])
-            self.training.step += 1
-            self.journal.record(STEP, self.training.step)
+            self.train([group_id])
+
+    def train(self, group_ids: list[str]) -> None:
+        """What the train pump journals for one step, in its order."""
+        before = self.comparable()
+        entries = {g["group_id"]: g for g in before["group_ledger"]["groups"]}
+        step = self.training.step + 1
+        for group_id in group_ids:
+            rows = [row for row in before["data_plane"]["rows"] if row["group_id"] == group_id]
+            self.trained.append((step, group_id, entries[group_id], rows))
+        self.journal.record(TRAINED, {"step": step, "policy_version": step, "groups": group_ids})
+        self.data_plane.delete(group_ids)
+        self.ledger.finish(group_ids)
+        self.training.step = step
+        self.journal.record(STEP, step)

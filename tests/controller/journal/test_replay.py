@@ -125,3 +125,123 @@ def test_a_cut_under_load_holds_every_row_sealed_before_it_exactly_once(tmp_path
         keys = [f"{r['group_id']}.{r['sibling']}" for r in rows]
         assert len(keys) == len(set(keys))
         assert sorted(keys) == sorted(stored[:count])
+
+
+def _rolled(run_dir: Path, saved: dict):
+    from controller.journal.replay import replay_to, roll_past_cut
+
+    ref = JournalRef.model_validate(saved["journal_ref"])
+    replay = replay_to(run_dir, ref)
+    past = roll_past_cut(run_dir, ref, replay)
+    return replay.state_dict(), past
+
+
+def _expected_past(state: JournaledState, saved: dict) -> dict:
+    """The controller's final state with every train step after the cut undone, from what the harness saw."""
+    final = state.comparable()
+    lost = [(step, gid, entry, rows) for step, gid, entry, rows in state.trained if step > saved["step"]]
+    final["step"] = saved["step"]
+    final["data_plane"]["rows"] += [row for *_, rows in lost for row in rows]
+    final["group_ledger"]["groups"] += [entry for _, _, entry, _ in lost]
+    final["replay_batches"] = [[gid] for _, gid, _, _ in lost]
+    return final
+
+
+def _comparable(state: dict) -> dict:
+    groups = sorted(state["group_ledger"]["groups"], key=lambda g: g["group_id"])
+    rows = sorted(state["data_plane"]["rows"], key=lambda r: (r["group_id"], r["sibling"]))
+    return {**state, "group_ledger": {"groups": groups}, "data_plane": {"rows": rows}}
+
+
+def test_past_the_cut_every_change_is_kept_and_every_later_train_step_is_undone(tmp_path):
+    state, journal, cuts = _journaled_cuts(tmp_path, seed=5, changes=2500, cuts_every=300, segment_bytes=16 << 10)
+    checked = 0
+    for saved, _ in cuts:
+        rolled, past = _rolled(tmp_path, saved)
+        expected = _expected_past(state, saved)
+        assert past.stopped is None
+        assert [s["groups"] for s in past.lost_steps] == expected["replay_batches"]
+        assert _comparable(rolled) == _comparable({k: expected[k] for k in rolled})
+        checked += bool(past.lost_steps)
+    assert checked >= 3  # cuts with train steps after them
+
+
+def test_a_torn_last_record_past_the_cut_is_skipped(tmp_path):
+    state, journal, cuts = _journaled_cuts(tmp_path, seed=6, changes=900, cuts_every=300)
+    journal.close()
+    newest = sorted((tmp_path / "journal" / "inc-000001").glob("*.seg"))[-1]
+    whole = newest.read_bytes()
+    saved = cuts[0][0]
+    full, _ = _rolled(tmp_path, saved)
+    newest.write_bytes(whole[:-3])  # the last record loses its end, as a kill mid-write leaves it
+    torn, past = _rolled(tmp_path, saved)
+    assert past.stopped is None
+    assert torn != full  # one change fewer: the torn record is not applied
+
+
+def test_damage_past_the_cut_keeps_the_changes_before_it_and_says_why(tmp_path):
+    state, journal, cuts = _journaled_cuts(tmp_path, seed=7, changes=900, cuts_every=300)
+    journal.close()
+    newest = sorted((tmp_path / "journal" / "inc-000001").glob("*.seg"))[-1]
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # a record in the middle, with whole records after it
+    newest.write_bytes(bytes(data))
+    saved = cuts[0][0]
+    at_cut = resolve_state(tmp_path, saved)
+    rolled, past = _rolled(tmp_path, saved)
+    assert past.stopped is not None and newest.name in past.stopped
+    assert past.records > 0 and rolled != {**at_cut, "replay_batches": rolled["replay_batches"]}
+
+
+def _restart_from(state: JournaledState, restored: dict, run_dir: Path, incarnation: int, restored_from: dict):
+    """What a restore does with the state it rebuilt: load it and start the next incarnation's journal from it."""
+    from controller.journal.state_journal import StateJournal
+
+    state.data_plane.load_state_dict(restored["data_plane"])
+    state.ledger.load_state_dict(restored["group_ledger"])
+    state.dataloader.load_state_dict(restored["dataloader"])
+    state.training.step = restored["step"]
+    state.trained = []
+    state.journal = StateJournal(run_dir, "run-test", incarnation, state.state_dict(), restored_from=restored_from)
+    state.data_plane.journal = state.ledger.journal = state.dataloader.journal = state.journal
+
+
+def test_a_second_restore_of_the_same_cut_goes_on_from_the_first_restores_journal(tmp_path):
+    from controller.journal.replay import resolve_state_past_cut
+
+    state, journal, cuts = _journaled_cuts(tmp_path, seed=8, changes=1200, cuts_every=400)
+    journal.close()
+    saved = cuts[0][0]
+    first, past = resolve_state_past_cut(tmp_path, saved, incarnation=2)
+    assert past.journal == "journal/inc-000001" and past.lost_steps
+    # Incarnation 2 trains the undone steps again, goes on, and dies before it saves anything.
+    _restart_from(state, first, tmp_path, 2, past.restored_from)
+    rng = random.Random(9)
+    replayed = [batch for batch in first["replay_batches"][:2]]
+    for batch in replayed:
+        state.train(batch)
+    for _ in range(300):
+        state.random_change(rng)
+    state.journal.sync_blocking()
+    state.journal.close()
+    # Incarnation 3 restores the same cut: it keeps all of incarnation 2's work, with 2's train steps undone too.
+    second, past2 = resolve_state_past_cut(tmp_path, saved, incarnation=3)
+    assert past2.journal == "journal/inc-000002" and past2.stopped is None
+    expected = state.comparable()
+    lost = [(gid, entry, rows) for step, gid, entry, rows in state.trained if step > saved["step"]]
+    expected["step"] = saved["step"]
+    expected["data_plane"]["rows"] += [row for *_, rows in lost for row in rows]
+    expected["group_ledger"]["groups"] += [entry for _, entry, _ in lost]
+    assert _comparable({k: second[k] for k in expected}) == _comparable(expected)
+    # The undone order: incarnation 2's own steps first (the replayed ones among them), then what it never reached.
+    by_step: dict[int, list[str]] = {}
+    for step, gid, _, _ in state.trained:
+        by_step.setdefault(step, []).append(gid)
+    assert [by_step[s] for s in sorted(by_step)][:len(replayed)] == replayed
+    trained_by_2 = {gid for groups in by_step.values() for gid in groups}
+    not_reached = [left for batch in first["replay_batches"][len(replayed):]
+                   if (left := [gid for gid in batch if gid not in trained_by_2])]
+    assert second["replay_batches"] == [by_step[s] for s in sorted(by_step)] + not_reached
+    # A restore that is itself incarnation 2 (a retried restore) never reads its own, unfinished journal.
+    again, past3 = resolve_state_past_cut(tmp_path, saved, incarnation=2)
+    assert past3.journal == "journal/inc-000001" and again == first

@@ -61,3 +61,45 @@ def test_a_frozen_pump_starts_no_step_but_still_writes_a_requested_checkpoint():
 
     assert asyncio.run(scenario())
     assert written == [(9, "preemption")] and announced == [(9, "preemption", False)]
+
+
+class _Records:
+    started = True
+
+    def __init__(self) -> None:
+        self.kinds: list[str] = []
+
+    def record(self, kind, value) -> int:
+        self.kinds.append(kind)
+        return len(self.kinds)
+
+
+def _replaying_pump(batches: list[list[str]], open_groups: list[str]) -> tuple[TrainPump, _Records]:
+    from controller.state.data_plane import DataPlane
+    from controller.state.group_ledger import GroupLedger
+    from schemas.rollout import Problem
+
+    ledger, data_plane, records = GroupLedger(), DataPlane(), _Records()
+    data_plane.journal = records
+    for gid in open_groups:
+        ledger.admit(gid, Problem(question="Q 1+1", answer=2), 1)
+    pump = TrainPump(None, ledger, None, data_plane, None, None, None, None, on_groups_finished=lambda: None,
+                     write_checkpoint=None, announce_checkpoint=None, on_step=lambda report: None)
+    pump.replay_batches.extend(batches)
+    return pump, records
+
+
+def test_undone_steps_train_again_first_in_their_order_without_the_groups_that_ended_since():
+    pump, records = _replaying_pump([["g1", "g2"], ["g3"], ["g9"], ["g4"]], ["g1", "g2", "g3", "g4", "g5"])
+    complete = ["g5", "g4", "g3", "g2", "g1"]
+    assert pump._next_replay_batch(complete) == ["g1", "g2"]
+    assert pump._next_replay_batch(complete) == ["g3"]
+    assert pump._next_replay_batch(complete) == ["g4"]  # g9 was discarded after the restore: its batch is empty
+    assert pump._next_replay_batch(complete) is None and records.kinds == []
+
+
+def test_a_replayed_group_that_is_not_complete_ends_the_replay_and_says_so_in_the_journal():
+    pump, records = _replaying_pump([["g1"], ["g2", "g3"], ["g4"]], ["g1", "g2", "g3", "g4"])
+    assert pump._next_replay_batch(["g1", "g2", "g4"]) == ["g1"]
+    assert pump._next_replay_batch(["g2", "g4"]) is None  # g3 was rerun and is running again
+    assert not pump.replay_batches and records.kinds == ["replay_cleared"]

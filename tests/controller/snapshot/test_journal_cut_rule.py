@@ -25,7 +25,7 @@ import random
 import orjson
 
 from bench.filled_controller import STEP, FilledController
-from controller.journal.replay import resolve_state
+from controller.journal.replay import resolve_state, resolve_state_past_cut
 from controller.snapshot.cut import STATE_FILE, cut_data_plane
 from controller.state.data_plane import DataPlane
 from controller.state.group_ledger import GroupLedger
@@ -123,6 +123,7 @@ async def _scenario(tmp_path, seed: int):
 
     await asyncio.gather(take_cuts(), train_step_halfway(), admit_and_run())
     end = await turn_journal.sync()
+    await controller.journal.sync()
     turn_journal.close()
     return controller, agents, cuts, end
 
@@ -181,3 +182,32 @@ def test_seals_racing_journal_cuts_keep_every_row_once_and_continue_exactly_the_
     running, done_continued, sealed = totals
     # The race really happened: cuts fell between admissions, turns and seals.
     assert running > 0 and done_continued > 0 and sealed > 0, totals
+
+
+def _check_past_cut(tmp_path, agents: Agents, staging, end, newest_version: int) -> int:
+    """Kept past its cut, a restore of any cut is the state at the journal's end: every row ever sealed, once;
+    every group admitted; each unsealed sibling continued from its last committed boundary."""
+    state, past = resolve_state_past_cut(tmp_path, orjson.loads((staging / STATE_FILE).read_bytes()))
+    assert past is not None and past.stopped is None and past.lost_steps == []
+    rows = [(r["group_id"], r["sibling"]) for r in state["data_plane"]["rows"]]
+    assert len(rows) == len(set(rows)) and set(rows) == set(agents.sealed)
+    assert {g["group_id"] for g in state["group_ledger"]["groups"]} == {key[0] for key in agents.conversations}
+    data_plane, ledger = DataPlane(), GroupLedger()
+    data_plane.load_state_dict(state["data_plane"])
+    ledger.load_state_dict(state["group_ledger"])
+    seal_stored_rows(data_plane, ledger)
+    running = {(gid, int(rid.rsplit(".", 2)[1])): rid
+               for gid in ledger.group_ids() for rid in ledger.running_rollouts(gid)}
+    assert set(running) == set(agents.conversations) - set(agents.sealed)
+    wanted = {rid: RunningAgent(max_version=newest_version, incarnation=INCARNATION) for rid in running.values()}
+    found = newest_boundaries(tmp_path / "env_journal", LOG_ID, wanted, end)
+    for key, rollout_id in running.items():
+        assert found[rollout_id].boundary.segments == agents.conversations[key], f"{rollout_id} lost a turn"
+    return past.records
+
+
+def test_kept_past_its_cut_every_cut_restores_every_sealed_row_and_every_committed_turn(tmp_path):
+    controller, agents, cuts, end = asyncio.run(_scenario(tmp_path, seed=7))
+    records = [_check_past_cut(tmp_path, agents, staging, end, controller.training.policy_version)
+               for staging, *_ in cuts]
+    assert records[0] > records[-1] >= 0 and agents.sealed  # earlier cuts had more to keep

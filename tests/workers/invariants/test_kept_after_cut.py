@@ -1,0 +1,159 @@
+"""A restore that keeps the journal past its cut, checked from the audit log: what the cut's incarnation sealed,
+admitted and trained after the cut must come back, the steps after the cut are undone, and agents continue
+turns of the kept lineage only. Each check is broken on purpose once."""
+
+from __future__ import annotations
+
+from schemas.audit import KeptAfterCut, Restored, RowRef, TurnCommitted
+from schemas.recovery import SourceKind
+from tests.workers.invariants.history import (
+    admitted,
+    broken,
+    continuation,
+    ended,
+    incarnation_1,
+    incarnation_2,
+    incarnation_3,
+    r,
+    replace,
+    restored,
+    sealed,
+    sibling,
+    trained,
+    turn,
+)
+from workers.chaos_invariants import check_invariants
+
+CUT_3 = 1207.5  # incarnation 3's trainer checkpoint at step 4: g5 open, dataloader at 6
+
+
+def incarnation_3_killed_after_its_cut() -> list:
+    """Incarnation 3 goes on past its checkpoint: seals g5's sibling 1 and all of g6, trains g6 as step 5 (policy
+    5), admits g7, commits a second turn of g5.0.0 with policy 5, and is killed (no `run_ended`)."""
+    events = [e for e in incarnation_3(journal_agent=True) if e.event != "run_ended"]
+    return events + [
+        sibling(1208, 3, r(5, 1, 0)), sealed(1209, 3, r(5, 1, 0)),
+        admitted(1209.2, 3, 6), sibling(1209.3, 3, r(6, 0, 0)), sibling(1209.3, 3, r(6, 1, 0)),
+        sealed(1210, 3, r(6, 0, 0)), sealed(1210.5, 3, r(6, 1, 0)),
+        trained(1211, 3, 5, 6),
+        admitted(1212, 3, 7),
+        turn(1213, 3, r(5, 0, 0), 2).model_copy(update={"policy_version": 5}),
+        sealed(1219.5, 3, r(7, 0, 0)),  # within the kill's tail: the journal may or may not have it
+        turn(1220, 3, r(5, 0, 0), 3).model_copy(update={"policy_version": 5}),
+    ]
+
+
+def kept_restore(**changes) -> Restored:
+    restore = restored(1302, 4, 4, CUT_3, rows=[(5, 1), (6, 0), (6, 1)], unfinished=[5, 6, 7], next_index=8,
+                       continuations=[continuation(r(5, 0, 0), "b52", turn_index=2)])
+    restore = restore.model_copy(update={
+        "source": SourceKind.TRAINER_CHECKPOINT, "snapshot_dir": None, "agents_from": "journal",
+        "reason": "no published snapshot under checkpoints/step_4",
+        "kept_after_cut": KeptAfterCut(records=40, undone_steps=[5], newest_policy_version=5)})
+    return restore.model_copy(update=changes)
+
+
+def incarnation_4_after_a_kept_restore(restore: Restored) -> list:
+    return [
+        restore,
+        sibling(1303, 4, r(5, 0, 1), resumed_from=r(5, 0, 0), resumed_turn=2),
+        sealed(1304, 4, r(5, 0, 1), resumed_turn=2, prefix_sha="b52"),
+        trained(1305, 4, 5, 6),  # the undone step, trained again first
+        sibling(1305.5, 4, r(7, 0, 0)), sibling(1305.5, 4, r(7, 1, 0)),
+        sealed(1306, 4, r(7, 0, 0)), sealed(1306.5, 4, r(7, 1, 0)),
+        trained(1307, 4, 6, 5, 7),
+        ended(1310, 4, 6),
+    ]
+
+
+def history(restore: Restored | None = None) -> list:
+    from tests.workers.invariants.history import started
+
+    return (incarnation_1() + incarnation_2() + incarnation_3_killed_after_its_cut() + [started(1300, 4, True)]
+            + incarnation_4_after_a_kept_restore(restore or kept_restore()))
+
+
+def test_a_restore_that_keeps_what_came_after_its_cut_passes():
+    verdict = check_invariants(history())
+    assert verdict.ok, verdict.format()
+    assert verdict.result(7, "every sealed row").note == ""
+
+
+def test_the_same_restore_judged_as_an_exact_one_breaks_its_cut():
+    violations = broken(check_invariants(history(kept_restore(kept_after_cut=None))), 7, "every sealed row")
+    assert any("brought back 3 rows" in v for v in violations)
+
+
+def test_a_row_sealed_after_the_cut_that_the_restore_dropped_is_lost():
+    restore = kept_restore(rows=[row for row in kept_restore().rows if row.group_id != "g0000006"])
+    violations = broken(check_invariants(history(restore)), 7, "every sealed row")
+    assert "lost 2 rows" in violations[0] and "g0000006.0" in violations[0]
+
+
+def test_the_groups_of_an_undone_step_must_come_back_open():
+    restore = kept_restore(unfinished_groups=["g0000005", "g0000007"])
+    violations = broken(check_invariants(history(restore)), 7, "every admitted group")
+    assert any("lost 1 open groups" in v and "g0000006" in v for v in violations)
+
+
+def test_a_row_sealed_in_the_last_moments_before_the_kill_may_be_missing_or_kept():
+    """g7.0.0 was sealed 0.5 s before the kill: the journal may hold it; either way is fine."""
+    with_row = kept_restore(rows=[*kept_restore().rows, kept_restore().rows[0].model_copy(
+        update={"group_id": "g0000007", "sibling": 0, "rollout_id": "g0000007.0.0"})])
+    events = history(with_row)
+    events = replace(events, lambda e: e.event == "sibling_sealed" and e.inc == 4 and e.rollout_id == "g0000007.0.0")
+    assert check_invariants(events).ok
+
+
+def test_a_continued_turn_of_a_policy_the_incarnation_never_trained_is_caught():
+    events = history()
+    events = replace(events, lambda e: isinstance(e, TurnCommitted) and e.rollout_id == r(5, 0, 0) and e.turn == 2,
+                     turn(1213, 3, r(5, 0, 0), 2).model_copy(update={"policy_version": 6}))
+    violations = broken(check_invariants(events), 2, "journaled agents")
+    assert "policy versions [6], newer than the restored lineage's 5" in violations[0]
+
+
+def test_a_restore_that_claims_a_policy_version_its_cut_never_reached_is_caught():
+    restore = kept_restore(kept_after_cut=KeptAfterCut(records=40, undone_steps=[5, 6], newest_policy_version=6))
+    violations = broken(check_invariants(history(restore)), 2, "journaled agents")
+    assert "says it kept policy version 6, but its cut's incarnation trained up to 5" in violations[0]
+
+
+def chained_history(restore: Restored | None = None) -> list:
+    """Incarnation 4 restores the cut, goes on (seals g5.0.1, trains g6 again as step 5, seals g7, trains step 6)
+    and is killed before it saves anything; incarnation 5 restores the same cut from incarnation 4's journal."""
+    from tests.workers.invariants.history import started
+
+    inc4 = [e for e in incarnation_4_after_a_kept_restore(kept_restore()) if e.event != "run_ended"]
+    second = restore or kept_restore(
+        t=1402, inc=5, rows=[RowRef(group_id=g, sibling=s, rollout_id=f"{g}.{s}.0")
+                             for g, s in (("g0000005", 0), ("g0000005", 1), ("g0000006", 0), ("g0000006", 1))],
+        continuations=[],
+        kept_after_cut=KeptAfterCut(records=20, undone_steps=[5, 6], newest_policy_version=6,
+                                    journal="journal/inc-000004"))
+    inc5 = [second, sibling(1403, 5, r(7, 0, 1)), sibling(1403, 5, r(7, 1, 1)),
+            sealed(1404, 5, r(7, 0, 1)), sealed(1404, 5, r(7, 1, 1)),
+            trained(1405, 5, 5, 6), trained(1406, 5, 6, 5, 7), ended(1410, 5, 6)]
+    return (incarnation_1() + incarnation_2() + incarnation_3_killed_after_its_cut() + [started(1300, 4, True)]
+            + inc4 + [started(1400, 5, True)] + inc5)
+
+
+def test_a_second_restore_of_the_cut_is_held_to_what_the_first_one_went_on_to_do():
+    verdict = check_invariants(chained_history())
+    assert verdict.ok, verdict.format()
+
+
+def test_a_second_restore_that_dropped_a_row_the_first_one_sealed_is_caught():
+    base = chained_history()[-8]
+    assert base.event == "restored" and base.inc == 5
+    restore = base.model_copy(update={"rows": [row for row in base.rows if row.group_id != "g0000005" or row.sibling]})
+    violations = broken(check_invariants(chained_history(restore)), 7, "every sealed row")
+    assert "lost 1 rows" in violations[0] and "g0000005.0" in violations[0]
+
+
+def test_a_restore_claiming_the_journal_of_an_incarnation_that_never_restored_its_cut_is_caught():
+    base = chained_history()[-8]
+    restore = base.model_copy(update={"kept_after_cut": base.kept_after_cut.model_copy(
+        update={"journal": "journal/inc-000002"})})
+    violations = broken(check_invariants(chained_history(restore)), 7, "every admitted group")
+    assert any("journal of incarnation 2, which never restored its cut" in v for v in violations)
