@@ -48,6 +48,13 @@ def test_kills_around_journal_snapshots_restore_running_agents_from_the_journals
     # killed incarnation sealed and admitted after its cut.
     assert all(e.kept_after_cut is not None and e.kept_after_cut.stopped is None for e in restores), restores
     assert any(e.kept_after_cut.records > 0 for e in restores), [e.kept_after_cut for e in restores]
+    # The steps a restore undid train again first, each on the batch the lost step trained.
+    for restore in (e for e in restores if e.kept_after_cut.undone_steps):
+        lost = {e.step: sorted(e.group_ids) for e in events if e.event == "step_trained" and e.inc < restore.inc
+                and e.step in restore.kept_after_cut.undone_steps}
+        again = {e.step: sorted(e.group_ids) for e in events if e.event == "step_trained" and e.inc == restore.inc
+                 and e.step in lost}
+        assert again == {step: lost[step] for step in again}, (restore.inc, lost, again)
     continued = [c for e in restores for c in e.continuations]
     assert continued, "no restore continued a running agent from a turn journal"
     # Each continued agent resumed from a turn its attempt committed, of the restored lineage (invariant 2's
