@@ -49,6 +49,10 @@ class _Live:
     groups: set[str] = field(default_factory=set)
     next_index: int | None = None
 
+    def copy(self) -> _Live:
+        """What it holds now, apart from what the walk changes next."""
+        return _Live(self.inc, self.known, {g: set(s) for g, s in self.rows.items()}, set(self.groups), self.next_index)
+
     def row_keys(self) -> list[str]:
         return [row_key(group, sibling) for group, siblings in self.rows.items() for sibling in siblings]
 
@@ -115,7 +119,7 @@ def _walk(events: list) -> _Findings:
                 _restore(event, cut, live, found, highest_admitted)
             live = _Live(event.inc, True, _rows_of(event), set(event.unfinished_groups), event.next_group_index)
             if event.kept_after_cut is not None and event.cut_unix_s is not None:
-                kept[(event.inc, event.cut_unix_s)] = (index, live)
+                kept[(event.inc, event.cut_unix_s)] = (index, live.copy())
         elif isinstance(event, GroupAdmitted):
             highest_admitted = max(highest_admitted, _admit(event, live, found))
         elif isinstance(event, SiblingSealed):
@@ -125,8 +129,7 @@ def _walk(events: list) -> _Findings:
         elif isinstance(event, (GroupRerun, GroupDropped)):
             live.rows.pop(event.group_id, None)  # its sealed rows are thrown away; the group goes on (or is discarded)
         elif isinstance(event, CutTaken) and live.known:
-            at_cut[event.cut_unix_s] = (index, _Live(live.inc, True, {g: set(s) for g, s in live.rows.items()},
-                                                     set(live.groups), live.next_index))
+            at_cut[event.cut_unix_s] = (index, live.copy())
             found.cuts_checked += 1
             _compare(f"{event.kind} cut at step {event.step} (incarnation {event.inc})", event, live, found)
         elif isinstance(event, RunEnded) and live.known:

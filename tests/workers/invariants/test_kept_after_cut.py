@@ -157,3 +157,11 @@ def test_a_restore_claiming_the_journal_of_an_incarnation_that_never_restored_it
         update={"journal": "journal/inc-000002"})})
     violations = broken(check_invariants(chained_history(restore)), 7, "every admitted group")
     assert any("journal of incarnation 2, which never restored its cut" in v for v in violations)
+
+
+def test_a_second_restore_must_reopen_the_groups_the_first_one_trained_after_it():
+    base = chained_history()[-8]
+    restore = base.model_copy(update={"unfinished_groups": ["g0000005", "g0000007"],
+                                      "rows": [row for row in base.rows if row.group_id != "g0000006"]})
+    violations = broken(check_invariants(chained_history(restore)), 7, "every admitted group")
+    assert any("lost 1 open groups" in v and "g0000006" in v for v in violations)
