@@ -45,7 +45,14 @@ def run(args: argparse.Namespace) -> BenchResult:
     notes = ["Restart time is mostly process start-up: Ray, the vLLM engine (about 20 s on CPU) and the "
              "Temporal dev server; the recovery workflow itself takes well under a second here.",
              "Tokens generated again: turns of a sibling that a later incarnation committed again (same group, "
-             "sibling and turn index), read from the audit log's turns alone. They are the turns after the "
-             "restored cut that no continuation kept, plus the turns in flight at the kill."]
+             "sibling and turn index), read from the audit log's turns alone. A restore keeps what the journals "
+             "hold after its cut (`rollout_recovery.keep_after_cut`), so they are mostly the work of an "
+             "incarnation that died before anything was saved (a fresh restart keeps nothing) and the last "
+             "moments before a kill that no journal held yet; a turn still being generated at a kill was never "
+             "committed and is not counted."]
+    if "seed" in report:
+        notes.append(f"Chaos run: `turnkeep chaos --kills {report.get('kills_requested')} --steps {report.get('steps')} "
+                     f"--seed {report['seed']}`" + (f", random kills 0.5-{report['max_delay_s']:.0f} s after a train "
+                                                    "step" if report.get("max_delay_s") else "") + ".")
     return BenchResult("recovery", markdown_table(["figure", "value"], rows),
                        {"chaos_dir": str(chaos_dir), "report": report}, notes)
