@@ -89,6 +89,9 @@ class ReplayState:
                                     "groups": groups})
             self._kept_groups |= trained
 
+    KEYS = ("step", REPLAY_BATCHES, "dataloader", "data_plane", "claim_ledger", "group_ledger")
+    """The keys `state_dict` gives (anything else in a saved state is the saver's own)."""
+
     def state_dict(self) -> dict:
         batches = [step["groups"] for step in self.lost_steps] + self.replay_batches
         return {

@@ -66,6 +66,11 @@ class PastCut:
     """What the restoring incarnation's journal records beside its base (`RESTORED_FROM_FILE`): the cut, and the
     newest policy version kept so far."""
 
+    @property
+    def newest_policy_version(self) -> int:
+        """The newest policy version of an undone step kept so far (0: none)."""
+        return (self.restored_from or {}).get("newest_policy_version") or 0
+
 
 def roll_past_cut(run_dir: Path, ref: JournalRef, replay: ReplayState) -> PastCut:
     """Apply the records after the cut's position, to the last whole one. Every prefix of the journal is a state
@@ -111,7 +116,7 @@ def resolve_state_past_cut(run_dir: Path, raw: dict, incarnation: int | None = N
         base = {k: v for k, v in raw.items() if k != BASE_KEY}
         ref = _ref_at(marker["journal"], marker["log_id"], marker["position"])
         replay = ReplayState(base)
-        extra = {k: v for k, v in base.items() if k not in replay.state_dict()}
+        extra = {k: v for k, v in base.items() if k not in ReplayState.KEYS}
     else:
         return resolve_state(run_dir, raw), None
     cut = {"log_id": ref.log_id, "position": ref.position}

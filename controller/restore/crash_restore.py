@@ -98,7 +98,7 @@ class CrashRestore:
             # A trainer checkpoint or a journal snapshot saved no agents: the environment servers' turn journals
             # hold them.
             # Kept turns may come from the policies of the undone steps: the newest of those bounds them.
-            newest = max(version, (past.restored_from or {}).get("newest_policy_version") or 0) if past else version
+            newest = max(version, past.newest_policy_version) if past else version
             continuations = await self._continue_journaled_agents(newest)
             self._audit(source, state, continuations, agents_from="journal", past=past)
         queued, settled = c.rollouts.restore(continuations)
@@ -249,8 +249,7 @@ class CrashRestore:
             agents_not_continued=sorted(rerun_agents), agents_from=agents_from,
             kept_after_cut=None if past is None else KeptAfterCut(
                 records=past.records, undone_steps=[step["step"] for step in past.lost_steps],
-                newest_policy_version=max(source.policy_version,
-                                          (past.restored_from or {}).get("newest_policy_version") or 0),
+                newest_policy_version=max(source.policy_version, past.newest_policy_version),
                 journal=past.journal, stopped=past.stopped),
         )
         audit.flush()

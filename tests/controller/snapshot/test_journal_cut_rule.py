@@ -128,6 +128,16 @@ async def _scenario(tmp_path, seed: int):
     return controller, agents, cuts, end
 
 
+def _running_after_restore(state: dict) -> dict[tuple[str, int], str]:
+    """(group, sibling) -> rollout id of each sibling a restore of `state` would continue, as `CrashRestore` finds
+    them: the state loaded, the siblings whose rows are in sealed."""
+    data_plane, ledger = DataPlane(), GroupLedger()
+    data_plane.load_state_dict(state["data_plane"])
+    ledger.load_state_dict(state["group_ledger"])
+    seal_stored_rows(data_plane, ledger)
+    return {(gid, int(rid.rsplit(".", 2)[1])): rid for gid in ledger.group_ids() for rid in ledger.running_rollouts(gid)}
+
+
 def _check_cut(tmp_path, agents: Agents, staging, cut, seen: dict, version: int, end) -> tuple[int, int]:
     raw = orjson.loads((staging / STATE_FILE).read_bytes())
     assert raw["agents_from"] == "journal" and raw["turn_journals"][0]["log_id"] == LOG_ID
@@ -136,12 +146,7 @@ def _check_cut(tmp_path, agents: Agents, staging, cut, seen: dict, version: int,
     assert len(rows) == len(set(rows))
     assert set(rows) == set(seen["sealed"]), "the cut lost or invented a sealed row"
     assert {g["group_id"] for g in state["group_ledger"]["groups"]} == seen["admitted"]
-    data_plane, ledger = DataPlane(), GroupLedger()
-    data_plane.load_state_dict(state["data_plane"])
-    ledger.load_state_dict(state["group_ledger"])
-    seal_stored_rows(data_plane, ledger)
-    running = {(gid, int(rid.rsplit(".", 2)[1])): rid
-               for gid in ledger.group_ids() for rid in ledger.running_rollouts(gid)}
+    running = _running_after_restore(state)
     assert not set(running) & set(rows), "a sibling with its row in the cut would be continued"
     assert cut.running_agents == len(running)
     wanted = {rid: RunningAgent(max_version=version, incarnation=INCARNATION) for rid in running.values()}
@@ -192,12 +197,7 @@ def _check_past_cut(tmp_path, agents: Agents, staging, end, newest_version: int)
     rows = [(r["group_id"], r["sibling"]) for r in state["data_plane"]["rows"]]
     assert len(rows) == len(set(rows)) and set(rows) == set(agents.sealed)
     assert {g["group_id"] for g in state["group_ledger"]["groups"]} == {key[0] for key in agents.conversations}
-    data_plane, ledger = DataPlane(), GroupLedger()
-    data_plane.load_state_dict(state["data_plane"])
-    ledger.load_state_dict(state["group_ledger"])
-    seal_stored_rows(data_plane, ledger)
-    running = {(gid, int(rid.rsplit(".", 2)[1])): rid
-               for gid in ledger.group_ids() for rid in ledger.running_rollouts(gid)}
+    running = _running_after_restore(state)
     assert set(running) == set(agents.conversations) - set(agents.sealed)
     wanted = {rid: RunningAgent(max_version=newest_version, incarnation=INCARNATION) for rid in running.values()}
     found = newest_boundaries(tmp_path / "env_journal", LOG_ID, wanted, end)
