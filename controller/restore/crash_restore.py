@@ -17,6 +17,7 @@ import orjson
 
 from controller.fingerprint import fingerprint_fields
 from controller.journal.replay import PastCut, resolve_state, resolve_state_past_cut
+from controller.journal.state_journal import START_FILE, incarnation_dir
 from controller.pumps.rollout_pump import Continuation
 from controller.restore.restore_source import choose_source
 from controller.runtime import Controller
@@ -74,18 +75,31 @@ class CrashRestore:
                     f"no trainer checkpoint could be restored ({source.reason}), and the processes kept from the "
                     "crashed controller hold trained weights; run the same command again: they are stopped now "
                     "and a fresh start follows")
-            c.start_journal(self._identity.run_id, self._identity.incarnation)
-            self._audit(source, None, {})
-            return RestoreResult(step=0, policy_version=0, data_plane_rows=0, unfinished_groups=0, continuations=0,
-                                 restarted_siblings=0)
+            first = self._first_journal(source)
+            if first is None:
+                c.start_journal(self._identity.run_id, self._identity.incarnation)
+                self._audit(source, None, {})
+                return RestoreResult(step=0, policy_version=0, data_plane_rows=0, unfinished_groups=0,
+                                     continuations=0, restarted_siblings=0)
+            # No checkpoint, but the trainer's step 0 is the initial model the first incarnation started from: its
+            # journal is kept as a checkpoint's would be, every train step in it undone.
+            state, past = self._restored_state(source, first)
+            return await self._restore_state(source, 0, state, past)
         trainer_dir = Path(source.checkpoint_dir or "") / "trainer"
         version = await c.processes.trainer.load_checkpoint.remote(str(trainer_dir), source.step)
         if version != source.policy_version:
             raise CrashRestoreError(f"{trainer_dir} holds policy version {version}, its manifest says "
                                 f"{source.policy_version}")
         await reached("restore", self._cfg.run.run_dir)
-        state, past = self._restored_state(source)
+        state, past = self._restored_state(source, Path(source.controller_state or ""))
+        return await self._restore_state(source, version, state, past)
+
+    async def _restore_state(self, source: RecoverySource, version: int, state: dict,
+                             past: PastCut | None) -> RestoreResult:
+        c = self._controller
         c.load_state_dict(state, version)
+        if source.kind is SourceKind.FRESH:
+            c.training.checkpointed_step = None  # step 0 has no checkpoint of its own yet
         # The restored state is the new journal's base; every change from here on (the reruns below) is journaled.
         c.start_journal(self._identity.run_id, self._identity.incarnation,
                         restored_from=past.restored_from if past else None)
@@ -113,10 +127,20 @@ class CrashRestore:
             undone_steps=[step["step"] for step in past.lost_steps] if past else [],
         )
 
-    def _restored_state(self, source: RecoverySource) -> tuple[dict, PastCut | None]:
-        """The source's controller state, carried on past its cut to the end of its journal (unless the config says
-        otherwise, or the snapshot parked its agents: they are saved as of the cut)."""
-        path = Path(source.controller_state or "")
+    def _first_journal(self, source: RecoverySource) -> Path | None:
+        """The first incarnation's journal base (an empty state at step 0), for a fresh restart that keeps what the
+        journals hold; None when there is nothing to keep, or when trainer checkpoints were there and refused (the
+        run then starts over as its reason says, keeping nothing of a run it cannot trust)."""
+        start = incarnation_dir(self._cfg.run.run_dir, 1) / START_FILE
+        if (not self._cfg.rollout_recovery.keep_after_cut or source.skipped or self._identity.incarnation <= 1
+                or not start.is_file()):
+            return None
+        return start
+
+    def _restored_state(self, source: RecoverySource, path: Path) -> tuple[dict, PastCut | None]:
+        """The controller state at `path` (the source's, or the first journal's base for a fresh restart), carried on
+        past its cut to the end of its journal (unless the config says otherwise, or the snapshot parked its agents:
+        they are saved as of the cut)."""
         try:
             raw = orjson.loads(path.read_bytes())
             parked = bool(source.snapshot_dir) and raw.get(AGENTS_FROM) != "journal"

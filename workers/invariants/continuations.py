@@ -17,6 +17,7 @@ from schemas.audit import (
     GroupRerun,
     Restored,
     RunEnded,
+    RunStarted,
     SiblingSealed,
     SiblingStarted,
     StepTrained,
@@ -25,7 +26,15 @@ from schemas.audit import (
 )
 from schemas.recovery import SourceKind
 from workers.invariants.results import AuditCounts, InvariantResult, joined
-from workers.invariants.timeline import after_restores, attempt_after, cut_of, cuts_by_time, group_of
+from workers.invariants.timeline import (
+    RUN_START,
+    after_restores,
+    attempt_after,
+    cut_of,
+    cuts_by_time,
+    group_of,
+    run_start_cut,
+)
 
 CONTINUE_GRACE_S = 5.0
 """Restored siblings all start the moment admission opens; an incarnation that lived this long
@@ -134,15 +143,18 @@ def journaled_agents_were_committed(events: list) -> InvariantResult:
     trained: dict[int, list[tuple[float, int]]] = defaultdict(list)  # incarnation -> (time, policy version)
     cuts = cuts_by_time(events)
     went_on: dict[float, list[tuple[int, float]]] = defaultdict(list)  # cut time -> (incarnation, from when)
+    run_start = None
     violations: list[str] = []
     checked = unverifiable = 0
     for event in events:
-        if isinstance(event, TurnCommitted):
+        if isinstance(event, RunStarted) and not event.resumed:
+            run_start = run_start_cut(event)
+        elif isinstance(event, TurnCommitted):
             committed[(event.rollout_id, event.started_by)][event.turn] = event.policy_version
         elif isinstance(event, StepTrained):
             trained[event.inc].append((event.t, event.policy_version))
         elif isinstance(event, Restored) and event.agents_from == "journal":
-            cut = cut_of(event, cuts)
+            cut = run_start if event.source == SourceKind.FRESH else cut_of(event, cuts)
             if cut is not None and event.kept_after_cut is not None:
                 went_on[cut.cut_unix_s].append((event.inc, event.t))
             newest = _newest_kept_policy(event, cut, trained, went_on)
@@ -173,7 +185,8 @@ def _newest_kept_policy(restored: Restored, cut: CutTaken | None, trained: dict[
     restored the same cut earlier and went on from it."""
     if restored.kept_after_cut is None or cut is None:
         return restored.policy_version
-    starts = [(cut.inc, cut.cut_unix_s), *[(inc, t) for inc, t in went_on[cut.cut_unix_s] if inc != restored.inc]]
+    since = cut.t if cut.cut_unix_s == RUN_START else cut.cut_unix_s
+    starts = [(cut.inc, since), *[(inc, t) for inc, t in went_on[cut.cut_unix_s] if inc != restored.inc]]
     after = [version for inc, since in starts for t, version in trained.get(inc, []) if t > since]
     return max([restored.policy_version, *after])
 

@@ -90,7 +90,7 @@ def invariant_1(events: list, walk: LineageWalk) -> InvariantResult:
     unverifiable = 0
     for position, start in enumerate(restores):
         restored = events[start]
-        if restored.source == SourceKind.FRESH:
+        if restored.source == SourceKind.FRESH and restored.kept_after_cut is None:
             continue
         end = restores[position + 1] if position + 1 < len(restores) else len(events)
         following = events[end] if end < len(events) else None

@@ -31,7 +31,7 @@ from schemas.audit import (
 )
 from schemas.recovery import SourceKind
 from workers.invariants.results import InvariantResult, joined, not_checked
-from workers.invariants.timeline import cut_of, cuts_by_time, group_index
+from workers.invariants.timeline import RUN_START, cut_of, cuts_by_time, group_index, run_start_cut
 
 ROWS = "every sealed row is in the next cut"
 GROUPS = "every admitted group ends exactly once"
@@ -104,22 +104,26 @@ def _walk(events: list) -> _Findings:
     at_cut: dict[float, tuple[int, _Live]] = {}  # cut time -> (its index in the log, what the events said it held)
     # (incarnation, cut time) -> (index, what it brought back): a later restore of the same cut may go on from there
     kept: dict[tuple[int, float], tuple[int, _Live]] = {}
+    run_start: CutTaken | None = None  # a fresh restart that keeps the first journal goes on from the run's start
     for index, event in enumerate(events):
         if isinstance(event, RunStarted):
             live = _Live(event.inc, known=not event.resumed, next_index=None if event.resumed else 0)
+            if not event.resumed:
+                at_cut[RUN_START] = (index, live.copy())
+                run_start = run_start_cut(event)
             continue
         if event.inc != live.inc:
             continue  # the environment server's events, or a stray line of a dead incarnation
         if isinstance(event, Restored):
-            cut = cut_of(event, cuts)
+            cut = run_start if event.source == SourceKind.FRESH else cut_of(event, cuts)
             if event.kept_after_cut is not None and cut is not None and cut.cut_unix_s in at_cut:
                 _restore_past_cut(event, cut, _went_on_from(event, cut, at_cut, kept, found), events, found)
                 _restore(event, None, live, found, highest_admitted, checked=True)
             else:
                 _restore(event, cut, live, found, highest_admitted)
             live = _Live(event.inc, True, _rows_of(event), set(event.unfinished_groups), event.next_group_index)
-            if event.kept_after_cut is not None and event.cut_unix_s is not None:
-                kept[(event.inc, event.cut_unix_s)] = (index, live.copy())
+            if event.kept_after_cut is not None and cut is not None:
+                kept[(event.inc, cut.cut_unix_s)] = (index, live.copy())
         elif isinstance(event, GroupAdmitted):
             highest_admitted = max(highest_admitted, _admit(event, live, found))
         elif isinstance(event, SiblingSealed):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from schemas.audit import CutTaken, Restored, RunStarted
+from schemas.audit import CutTaken, Restored, RunStarted, ids_digest
 
 _GROUP_INDEX = re.compile(r"g(\d+)")
 
@@ -69,6 +69,17 @@ def after_restores(events: list) -> Iterator[tuple[Restored, list]]:
 def cuts_by_time(events: list) -> dict[float, CutTaken]:
     """Every cut by its `cut_unix_s`, the key a restore of it reports."""
     return {event.cut_unix_s: event for event in events if isinstance(event, CutTaken)}
+
+
+RUN_START = -1.0
+"""The cut time that stands for a run's start: an empty state at step 0, which a fresh restart that keeps the first
+incarnation's journal goes on from (the trainer's step 0 is the initial model)."""
+
+
+def run_start_cut(started: RunStarted) -> CutTaken:
+    """The run's start as a cut: nothing held, the dataloader at 0."""
+    return CutTaken(t=started.t, inc=started.inc, kind="trainer_checkpoint", step=0, cut_unix_s=RUN_START, rows=0,
+                    rows_digest=ids_digest([]), groups=0, groups_digest=ids_digest([]), next_group_index=0)
 
 
 def cut_of(restored: Restored, cuts: dict[float, CutTaken]) -> CutTaken | None:

@@ -58,3 +58,25 @@ def test_the_restored_event_names_the_saved_agents_rerun_from_scratch(tmp_path):
     assert [c.next_rollout_id for c in event.continuations] == ["g0000007.1.1"]
     assert event.continuations[0].started_by == 3  # the incarnation that started the saved attempt
     assert event.agents_not_continued == ["g0000008.0.2", "g0000008.1.0"]
+
+
+def test_a_fresh_restart_keeps_the_first_journal_only_when_nothing_was_refused(tmp_path):
+    from controller.journal.state_journal import START_FILE, incarnation_dir
+    from schemas.recovery import SkippedCandidate
+
+    def first(keep=True, incarnation=4, skipped=()):
+        cfg = SimpleNamespace(run=SimpleNamespace(run_dir=tmp_path),
+                              rollout_recovery=SimpleNamespace(keep_after_cut=keep))
+        restore = CrashRestore(cfg, None, SimpleNamespace(incarnation=incarnation, run_id="r"), [])
+        return restore._first_journal(RecoverySource(kind=SourceKind.FRESH, step=0, policy_version=0,
+                                                     reason="no trainer checkpoint", skipped=list(skipped)))
+
+    assert first() is None  # the first incarnation left no journal
+    start = incarnation_dir(tmp_path, 1) / START_FILE
+    start.parent.mkdir(parents=True)
+    start.write_text("{}")
+    assert first() == start
+    assert first(keep=False) is None and first(incarnation=1) is None
+    refused = SkippedCandidate(path=str(tmp_path / "checkpoints" / "step_4"), problem="fingerprint_differs",
+                               detail="model.path changed")
+    assert first(skipped=[refused]) is None

@@ -165,3 +165,41 @@ def test_a_second_restore_must_reopen_the_groups_the_first_one_trained_after_it(
                                       "rows": [row for row in base.rows if row.group_id != "g0000006"]})
     violations = broken(check_invariants(chained_history(restore)), 7, "every admitted group")
     assert any("lost 1 open groups" in v and "g0000006" in v for v in violations)
+
+
+def fresh_kept_history(restore: Restored | None = None) -> list:
+    """Incarnation 1 admits g0 and g1, trains g0 (step 1, policy 1), commits a turn of g1.0.0 with policy 1 and is
+    killed before any checkpoint; incarnation 2 starts fresh, keeps its journal and trains step 1 again on g0."""
+    from tests.workers.invariants.history import started
+
+    inc1 = [started(1000, 1, False), admitted(1001, 1, 0), admitted(1001, 1, 1),
+            *[sibling(1001.5, 1, r(i, s, 0)) for i in (0, 1) for s in (0, 1)],
+            sealed(1003, 1, r(0, 0, 0)), sealed(1003, 1, r(0, 1, 0)), sealed(1004, 1, r(1, 1, 0)),
+            trained(1005, 1, 1, 0),
+            turn(1006, 1, r(1, 0, 0), 1).model_copy(update={"policy_version": 1}),
+            turn(1009, 1, r(1, 0, 0), 2).model_copy(update={"policy_version": 1})]
+    keep = restore or restored(1102, 2, 0, None, rows=[(0, 0), (0, 1), (1, 1)], unfinished=[0, 1], next_index=2,
+                               continuations=[continuation(r(1, 0, 0), "b10", turn_index=2)]).model_copy(update={
+        "source": SourceKind.FRESH, "snapshot_dir": None, "checkpoint_dir": None, "policy_version": 0,
+        "agents_from": "journal",
+        "kept_after_cut": KeptAfterCut(records=12, undone_steps=[1], newest_policy_version=1,
+                                       journal="journal/inc-000001")})
+    inc2 = [started(1100, 2, True), keep,
+            sibling(1103, 2, r(1, 0, 1), resumed_from=r(1, 0, 0), resumed_turn=2),
+            sealed(1104, 2, r(1, 0, 1), resumed_turn=2, prefix_sha="b10"),
+            trained(1105, 2, 1, 0), trained(1106, 2, 2, 1), ended(1110, 2, 2)]
+    return inc1 + inc2
+
+
+def test_a_fresh_restart_that_keeps_the_first_journal_passes():
+    verdict = check_invariants(fresh_kept_history())
+    assert verdict.ok, verdict.format()
+
+
+def test_a_fresh_restart_that_keeps_the_journal_must_reopen_the_undone_steps_groups():
+    base = fresh_kept_history()[-6]
+    assert base.event == "restored"
+    restore = base.model_copy(update={"unfinished_groups": ["g0000001"],
+                                      "rows": [row for row in base.rows if row.group_id != "g0000000"]})
+    violations = broken(check_invariants(fresh_kept_history(restore)), 7, "every admitted group")
+    assert any("lost 1 open groups" in v and "g0000000" in v for v in violations)
