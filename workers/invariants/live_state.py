@@ -71,6 +71,8 @@ class _Findings:
     unindexed: int = 0
     unseen_rows: int = 0
     """Rows a restore kept past its cut whose seal is not in the audit log (written within a flush of a kill)."""
+    unseen_admissions: int = 0
+    """Groups a restore kept past its cut, open, whose admission is not in the audit log (the same way)."""
 
 
 def invariant_7(events: list) -> list[InvariantResult]:
@@ -89,9 +91,11 @@ def invariant_7(events: list) -> list[InvariantResult]:
         joined(no_cuts, unmatched if cuts else ""),
     )
     unindexed = f"{found.unindexed} group ids without a dataloader index" if found.unindexed else ""
+    unseen_admissions = (f"{found.unseen_admissions} groups kept open past a cut whose admission the audit log lacks"
+                         if found.unseen_admissions else "")
     dataloader = InvariantResult(
         7, DATALOADER, not found.dataloader, found.admissions + found.restores_checked + found.cuts_checked,
-        found.dataloader, joined(unindexed, no_cuts),
+        found.dataloader, joined(unindexed, no_cuts, unseen_admissions),
     )
     return [rows, groups, dataloader]
 
@@ -118,9 +122,9 @@ def _walk(events: list) -> _Findings:
             cut = run_start if event.source == SourceKind.FRESH else cut_of(event, cuts)
             if event.kept_after_cut is not None and cut is not None and cut.cut_unix_s in at_cut:
                 _restore_past_cut(event, cut, _went_on_from(event, cut, at_cut, kept, found), events, found)
-                _restore(event, None, live, found, highest_admitted, checked=True)
+                highest_admitted = _restore(event, None, live, found, highest_admitted, checked=True)
             else:
-                _restore(event, cut, live, found, highest_admitted)
+                highest_admitted = _restore(event, cut, live, found, highest_admitted)
             live = _Live(event.inc, True, _rows_of(event), set(event.unfinished_groups), event.next_group_index)
             if event.kept_after_cut is not None and cut is not None:
                 kept[(event.inc, cut.cut_unix_s)] = (index, live.copy())
@@ -217,9 +221,10 @@ def _moved(recorded: int, expected: int) -> str:
 
 
 def _restore(restored: Restored, cut: CutTaken | None, live: _Live, found: _Findings, highest_admitted: int,
-             checked: bool = False) -> None:
-    if restored.source == SourceKind.FRESH:
-        return
+             checked: bool = False) -> int:
+    """Checks the restore's state against its cut; returns the highest dataloader index handed out so far."""
+    if restored.source == SourceKind.FRESH and not checked:
+        return highest_admitted
     what = f"restore of incarnation {restored.inc} at step {restored.step}"
     if checked:
         pass  # against its cut and the journal after it: `_restore_past_cut`
@@ -240,14 +245,23 @@ def _restore(restored: Restored, cut: CutTaken | None, live: _Live, found: _Find
             found.dataloader.append(f"{what} put the dataloader at index {restored.next_group_index}; {held} "
                                     f"{cut.next_group_index}: {moved}")
     position = restored.next_group_index
-    if position > highest_admitted + 1:
-        found.dataloader.append(f"{what} put the dataloader at index {position}, but no group past index "
-                                f"{highest_admitted} was ever admitted: {position - highest_admitted - 1} skipped")
     restored_groups = set(restored.unfinished_groups) | {r.group_id for r in restored.rows}
+    if position > highest_admitted + 1:
+        # Kept past its cut, the restore may hold groups admitted within the audit log's flush of the kill: each
+        # index it passes that the log never saw admitted must be a group it holds open.
+        held = {group_index(g) for g in restored_groups} if checked else set()
+        skipped = [index for index in range(highest_admitted + 1, position) if index not in held]
+        found.unseen_admissions += position - highest_admitted - 1 - len(skipped)
+        if skipped:
+            held_open = f" and {len(skipped)} of the indices between are not open in it" if checked else ""
+            found.dataloader.append(f"{what} put the dataloader at index {position}, but no group past index "
+                                    f"{highest_admitted} was ever admitted{held_open}: {len(skipped)} skipped")
+        highest_admitted = position - 1
     ahead = sorted(g for g in restored_groups if (index := group_index(g)) is not None and index >= position)
     if ahead:
         found.dataloader.append(f"{what} brought back {', '.join(ahead[:5])} at or past its dataloader index "
                                 f"{position}: those indices would be handed out again")
+    return highest_admitted
 
 
 TAIL_S = 2.0

@@ -203,3 +203,23 @@ def test_a_fresh_restart_that_keeps_the_journal_must_reopen_the_undone_steps_gro
                                       "rows": [row for row in base.rows if row.group_id != "g0000000"]})
     violations = broken(check_invariants(fresh_kept_history(restore)), 7, "every admitted group")
     assert any("lost 1 open groups" in v and "g0000000" in v for v in violations)
+
+
+def without_admission_of(group_id: str, events: list) -> list:
+    """The log as a kill inside the audit log's flush leaves it: the journal admitted the group, the log never
+    said so."""
+    return [e for e in events if not (e.event == "group_admitted" and e.group_id == group_id)]
+
+
+def test_a_group_kept_open_whose_admission_the_kill_took_from_the_log_is_noted_not_skipped():
+    verdict = check_invariants(without_admission_of("g0000007", history()))
+    assert verdict.ok, verdict.format()
+    assert verdict.result(7, "the dataloader").note == \
+        "1 groups kept open past a cut whose admission the audit log lacks"
+
+
+def test_a_kept_restore_that_passes_an_index_it_does_not_hold_open_skips_it():
+    restore = kept_restore(unfinished_groups=["g0000005", "g0000006"])
+    violations = broken(check_invariants(without_admission_of("g0000007", history(restore))), 7, "the dataloader")
+    assert any("no group past index 6 was ever admitted and 1 of the indices between are not open in it" in v
+               for v in violations), violations
