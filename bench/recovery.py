@@ -4,13 +4,16 @@ generated again, from a `turnkeep chaos` run."""
 from __future__ import annotations
 
 import argparse
+import statistics
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import orjson
 
 from bench.report import BenchResult, markdown_table
+from primitives.audit_log import read_audit
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,13 +49,29 @@ def run(args: argparse.Namespace) -> BenchResult:
              "Temporal dev server; the recovery workflow itself takes well under a second here.",
              "Tokens generated again: turns of a sibling that a later incarnation committed again (same group, "
              "sibling and turn index), read from the audit log's turns alone. A restore keeps what the journals "
-             "hold after its cut (`rollout_recovery.keep_after_cut`), so they are mostly the work of an "
-             "incarnation that died before anything was saved (a fresh restart keeps nothing) and the last "
-             "moments before a kill that no journal held yet; a turn still being generated at a kill was never "
-             "committed and is not counted."]
+             "hold after its cut (`rollout_recovery.keep_after_cut`; a fresh restart keeps the first incarnation's "
+             "journal the same way), so they are the last moments before a kill that no journal held yet; a turn "
+             "still being generated at a kill was never committed and is not counted."]
+    if ages := lost_turn_ages(list(read_audit(chaos_dir))):
+        notes.append(f"Each turn generated again had been committed at most {max(ages):.2f} s (median "
+                     f"{statistics.median(ages):.2f} s) before the last event of the incarnation that lost it: "
+                     "what a kill takes is its last moments.")
     if "seed" in report:
         notes.append(f"Chaos run: `turnkeep chaos --kills {report.get('kills_requested')} --steps {report.get('steps')} "
                      f"--seed {report['seed']}`" + (f", random kills 0.5-{report['max_delay_s']:.0f} s after a train "
                                                     "step" if report.get("max_delay_s") else "") + ".")
     return BenchResult("recovery", markdown_table(["figure", "value"], rows),
                        {"chaos_dir": str(chaos_dir), "report": report}, notes)
+
+
+def lost_turn_ages(events: list) -> list[float]:
+    """Seconds from each turn a later incarnation committed again (the same group, sibling and turn) to the last
+    event of the incarnation that committed it first."""
+    last_event: dict[int, float] = {}
+    committed_by: dict[tuple[str, int, int], set[int]] = defaultdict(set)
+    for event in events:
+        last_event[event.inc] = event.t
+        if event.event == "turn_committed":
+            committed_by[(event.group_id, event.sibling, event.turn)].add(event.inc)
+    return [last_event[event.inc] - event.t for event in events if event.event == "turn_committed"
+            and max(committed_by[(event.group_id, event.sibling, event.turn)]) > event.inc]

@@ -1,0 +1,24 @@
+"""The age of each turn a crash took, read from an audit log."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.recovery import lost_turn_ages
+from tests.workers.invariants.history import admitted, r, started, turn
+
+
+def test_only_turns_a_later_incarnation_committed_again_have_an_age_from_their_incarnations_last_event():
+    events = [
+        started(100, 1, False), admitted(101, 1, 0),
+        turn(102, 1, r(0, 0, 0), 1), turn(104, 1, r(0, 0, 0), 2), turn(105, 1, r(0, 1, 0), 1),
+        turn(105.5, 1, r(0, 1, 0), 2),  # kept by the restore: never committed again
+        started(200, 2, True),
+        turn(202, 2, r(0, 0, 1), 2), turn(203, 2, r(0, 1, 1), 1), turn(204, 2, r(0, 1, 1), 3),
+    ]
+    assert sorted(lost_turn_ages(events)) == pytest.approx([0.5, 1.5])
+
+
+def test_a_run_that_lost_nothing_has_no_ages():
+    events = [started(100, 1, False), turn(102, 1, r(0, 0, 0), 1), started(200, 2, True), turn(202, 2, r(0, 0, 1), 2)]
+    assert lost_turn_ages(events) == []
