@@ -7,13 +7,13 @@ import argparse
 import statistics
 import subprocess
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import orjson
 
 from bench.report import BenchResult, markdown_table
 from primitives.audit_log import read_audit
+from workers.invariants.figures import turns_committed_again
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,13 +65,8 @@ def run(args: argparse.Namespace) -> BenchResult:
 
 
 def lost_turn_ages(events: list) -> list[float]:
-    """Seconds from each turn a later incarnation committed again (the same group, sibling and turn) to the last
-    event of the incarnation that committed it first."""
-    last_event: dict[int, float] = {}
-    committed_by: dict[tuple[str, int, int], set[int]] = defaultdict(set)
-    for event in events:
-        last_event[event.inc] = event.t
-        if event.event == "turn_committed":
-            committed_by[(event.group_id, event.sibling, event.turn)].add(event.inc)
-    return [last_event[event.inc] - event.t for event in events if event.event == "turn_committed"
-            and max(committed_by[(event.group_id, event.sibling, event.turn)]) > event.inc]
+    """Seconds from each turn a later incarnation committed again (`turns_committed_again`) to the last event of
+    the incarnation that committed it first."""
+    last_event = {event.inc: event.t for event in events}
+    lost = turns_committed_again(event for event in events if event.event == "turn_committed")
+    return [last_event[turn.inc] - turn.t for turn in lost]

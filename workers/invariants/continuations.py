@@ -17,14 +17,12 @@ from schemas.audit import (
     GroupRerun,
     Restored,
     RunEnded,
-    RunStarted,
     SiblingSealed,
     SiblingStarted,
     StepTrained,
     TurnCommitted,
     ids_digest,
 )
-from schemas.recovery import SourceKind
 from workers.invariants.results import AuditCounts, InvariantResult, joined
 from workers.invariants.timeline import (
     RUN_START,
@@ -33,7 +31,7 @@ from workers.invariants.timeline import (
     cut_of,
     cuts_by_time,
     group_of,
-    run_start_cut,
+    restored_nothing,
 )
 
 CONTINUE_GRACE_S = 5.0
@@ -91,7 +89,7 @@ def saved_agents_continued(events: list, grace_s: float = CONTINUE_GRACE_S) -> I
     violations: list[str] = []
     checked = unverifiable = unmatched = 0
     for restored, following in after_restores(events):
-        if restored.source == SourceKind.FRESH:
+        if restored_nothing(restored):
             continue
         agents = [c.rollout_id for c in restored.continuations] + list(restored.agents_not_continued)
         cut = cut_of(restored, cuts)
@@ -123,7 +121,7 @@ def saved_agents_continued(events: list, grace_s: float = CONTINUE_GRACE_S) -> I
             )
     notes = [f"{unverifiable} saved agents unverifiable (killed before their siblings started)" if unverifiable
              else ""]
-    if unmatched and not cuts:
+    if unmatched and not any(isinstance(event, CutTaken) for event in events):
         notes.append("restores not compared with their cuts: no cut_taken events in this log")
     elif unmatched:
         notes.append(f"{unmatched} restores whose cut is not in the log")
@@ -143,18 +141,15 @@ def journaled_agents_were_committed(events: list) -> InvariantResult:
     trained: dict[int, list[tuple[float, int]]] = defaultdict(list)  # incarnation -> (time, policy version)
     cuts = cuts_by_time(events)
     went_on: dict[float, list[tuple[int, float]]] = defaultdict(list)  # cut time -> (incarnation, from when)
-    run_start = None
     violations: list[str] = []
     checked = unverifiable = 0
     for event in events:
-        if isinstance(event, RunStarted) and not event.resumed:
-            run_start = run_start_cut(event)
-        elif isinstance(event, TurnCommitted):
+        if isinstance(event, TurnCommitted):
             committed[(event.rollout_id, event.started_by)][event.turn] = event.policy_version
         elif isinstance(event, StepTrained):
             trained[event.inc].append((event.t, event.policy_version))
         elif isinstance(event, Restored) and event.agents_from == "journal":
-            cut = run_start if event.source == SourceKind.FRESH else cut_of(event, cuts)
+            cut = cut_of(event, cuts)
             if cut is not None and event.kept_after_cut is not None:
                 went_on[cut.cut_unix_s].append((event.inc, event.t))
             newest = _newest_kept_policy(event, cut, trained, went_on)

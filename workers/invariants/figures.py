@@ -20,12 +20,12 @@ def fill_counts(events: list, walk: LineageWalk, counts: AuditCounts) -> None:
     turns = [e for e in events if isinstance(e, TurnCommitted)]
     counts.turns_committed = len(turns)
     counts.tokens_generated = sum(e.tokens for e in turns)
-    counts.tokens_regenerated = _tokens_regenerated(turns)
+    counts.tokens_regenerated = sum(turn.tokens for turn in turns_committed_again(turns))
     counts.restart_to_first_generation_s = _restart_to_first_generation(events, turns)
 
 
-def _tokens_regenerated(turns: Iterable[TurnCommitted]) -> int:
-    """Tokens of turns a later incarnation generated again: the same turn of the same sibling (group, sibling,
+def turns_committed_again(turns: Iterable[TurnCommitted]) -> list[TurnCommitted]:
+    """Turns a later incarnation generated again: the same turn of the same sibling (group, sibling,
     turn index) committed again after a restart. Read from the turns alone, not from what a restore says it kept:
     a continuation from a boundary past the cut keeps its turns, and a turn committed by every incarnation that
     went back past it counts once per incarnation that threw it away. A turn generated twice within one
@@ -35,7 +35,7 @@ def _tokens_regenerated(turns: Iterable[TurnCommitted]) -> int:
     for turn in turns:
         key = (turn.group_id, turn.sibling, turn.turn)
         newest[key] = max(newest.get(key, turn.inc), turn.inc)
-    return sum(turn.tokens for turn in turns if newest[(turn.group_id, turn.sibling, turn.turn)] > turn.inc)
+    return [turn for turn in turns if newest[(turn.group_id, turn.sibling, turn.turn)] > turn.inc]
 
 
 def _restart_to_first_generation(events: list, turns: Iterable[TurnCommitted]) -> dict[int, float | None]:

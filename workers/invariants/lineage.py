@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from schemas.audit import GroupAdmitted, GroupRerun, GroupsDiscarded, Restored, RunEnded, RunStarted, StepTrained
-from schemas.recovery import SourceKind
 from workers.invariants.results import InvariantResult
+from workers.invariants.timeline import restored_nothing
 
 
 @dataclass
@@ -90,7 +90,7 @@ def invariant_1(events: list, walk: LineageWalk) -> InvariantResult:
     unverifiable = 0
     for position, start in enumerate(restores):
         restored = events[start]
-        if restored.source == SourceKind.FRESH and restored.kept_after_cut is None:
+        if restored_nothing(restored):
             continue
         end = restores[position + 1] if position + 1 < len(restores) else len(events)
         following = events[end] if end < len(events) else None

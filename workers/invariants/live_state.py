@@ -29,9 +29,8 @@ from schemas.audit import (
     ids_digest,
     row_key,
 )
-from schemas.recovery import SourceKind
 from workers.invariants.results import InvariantResult, joined, not_checked
-from workers.invariants.timeline import RUN_START, cut_of, cuts_by_time, group_index, run_start_cut
+from workers.invariants.timeline import RUN_START, cut_of, cuts_by_time, group_index, restored_nothing
 
 ROWS = "every sealed row is in the next cut"
 GROUPS = "every admitted group ends exactly once"
@@ -108,18 +107,16 @@ def _walk(events: list) -> _Findings:
     at_cut: dict[float, tuple[int, _Live]] = {}  # cut time -> (its index in the log, what the events said it held)
     # (incarnation, cut time) -> (index, what it brought back): a later restore of the same cut may go on from there
     kept: dict[tuple[int, float], tuple[int, _Live]] = {}
-    run_start: CutTaken | None = None  # a fresh restart that keeps the first journal goes on from the run's start
     for index, event in enumerate(events):
         if isinstance(event, RunStarted):
             live = _Live(event.inc, known=not event.resumed, next_index=None if event.resumed else 0)
             if not event.resumed:
-                at_cut[RUN_START] = (index, live.copy())
-                run_start = run_start_cut(event)
+                at_cut[RUN_START] = (index, live.copy())  # what a fresh restart that keeps the first journal holds to
             continue
         if event.inc != live.inc:
             continue  # the environment server's events, or a stray line of a dead incarnation
         if isinstance(event, Restored):
-            cut = run_start if event.source == SourceKind.FRESH else cut_of(event, cuts)
+            cut = cut_of(event, cuts)
             if event.kept_after_cut is not None and cut is not None and cut.cut_unix_s in at_cut:
                 _restore_past_cut(event, cut, _went_on_from(event, cut, at_cut, kept, found), events, found)
                 highest_admitted = _restore(event, None, live, found, highest_admitted, checked=True)
@@ -223,7 +220,7 @@ def _moved(recorded: int, expected: int) -> str:
 def _restore(restored: Restored, cut: CutTaken | None, live: _Live, found: _Findings, highest_admitted: int,
              checked: bool = False) -> int:
     """Checks the restore's state against its cut; returns the highest dataloader index handed out so far."""
-    if restored.source == SourceKind.FRESH and not checked:
+    if restored_nothing(restored):
         return highest_admitted
     what = f"restore of incarnation {restored.inc} at step {restored.step}"
     if checked:

@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterator
 
 from schemas.audit import CutTaken, Restored, RunStarted, ids_digest
+from schemas.recovery import SourceKind
 
 _GROUP_INDEX = re.compile(r"g(\d+)")
 
@@ -66,14 +67,19 @@ def after_restores(events: list) -> Iterator[tuple[Restored, list]]:
         yield event, following
 
 
-def cuts_by_time(events: list) -> dict[float, CutTaken]:
-    """Every cut by its `cut_unix_s`, the key a restore of it reports."""
-    return {event.cut_unix_s: event for event in events if isinstance(event, CutTaken)}
-
-
 RUN_START = -1.0
 """The cut time that stands for a run's start: an empty state at step 0, which a fresh restart that keeps the first
 incarnation's journal goes on from (the trainer's step 0 is the initial model)."""
+
+
+def cuts_by_time(events: list) -> dict[float, CutTaken]:
+    """Every cut by its `cut_unix_s`, the key a restore of it reports, and the run's start (when the log has it)
+    under `RUN_START`."""
+    cuts = {event.cut_unix_s: event for event in events if isinstance(event, CutTaken)}
+    start = next((event for event in events if isinstance(event, RunStarted) and not event.resumed), None)
+    if start is not None:
+        cuts[RUN_START] = run_start_cut(start)
+    return cuts
 
 
 def run_start_cut(started: RunStarted) -> CutTaken:
@@ -83,7 +89,14 @@ def run_start_cut(started: RunStarted) -> CutTaken:
 
 
 def cut_of(restored: Restored, cuts: dict[float, CutTaken]) -> CutTaken | None:
-    """The cut a restore brought back, when the log holds it (never for a fresh start)."""
+    """The cut a restore brought back, when the log holds it: the run's start for a fresh one."""
+    if restored.source == SourceKind.FRESH:
+        return cuts.get(RUN_START)
     if restored.cut_unix_s is None:
         return None
     return cuts.get(restored.cut_unix_s)
+
+
+def restored_nothing(restored: Restored) -> bool:
+    """A fresh start that kept nothing: there is nothing to hold it to."""
+    return restored.source == SourceKind.FRESH and restored.kept_after_cut is None
