@@ -10,7 +10,7 @@ signalled, and the signal goes through a pidfd opened before the last check, so 
 reused in between is never hit.
 
 The file sits with the run's other pid files (`primitives.pid_files`: role, pid,
-create_time), so `turnkeep chaos --target temporal` finds the server the same way; the
+start_ticks, boot_id), so `turnkeep chaos --target temporal` finds the server the same way; the
 ports, the database and the owning controller are extra fields.
 """
 
@@ -23,31 +23,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import orjson
-import psutil
 
 from primitives.atomic_files import atomic_write_json
 from primitives.pid_files import PIDS_DIR, pid_file
+from primitives.process_identity import ProcessId, boot_id, process_stat
 
 ROLE = "temporal"
 KILL_WAIT_S = 5.0
-
-
-@dataclass(frozen=True)
-class ProcessId:
-    """A process, not just a pid: the pid and the clock tick it started at."""
-
-    pid: int
-    start_ticks: int
-
-    @classmethod
-    def of(cls, pid: int) -> ProcessId | None:
-        stat = _stat(pid)
-        return None if stat is None else cls(pid, stat[1])
-
-    def running(self) -> bool:
-        """This very process still runs (a zombie has exited; a reused pid is another process)."""
-        stat = _stat(self.pid)
-        return stat is not None and stat[1] == self.start_ticks and stat[0] not in "ZXx"
 
 
 @dataclass(frozen=True)
@@ -87,12 +69,8 @@ def write_record(run_dir: Path, record: ServerRecord) -> None:
     """Atomically, readable by the run's user only."""
     folder = run_dir / PIDS_DIR
     folder.mkdir(mode=0o700, exist_ok=True)
-    try:
-        create_time = psutil.Process(record.pid).create_time()
-    except psutil.Error:
-        create_time = 0.0  # already gone: primitives.pid_files then finds no live process, as it should
     path = record_path(run_dir)
-    atomic_write_json(path, {"role": ROLE, "create_time": create_time, **asdict(record)})
+    atomic_write_json(path, {"role": ROLE, **asdict(record)})
     path.chmod(0o600)
 
 
@@ -117,13 +95,6 @@ def remove_record(run_dir: Path, pid: int | None = None) -> None:
         if record is None or record.pid != pid:
             return
     record_path(run_dir).unlink(missing_ok=True)
-
-
-def boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
 
 
 def cmdline(pid: int) -> list[str]:
@@ -168,7 +139,7 @@ def terminate(process: ProcessId, grace_s: float) -> bool:
         return False
     try:
         # Checked after the pidfd pins the pid: from here on it cannot become another process's.
-        stat = _stat(process.pid)
+        stat = process_stat(process.pid)
         if stat is None or stat[1] != process.start_ticks:
             return False
         if stat[0] in "ZXx":  # exiting: its other threads may still hold its sockets for a moment
@@ -195,13 +166,3 @@ def _exited(fd: int, timeout_s: float) -> bool:
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     return bool(poller.poll(timeout_s * 1000))
-
-
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, start time in clock ticks since boot) from /proc/<pid>/stat, or None when there is no such pid."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
-    fields = raw[raw.rindex(b")") + 2:].split()  # the command name may hold spaces and parentheses
-    return fields[0].decode(), int(fields[19])
