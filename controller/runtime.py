@@ -16,6 +16,7 @@ from pathlib import Path
 
 import aiohttp
 
+from controller.journal.journal_flusher import flush_journal_forever
 from controller.journal.journal_prune import prune_journals
 from controller.journal.records import REPLAY_BATCHES
 from controller.journal.replay import state_at
@@ -204,6 +205,15 @@ class Controller:
         rollout_task = asyncio.create_task(self.rollouts.run(), name="rollout-pump")
         train_task = asyncio.create_task(self.training.run(max_steps), name="train-pump")
         stop_task = asyncio.create_task(self._stop_requested.wait(), name="stop-request")
+        flush_task = asyncio.create_task(flush_journal_forever(lambda: self.data_plane.journal), name="journal-flush")
+        try:
+            await self._run_pumps(rollout_task, train_task, stop_task, watch)
+        finally:
+            flush_task.cancel()
+            await asyncio.gather(flush_task, return_exceptions=True)
+
+    async def _run_pumps(self, rollout_task: asyncio.Task, train_task: asyncio.Task, stop_task: asyncio.Task,
+                         watch: Awaitable[str] | None) -> None:
         tasks = {rollout_task, train_task, stop_task}
         watch_task = asyncio.ensure_future(watch) if watch is not None else None
         if watch_task is not None:

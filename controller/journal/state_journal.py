@@ -14,7 +14,8 @@ becomes the base of later cuts, so the segments before the oldest kept checkpoin
 never read again and are pruned (`journal_prune`).
 
 A row's record is made durable before its environment server gets the ACK: a result the
-server forgets is always in the journal.
+server forgets is always in the journal. The other records (admissions, the dataloader, train
+steps) are written within `journal_flusher.JOURNAL_FLUSH_S` while the pumps run.
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ class JournalHooks:
     async def durable(self, seq: int) -> None:
         return None
 
+    async def flush_pending(self) -> None:
+        return None
+
     def close(self) -> None:
         return None
 
@@ -112,6 +116,12 @@ class StateJournal(JournalHooks):
 
     async def sync(self) -> LogPosition:
         return await self._log.sync()
+
+    async def flush_pending(self) -> None:
+        """Make the records appended so far durable, if any are not."""
+        end = self._log.position().seq
+        if end > self._log.durable_seq:
+            await self._log.durable(end)
 
     def sync_blocking(self) -> LogPosition:
         """Everything appended, on disk now (no event loop: tests, shutdown)."""

@@ -4,10 +4,11 @@ cancelled rather than waited for (the train pump would wait for rows for good)."
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
+from types import MethodType, SimpleNamespace
 
 import pytest
 
+from controller.journal.state_journal import NO_JOURNAL
 from controller.runtime import Controller, RunStopped
 
 
@@ -32,7 +33,9 @@ class WaitingTraining:
 @pytest.mark.timeout(30)
 def test_a_failed_rollout_pump_stops_the_run_in_one_line_and_cancels_training():
     training = WaitingTraining()
-    stand_in = SimpleNamespace(rollouts=FailingRollouts(), training=training)
+    stand_in = SimpleNamespace(rollouts=FailingRollouts(), training=training,
+                               data_plane=SimpleNamespace(journal=NO_JOURNAL))
+    stand_in._run_pumps = MethodType(Controller._run_pumps, stand_in)
 
     async def scenario() -> None:
         stand_in._stop_requested = asyncio.Event()
