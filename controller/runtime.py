@@ -151,6 +151,7 @@ class Controller:
         self.claims.load_state_dict({"claims": {}})
         self.training.restore(int(state["step"]), policy_version)
         self.training.replay_batches = deque(list(batch) for batch in state.get(REPLAY_BATCHES, []))
+        self.training.hold_generation_during_replay()
 
     def audit_snapshot(self, checkpoint_id: str, step: int, snapshot_dir: str, cut_unix_s: float) -> None:
         if self.audit is not None:

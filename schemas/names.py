@@ -106,6 +106,11 @@ controller also keeps them as ordinary activities, for histories recorded before
 REFIT_HOLDER = "refit"
 """Admission (controller and policy server) while new weights load."""
 
+REPLAY_HOLDER = "replay"
+"""Admission while a restored trainer still has more undone steps to train again than `train.max_staleness`:
+a turn generated now, with the restored policy, would be too stale to train once they are done, and its whole
+group (turns kept from before the kill included) would be discarded."""
+
 CHECKPOINT_HOLDER_PREFIX = "checkpoint:"
 
 

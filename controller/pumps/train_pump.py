@@ -4,7 +4,10 @@ server -> a trainer checkpoint every `save_period` steps.
 
 Bounded staleness: a complete group is trained only while its oldest turn was generated
 by a policy at most `max_staleness` versions behind the trainer; older groups are
-discarded with the reason `stale` and their slot goes back to the rollout pump.
+discarded with the reason `stale` and their slot goes back to the rollout pump. After a
+restore the undone steps are trained again first; while more of them are left than
+`max_staleness`, admission stays closed (`REPLAY_HOLDER`), since any turn generated with the
+restored policy would be stale by the time the replay ends.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from primitives.audit_log import AuditLog
 from primitives.holds import HoldSet
 from schemas.audit import GroupsDiscarded, StepTrained
 from schemas.config import TrainConfig
-from schemas.names import REFIT_HOLDER
+from schemas.names import REFIT_HOLDER, REPLAY_HOLDER
 
 log = logging.getLogger("turnkeep.train")
 
@@ -126,10 +129,27 @@ class TrainPump:
         self._checkpoint_request = trigger
         self._group_settled.set()  # wakes a train pump that is waiting for data
 
+    def hold_generation_during_replay(self) -> None:
+        """After a restore: close admission until no more undone steps are left than `max_staleness`."""
+        if self._replay_steps_left() > self._cfg.max_staleness:
+            log.info("admission waits while the trainer trains %d undone steps again (max_staleness=%d)",
+                     self._replay_steps_left() - self._cfg.max_staleness, self._cfg.max_staleness)
+            self._admission.add(REPLAY_HOLDER)
+
+    def _replay_steps_left(self) -> int:
+        return sum(1 for batch in self.replay_batches if any(self._ledger.has_group(gid) for gid in batch))
+
+    def _release_replay_hold_once_fresh(self) -> None:
+        if self._replay_steps_left() <= self._cfg.max_staleness:
+            self._admission.release(REPLAY_HOLDER)
+
     async def run(self, max_steps: int | None) -> None:
-        while max_steps is None or self.step < max_steps:
-            await self._serve_checkpoint_request()
-            await self.train_one_step()
+        try:
+            while max_steps is None or self.step < max_steps:
+                await self._serve_checkpoint_request()
+                await self.train_one_step()
+        finally:
+            self._admission.release(REPLAY_HOLDER)
         if self.checkpointed_step != self.step:
             # A finished run can be extended later (`--steps` higher, same run directory) from where it ended.
             await self._checkpoint(self.step, "trainer_checkpoint")
@@ -184,6 +204,7 @@ class TrainPump:
         self._on_groups_finished()
         self.waiting_on = f"the policy server: loading policy version {trainer_stats['policy_version']}"
         refit_s, refit_bytes = await self._refit(trainer_stats["policy_version"])
+        self._release_replay_hold_once_fresh()  # after the refit: generation goes on with the newer policy
         if self.step % self._cfg.save_period == 0:
             # A pending request (a preemption, an operator) is served by this checkpoint: keep its trigger.
             trigger, self._checkpoint_request = self._checkpoint_request or "trainer_checkpoint", None
@@ -236,6 +257,7 @@ class TrainPump:
                         next(gid for gid in batch if gid not in ready), len(self.replay_batches))
             self.replay_batches.clear()
             self._data_plane.journal.record(REPLAY_CLEARED, None)
+            self._admission.release(REPLAY_HOLDER)
         return None
 
     async def _drop_unusable_groups(self) -> list[str]:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from controller.pumps.train_pump import TrainPump
+from primitives.holds import HoldSet
+from schemas.config import TrainConfig
+from schemas.names import REPLAY_HOLDER
 
 
 def _pump(written: list, announced: list) -> TrainPump:
@@ -74,7 +77,8 @@ class _Records:
         return len(self.kinds)
 
 
-def _replaying_pump(batches: list[list[str]], open_groups: list[str]) -> tuple[TrainPump, _Records]:
+def _replaying_pump(batches: list[list[str]], open_groups: list[str],
+                    max_staleness: int = 2) -> tuple[TrainPump, _Records]:
     from controller.state.data_plane import DataPlane
     from controller.state.group_ledger import GroupLedger
     from schemas.rollout import Problem
@@ -83,8 +87,9 @@ def _replaying_pump(batches: list[list[str]], open_groups: list[str]) -> tuple[T
     data_plane.journal = records
     for gid in open_groups:
         ledger.admit(gid, Problem(question="Q 1+1", answer=2), 1)
-    pump = TrainPump(None, ledger, None, data_plane, None, None, None, None, on_groups_finished=lambda: None,
-                     write_checkpoint=None, announce_checkpoint=None, on_step=lambda report: None)
+    pump = TrainPump(TrainConfig(max_staleness=max_staleness), ledger, None, data_plane, None, None,
+                     HoldSet("admission"), None, on_groups_finished=lambda: None, write_checkpoint=None,
+                     announce_checkpoint=None, on_step=lambda report: None)
     pump.replay_batches.extend(batches)
     return pump, records
 
@@ -103,3 +108,31 @@ def test_a_replayed_group_that_is_not_complete_ends_the_replay_and_says_so_in_th
     assert pump._next_replay_batch(["g1", "g2", "g4"]) == ["g1"]
     assert pump._next_replay_batch(["g2", "g4"]) is None  # g3 was rerun and is running again
     assert not pump.replay_batches and records.kinds == ["replay_cleared"]
+
+
+def test_admission_waits_while_more_undone_steps_are_left_than_max_staleness():
+    """Chaos27: a restore to step 100 with steps 101-103 undone continued agents with policy 100 right away; their
+    groups were complete at step 103 with staleness 3 > 2 and discarded whole, turns kept from the kill included."""
+    batches = [["g1"], ["g2"], ["g9"], ["g3"], ["g4"]]  # g9 ended since: its step is not left to train
+    pump, _ = _replaying_pump(batches, ["g1", "g2", "g3", "g4"], max_staleness=2)
+    admission = pump._admission
+    pump.hold_generation_during_replay()
+    assert admission.holders() == {REPLAY_HOLDER}
+    complete = ["g1", "g2", "g3", "g4"]
+    assert pump._next_replay_batch(complete) == ["g1"]
+    pump._release_replay_hold_once_fresh()
+    assert admission.holders() == {REPLAY_HOLDER}  # g2, g3, g4: three steps, still one too many
+    assert pump._next_replay_batch(complete) == ["g2"]
+    pump._release_replay_hold_once_fresh()
+    assert admission.is_clear()  # a turn generated with the next policy is 2 behind when g4's step is done
+
+
+def test_a_replay_within_max_staleness_never_closes_admission_and_one_that_ends_early_opens_it():
+    pump, _ = _replaying_pump([["g1"], ["g2"]], ["g1", "g2"], max_staleness=2)
+    pump.hold_generation_during_replay()
+    assert pump._admission.is_clear()
+    pump, records = _replaying_pump([["g1"], ["g2"], ["g3"], ["g4"]], ["g1", "g2", "g3", "g4"], max_staleness=1)
+    pump.hold_generation_during_replay()
+    assert pump._admission.holders() == {REPLAY_HOLDER}
+    assert pump._next_replay_batch(["g2", "g3"]) is None  # g1 is running again: the replay ends, and so does the hold
+    assert pump._admission.is_clear() and records.kinds == ["replay_cleared"]
