@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> BenchResult:
         ["restart -> first generation, max s", max(restarts, default=0.0)],
         ["tokens generated again", f"{counts['tokens_regenerated']} of {counts['tokens_generated']} "
                                    f"({counts['tokens_regenerated_share']:.1%})"],
+        ["tokens in groups discarded whole, never trained", _discarded(counts)],
         ["saved agents continued / sealed on their saved prefix",
          f"{counts['continuations_restored']} / {counts['continuations_sealed']}"],
     ]
@@ -51,7 +52,10 @@ def run(args: argparse.Namespace) -> BenchResult:
              "sibling and turn index), read from the audit log's turns alone. A restore keeps what the journals "
              "hold after its cut (`rollout_recovery.keep_after_cut`; a fresh restart keeps the first incarnation's "
              "journal the same way), so they are the last moments before a kill that no journal held yet; a turn "
-             "still being generated at a kill was never committed and is not counted."]
+             "still being generated at a kill was never committed and is not counted.",
+             "Tokens in groups discarded whole: every turn of a group the train pump threw away (`stale`: its "
+             "oldest turn more than `train.max_staleness` policies behind the trainer; `too_few_siblings`) and that "
+             "no step of the final lineage trained. Not generated again, but generated for nothing."]
     if ages := lost_turn_ages(list(read_audit(chaos_dir))):
         notes.append(f"Each turn generated again had been committed at most {max(ages):.2f} s (median "
                      f"{statistics.median(ages):.2f} s) before the last event of the incarnation that lost it: "
@@ -62,6 +66,14 @@ def run(args: argparse.Namespace) -> BenchResult:
                                                     "step" if report.get("max_delay_s") else "") + ".")
     return BenchResult("recovery", markdown_table(["figure", "value"], rows),
                        {"chaos_dir": str(chaos_dir), "report": report}, notes)
+
+
+def _discarded(counts: dict) -> str:
+    if "tokens_discarded" not in counts:
+        return "not counted (a report from before they were)"
+    total = counts["tokens_generated"] or 1
+    return ", ".join(f"{reason} {tokens} ({tokens / total:.1%})"
+                     for reason, tokens in counts["tokens_discarded"].items()) or "none"
 
 
 def lost_turn_ages(events: list) -> list[float]:

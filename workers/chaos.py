@@ -241,6 +241,7 @@ def build_report(
         "tokens_regenerated": counts.tokens_regenerated,
         "tokens_generated": counts.tokens_generated,
         "tokens_regenerated_share": counts.tokens_regenerated_share,
+        "tokens_discarded": counts.tokens_discarded,
         "warnings": run_warnings(rounds, meta.get("kills_requested", len(rounds))),
         "failures": failures,
         "ok": verdict.ok and not failures,

@@ -52,7 +52,7 @@ def test_recovery_reads_a_chaos_report(tmp_path) -> None:
     counts = {"restores_by_source": {"snapshot": 3, "trainer_checkpoint": 2}, "median_restart_to_first_generation_s": 30.5,
               "restart_to_first_generation_s": {"2": 30.0, "3": 31.0}, "tokens_regenerated": 10,
               "tokens_generated": 1000, "tokens_regenerated_share": 0.01, "continuations_restored": 4,
-              "continuations_sealed": 4, "restores_continuing_agents": 4}
+              "continuations_sealed": 4, "restores_continuing_agents": 4, "tokens_discarded": {"stale": 50}}
     (tmp_path / "chaos" / "chaos").mkdir(parents=True)
     (tmp_path / "chaos" / "chaos" / "report.json").write_bytes(orjson.dumps(
         {"kills_by_point": {"cut": 2, "training": 3}, "verdict": {"ok": True, "counts": counts}}))
@@ -60,3 +60,4 @@ def test_recovery_reads_a_chaos_report(tmp_path) -> None:
     assert "| kills | 5 |" in result.table
     assert "snapshot 3, trainer_checkpoint 2" in result.table and "10 of 1000 (1.0%)" in result.table
     assert "| restores that continued in-flight agents | 4 |" in result.table
+    assert "| tokens in groups discarded whole, never trained | stale 50 (5.0%) |" in result.table

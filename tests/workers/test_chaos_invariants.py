@@ -5,6 +5,7 @@ from schemas.audit import (
     ContinuationRef,
     DeadlineExpired,
     GroupAdmitted,
+    GroupsDiscarded,
     Restored,
     RowRef,
     RunEnded,
@@ -178,6 +179,19 @@ def test_a_turn_thrown_away_twice_counts_for_each_incarnation_that_lost_it():
     counts = check_invariants(history).counts
     # g3.0.0's turn 2 (incarnation 1), g4.1.0's three turns (incarnation 3) and its first turn again (incarnation 4).
     assert counts.tokens_regenerated == TOKENS_PER_TURN * 5
+
+
+def test_tokens_of_groups_discarded_whole_and_never_trained_are_counted_by_reason():
+    history = clean_history()
+    history[-1:-1] = [GroupAdmitted(t=3021, inc=3, group_id="g5", size=2), *whole_rollout(3022, 3, "g5.0.0"),
+                      *whole_rollout(3022, 3, "g5.1.0"), GroupsDiscarded(t=3027, inc=3, group_ids=["g5"], reason="stale")]
+    assert check_invariants(history).counts.tokens_discarded == {"stale": 6 * TOKENS_PER_TURN}
+    # g2 discarded on incarnation 1's branch instead of trained there: the restore at step 1 abandons that branch,
+    # and incarnation 2 trains g2 after all.
+    at = next(i for i, e in enumerate(history) if isinstance(e, StepTrained) and e.t == 1026)
+    history[at] = GroupsDiscarded(t=1026, inc=1, group_ids=["g2"], reason="too_few_siblings")
+    verdict = check_invariants(history)
+    assert verdict.counts.tokens_discarded == {"stale": 6 * TOKENS_PER_TURN}, verdict.format()
 
 
 def test_group_trained_on_two_steps_of_one_lineage_is_broken():

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from schemas.audit import Restored, RunStarted, TurnCommitted
+from schemas.audit import GroupsDiscarded, Restored, RunStarted, TurnCommitted
 from workers.invariants.lineage import LineageWalk
 from workers.invariants.results import AuditCounts
 
@@ -16,11 +16,13 @@ def fill_counts(events: list, walk: LineageWalk, counts: AuditCounts) -> None:
     counts.restores_by_source = dict(Counter(str(e.source) for e in events if isinstance(e, Restored)))
     counts.restores_continuing_agents = sum(1 for e in events if isinstance(e, Restored) and e.continuations)
     counts.steps_trained = len(walk.lineage)
-    counts.groups_trained = len({g for _, _, groups in walk.lineage.values() for g in groups})
+    trained = {g for _, _, groups in walk.lineage.values() for g in groups}
+    counts.groups_trained = len(trained)
     turns = [e for e in events if isinstance(e, TurnCommitted)]
     counts.turns_committed = len(turns)
     counts.tokens_generated = sum(e.tokens for e in turns)
     counts.tokens_regenerated = sum(turn.tokens for turn in turns_committed_again(turns))
+    counts.tokens_discarded = tokens_of_discarded_groups(events, turns, trained)
     counts.restart_to_first_generation_s = _restart_to_first_generation(events, turns)
 
 
@@ -36,6 +38,22 @@ def turns_committed_again(turns: Iterable[TurnCommitted]) -> list[TurnCommitted]
         key = (turn.group_id, turn.sibling, turn.turn)
         newest[key] = max(newest.get(key, turn.inc), turn.inc)
     return [turn for turn in turns if newest[(turn.group_id, turn.sibling, turn.turn)] > turn.inc]
+
+
+def tokens_of_discarded_groups(events: list, turns: list[TurnCommitted], trained: set[str]) -> dict[str, int]:
+    """Tokens of every turn of the groups discarded (by the reason of their first discard) and never trained on the
+    final lineage: generated and thrown away whole, by the staleness bound or for too few siblings. A group a
+    restore brought back from before its discard and trained after all counts nothing."""
+    reasons: dict[str, str] = {}
+    for event in events:
+        if isinstance(event, GroupsDiscarded):
+            for group_id in event.group_ids:
+                reasons.setdefault(group_id, event.reason)
+    tokens: Counter[str] = Counter()
+    for turn in turns:
+        if turn.group_id in reasons and turn.group_id not in trained:
+            tokens[reasons[turn.group_id]] += turn.tokens
+    return dict(sorted(tokens.items()))
 
 
 def _restart_to_first_generation(events: list, turns: Iterable[TurnCommitted]) -> dict[int, float | None]:

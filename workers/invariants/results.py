@@ -51,6 +51,8 @@ class AuditCounts:
     tokens_generated: int = 0
     tokens_regenerated: int = 0
     """Tokens of turns that a later incarnation committed again (work a crash threw away)."""
+    tokens_discarded: dict[str, int] = field(default_factory=dict)
+    """By reason: tokens of groups discarded whole (`stale`, `too_few_siblings`) and never trained."""
     restart_to_first_generation_s: dict[int, float | None] = field(default_factory=dict)
     """Per resumed incarnation: seconds from `run_started` to its first committed turn (None: none)."""
 
