@@ -22,7 +22,9 @@ AGENT_MODES = ("parked", "journal")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=200, help="train steps of each run (default 200)")
-    parser.add_argument("--interval-s", type=float, default=20.0, help="snapshot interval of the 'on' runs")
+    parser.add_argument("--interval-s", type=float, default=None,
+                        help="snapshot.attempt_interval_s of the 'on' runs (default: the config's; unset, journaled "
+                             "agents snapshot at trainer checkpoints only and parked ones every 20 s)")
     parser.add_argument("--pairs", type=int, default=3, help="alternating off/on pairs (default 3)")
     parser.add_argument("--agents", default="parked", help="comma-separated snapshot.agents modes of the 'on' "
                                                           "runs, each in every pair (default parked)")
@@ -65,9 +67,9 @@ def run(args: argparse.Namespace) -> BenchResult:
         for mode in order:
             label = _label(mode, modes)
             run_dir = _run_dir(args.out, label, pair)
+            interval = [] if args.interval_s is None else [f"snapshot.attempt_interval_s={args.interval_s}"]
             extra = (["snapshot.enabled=false"] if mode is None else
-                     ["snapshot.enabled=true", f"snapshot.attempt_interval_s={args.interval_s}",
-                      f"snapshot.agents={mode}"])
+                     ["snapshot.enabled=true", *interval, f"snapshot.agents={mode}"])
             print(f"bench overhead: pair {pair}, {label}: {args.steps} steps in {run_dir}", flush=True)
             began = time.time()
             log = run_dir.parent / f"{run_dir.name}.log"
@@ -75,6 +77,12 @@ def run(args: argparse.Namespace) -> BenchResult:
             runs[f"{label} #{pair}"] = {**throughput(run_dir), "wall_s": round(wall, 1), "started_unix_s": began,
                                         "run_dir": str(run_dir), "label": label, "pair": pair, "mode": mode}
     return _report(args, modes, runs)
+
+
+def _cadence(args: argparse.Namespace) -> str:
+    if args.interval_s is not None:
+        return f"snapshots every {args.interval_s:g} s and at every trainer checkpoint"
+    return "snapshot.attempt_interval_s as the config sets it (unset: journaled agents at trainer checkpoints only)"
 
 
 def _report(args: argparse.Namespace, modes: list[str], runs: dict[str, dict]) -> BenchResult:
@@ -113,7 +121,7 @@ def _report(args: argparse.Namespace, modes: list[str], runs: dict[str, dict]) -
     data["ratio_train_steps_per_min"] = first["train_steps_per_min"]["median"]
     table = markdown_table(["run", "rollout tok/s", "train steps/min", "wall s", "reward last 10"], rows)
     notes.append(f"Pairs alternate the order (off first, then on first); ratios are taken within each pair. "
-                 f"{args.steps} steps a run, snapshots every {args.interval_s:g} s.")
+                 f"{args.steps} steps a run, " + _cadence(args) + ".")
     notes.append("What an 'on' run pays: with parked agents, rollouts stop while admission is closed; with either "
                  "kind, the Temporal dev server and the snapshot's own work share the two cores with vLLM and the "
                  "trainer.")

@@ -382,8 +382,10 @@ class TemporalConfig(TemporalSecurity):
 class SnapshotConfig(StrictModel):
     enabled: bool = True
     """Take rollout snapshots (needs Temporal); off runs the bare training loop."""
-    attempt_interval_s: float = Field(default=20.0, gt=0)
-    """Seconds between periodic snapshot attempts (an attempt also follows every trainer checkpoint)."""
+    attempt_interval_s: float | None = Field(default=None, gt=0)
+    """Seconds between periodic snapshot attempts; every trainer checkpoint is a snapshot besides. Unset: 20 s when
+    the agents are parked, none when they are journaled (the journals keep everything after the newest snapshot, so
+    a periodic attempt would only add a trainer checkpoint each time; `controller/snapshot/periodic_attempts.py`)."""
     prepare_timeout_s: float = Field(default=60.0, gt=0)
     """How long participants may take to park and drain before the attempt fails."""
     phase_timeout_s: float = Field(default=60.0, gt=0)

@@ -301,7 +301,8 @@ class RecordResult(Wire):
 class RunWorkflowInput(Wire):
     run_id: str
     incarnation: int
-    attempt_interval_s: float
+    attempt_interval_s: float | None
+    """None: attempts at trainer checkpoints and on request only, no periodic timer."""
     max_consecutive_failures: int
     keep_latest_k: int
     trainer_hold: bool = True

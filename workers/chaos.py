@@ -25,6 +25,7 @@ from pathlib import Path
 import orjson
 
 from controller.config_file import ConfigError, load_config, parse_overrides
+from controller.snapshot.periodic_attempts import periodic_interval_s
 from primitives.atomic_files import atomic_write_json
 from primitives.chaos_points import ENV_POINT, ENV_WAIT, POINTS, marker_path
 from primitives.process_tree import kill_tree
@@ -128,7 +129,10 @@ def parse_points(text: str) -> list[str]:
 def random_max_delay_s(config: TurnkeepConfig) -> float:
     """Kills that always land before the first snapshot of an incarnation would only ever test fresh
     restores: the window spans two snapshot intervals, so some incarnations publish and some do not."""
-    interval = config.snapshot.attempt_interval_s if config.snapshot.enabled else 0.0
+    # Unset, a run with journaled agents takes attempts at its trainer checkpoints only; the parked default's 40 s
+    # window holds about one checkpoint of the built-in task (every 20 steps, ~35 s) and is the one earlier chaos
+    # runs used.
+    interval = periodic_interval_s(config.snapshot.attempt_interval_s, "parked") if config.snapshot.enabled else 0.0
     return max(RANDOM_MIN_SPAN_S, 2.0 * interval)
 
 

@@ -23,6 +23,7 @@ from controller.restore.crash_restore import CrashRestore
 from controller.runtime import Controller
 from controller.snapshot.agents_mode import AgentsMode
 from controller.snapshot.coordinator import SnapshotCoordinator
+from controller.snapshot.periodic_attempts import periodic_interval_s
 from controller.stores import snapshot_store
 from controller.stores.trainer_checkpoint import published_steps
 from participants.client import ParticipantClient
@@ -161,10 +162,11 @@ async def start_snapshots(
     for gpu_process in (processes.trainer, processes.policy):
         await gpu_process.start_temporal_worker.remote(address, cfg.temporal.namespace, run_id, incarnation, security)
     environments, _policy = participant_clients(processes, session, cfg.snapshot.phase_timeout_s)
+    interval_s = periodic_interval_s(cfg.snapshot.attempt_interval_s, agents_mode)
     ctx = SnapshotCoordinator(
         run_id=run_id, incarnation=incarnation, run_dir=cfg.run.run_dir, fingerprint=config_fingerprint(cfg),
         controller=controller, trainer=processes.trainer, environments=environments,
-        interval_s=cfg.snapshot.attempt_interval_s,
+        interval_s=interval_s,
     )
     recovery_acts = None
     if recovery is not None:
@@ -180,7 +182,7 @@ async def start_snapshots(
         handle = await client.start_workflow(
             RunWorkflow.run,
             RunWorkflowInput(
-                run_id=run_id, incarnation=incarnation, attempt_interval_s=cfg.snapshot.attempt_interval_s,
+                run_id=run_id, incarnation=incarnation, attempt_interval_s=interval_s,
                 max_consecutive_failures=cfg.snapshot.max_consecutive_failures, keep_latest_k=cfg.snapshot.keep_latest_k,
                 trainer_hold=cfg.snapshot.trainer_hold, checkpoint_on_demand=cfg.snapshot.checkpoint_on_demand,
                 agents=agents_mode, timeouts=timeouts(cfg),

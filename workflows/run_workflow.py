@@ -1,6 +1,6 @@
 """The run workflow: one per training run; it starts snapshot attempts as child workflows.
 
-Attempts start every `attempt_interval_s`, right after each trainer checkpoint, and when
+Attempts start every `attempt_interval_s` (when set), right after each trainer checkpoint, and when
 an operator (or the preemption handler) signals `snapshot_now`. It finishes any release
 left pending by an earlier attempt before it starts another, counts consecutive
 failures, and stops the run on `max_consecutive_failures` or on a broken invariant. It
@@ -197,11 +197,15 @@ class RunWorkflow:
         return RunWorkflowResult(stopped_reason=self._stop_reason, attempts_by_outcome=dict(self._state.counts))
 
     async def _next_trigger(self, inp: RunWorkflowInput) -> PendingTrigger | None:
+        def ready() -> bool:
+            return bool(self._triggers) or self._stop_reason is not None
+
         try:
-            await workflow.wait_condition(
-                lambda: bool(self._triggers) or self._stop_reason is not None,
-                timeout=timedelta(seconds=inp.attempt_interval_s), timeout_summary="next periodic snapshot",
-            )
+            if inp.attempt_interval_s is None:
+                await workflow.wait_condition(ready)
+            else:
+                await workflow.wait_condition(ready, timeout=timedelta(seconds=inp.attempt_interval_s),
+                                              timeout_summary="next periodic snapshot")
         except TimeoutError:
             return None if self._state.paused else PendingTrigger(Trigger.PERIODIC, None, "periodic")
         if self._stop_reason is not None:

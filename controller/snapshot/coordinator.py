@@ -38,7 +38,8 @@ class SnapshotCoordinator:
     """Ray handle of the trainer actor (renews its hold lease)."""
     environments: list[ParticipantClient]
     """Participants that park agents (the policy server is driven by its own activities, after them)."""
-    interval_s: float
+    interval_s: float | None
+    """Between periodic attempts; None: attempts at trainer checkpoints only."""
     admission_closed_at: dict[str, float] = field(default_factory=dict)
     last_published_marker: tuple | None = None
     cut_markers: dict[str, tuple] = field(default_factory=dict)
@@ -116,7 +117,7 @@ class SnapshotCoordinator:
     def record(self, result: SnapshotAttemptResult, consecutive_failures: int) -> str | None:
         """Every attempt's outcome into metrics.jsonl and the progress output; returns a warning, at most once a run."""
         warning = None
-        if result.admission_closed_s > self.interval_s and not self.warned_long_closure:
+        if self.interval_s is not None and result.admission_closed_s > self.interval_s and not self.warned_long_closure:
             self.warned_long_closure = True
             warning = (
                 f"snapshot {result.checkpoint_id} kept new rollouts stopped for {result.admission_closed_s:.1f}s, "

@@ -79,7 +79,8 @@ def test_a_used_run_dir_is_refused_and_left_alone(tmp_path, capsys):
 
 def test_random_moments_span_two_snapshot_intervals_so_some_incarnations_publish():
     tiny = load_config(parse(["--run-dir", "runs/x"]).config)
-    assert tiny.snapshot.attempt_interval_s == 20 and random_max_delay_s(tiny) == 40.0
+    # Unset (journaled agents: attempts at checkpoints only), the window is the parked default's, as before.
+    assert tiny.snapshot.attempt_interval_s is None and random_max_delay_s(tiny) == 40.0
     assert random_max_delay_s(tiny.model_copy(update={"snapshot": tiny.snapshot.model_copy(
         update={"attempt_interval_s": 3})})) == 12.0
     assert random_max_delay_s(tiny.model_copy(update={"snapshot": tiny.snapshot.model_copy(

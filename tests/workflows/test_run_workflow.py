@@ -43,7 +43,7 @@ async def _dev_server() -> WorkflowEnvironment:
     )
 
 
-def _run_input(attempt_interval_s: float) -> RunWorkflowInput:
+def _run_input(attempt_interval_s: float | None) -> RunWorkflowInput:
     return RunWorkflowInput(run_id="r", incarnation=1, attempt_interval_s=attempt_interval_s, max_consecutive_failures=3,
                             keep_latest_k=2, timeouts=SnapshotTimeouts(prepare_s=5, phase_s=5, lease_s=5))
 
@@ -98,6 +98,30 @@ def test_pause_stops_periodic_attempts_and_the_status_query_shows_it():
     assert paused_requests <= 1  # at most one that was already on its way
     assert set(requests) == {"periodic"}
     assert result.stopped_reason == "test over"
+
+
+def test_without_an_interval_only_a_trigger_starts_an_attempt():
+    """Journaled agents by default: attempts at trainer checkpoints and on request, no periodic timer."""
+    async def scenario():
+        async with await _dev_server() as env:
+            stand_ins = StandIns()
+            queue = f"q-{uuid.uuid4().hex[:6]}"
+            async with Worker(env.client, task_queue=queue, workflows=[RunWorkflow],
+                              activities=[stand_ins.anchor, stand_ins.request_checkpoint, stand_ins.record]):
+                handle = await env.client.start_workflow(RunWorkflow.run, _run_input(attempt_interval_s=None),
+                                                         id=f"r.run.{queue}", task_queue=queue)
+                await asyncio.sleep(1.5)
+                before_signal = list(stand_ins.requests)
+                await handle.signal(RunWorkflow.snapshot_now, SnapshotNowSignal(reason="look"))
+                while not stand_ins.requests:
+                    await asyncio.sleep(0.05)
+                await handle.signal(RunWorkflow.stop, "test over")
+                await handle.result()
+                timers = [e for e in (await handle.fetch_history()).events if e.HasField("timer_started_event_attributes")]
+        return before_signal, stand_ins.requests, timers
+
+    before_signal, requests, timers = asyncio.run(scenario())
+    assert before_signal == [] and requests == ["operator"] and timers == []
 
 
 def _run_workflow_state() -> RunWorkflow:
