@@ -107,8 +107,8 @@ REFIT_HOLDER = "refit"
 """Admission (controller and policy server) while new weights load."""
 
 REPLAY_HOLDER = "replay"
-"""Admission while a restored trainer still has more undone steps to train again than `train.max_staleness`:
-a turn generated now, with the restored policy, would be too stale to train once they are done, and its whole
+"""Admission while a restored trainer trains its undone steps again and a turn generated now, with the policy of
+the moment, could not be trained within `train.max_staleness` behind them and the groups already open: its whole
 group (turns kept from before the kill included) would be discarded."""
 
 CHECKPOINT_HOLDER_PREFIX = "checkpoint:"

@@ -4,10 +4,11 @@ server -> a trainer checkpoint every `save_period` steps.
 
 Bounded staleness: a complete group is trained only while its oldest turn was generated
 by a policy at most `max_staleness` versions behind the trainer; older groups are
-discarded with the reason `stale` and their slot goes back to the rollout pump. After a
-restore the undone steps are trained again first; while more of them are left than
-`max_staleness`, admission stays closed (`REPLAY_HOLDER`), since any turn generated with the
-restored policy would be stale by the time the replay ends.
+discarded with the reason `stale` and their slot goes back to the rollout pump. A step
+takes the complete groups nearest to that bound first. After a
+restore the undone steps are trained again first; admission stays closed (`REPLAY_HOLDER`)
+while a turn generated with the policy of the moment could not be trained before it went
+stale, behind the undone steps left and the groups already open.
 """
 
 from __future__ import annotations
@@ -130,17 +131,32 @@ class TrainPump:
         self._group_settled.set()  # wakes a train pump that is waiting for data
 
     def hold_generation_during_replay(self) -> None:
-        """After a restore: close admission until no more undone steps are left than `max_staleness`."""
-        if self._replay_steps_left() > self._cfg.max_staleness:
-            log.info("admission waits while the trainer trains %d undone steps again (max_staleness=%d)",
-                     self._replay_steps_left() - self._cfg.max_staleness, self._cfg.max_staleness)
+        """After a restore: close admission while a turn generated now could not be trained in time."""
+        if self._generation_now_goes_stale():
+            log.info("admission waits while the trainer trains %d undone steps again (max_staleness=%d, %d other "
+                     "groups open)", self._replay_steps_left(), self._cfg.max_staleness, self._open_outside_replay())
             self._admission.add(REPLAY_HOLDER)
+
+    def _generation_now_goes_stale(self) -> bool:
+        """A group generated now (with the policy of the step trained last) is trainable for `max_staleness + 1`
+        steps. The undone steps still to train take the first of them, and the other open groups, complete or
+        not, at least one more step each `prompts_per_step` (the oldest go first). Once no undone step is left,
+        the policy is the newest there is and waiting would gain nothing."""
+        left = self._replay_steps_left()
+        if left == 0:
+            return False
+        steps_for_the_rest = max(1, -(-self._open_outside_replay() // self._cfg.prompts_per_step))
+        return left + steps_for_the_rest > self._cfg.max_staleness + 1
 
     def _replay_steps_left(self) -> int:
         return sum(1 for batch in self.replay_batches if any(self._ledger.has_group(gid) for gid in batch))
 
+    def _open_outside_replay(self) -> int:
+        replaying = {gid for batch in self.replay_batches for gid in batch if self._ledger.has_group(gid)}
+        return self._ledger.inflight() - len(replaying)
+
     def _release_replay_hold_once_fresh(self) -> None:
-        if self._replay_steps_left() <= self._cfg.max_staleness:
+        if not self._generation_now_goes_stale():
             self._admission.release(REPLAY_HOLDER)
 
     async def run(self, max_steps: int | None) -> None:
@@ -265,16 +281,23 @@ class TrainPump:
             await self._discard(self._untrainable, "too_few_siblings")
             self._untrainable = []
         claimed = set(self._claims.claimed())
-        fresh, stale = [], []
+        oldest: dict[str, int] = {}
+        stale = []
         for gid in self._ledger.complete_group_ids():
             if gid in claimed:
                 continue
             versions = [v for row in self._data_plane.rows(gid) for v in row.policy_versions()]
-            (stale if versions and self.step - min(versions) > self._cfg.max_staleness else fresh).append(gid)
+            oldest[gid] = min(versions, default=self.step)
+            if self.step - oldest[gid] > self._cfg.max_staleness:
+                stale.append(gid)
+                del oldest[gid]
         if stale:
             log.info("discarding %d groups older than max_staleness=%d", len(stale), self._cfg.max_staleness)
             await self._discard(stale, "stale")
-        return fresh
+        # The nearest to going stale first (stable: admission order among equals). After a restore the ledger holds
+        # more complete groups than a step takes, and a group whose turns were continued with an older policy
+        # than its neighbours' would otherwise wait behind them until it is too stale to train.
+        return sorted(oldest, key=oldest.__getitem__)
 
     async def _discard(self, group_ids: list[str], reason: str) -> None:
         async with self._data_plane.barrier:

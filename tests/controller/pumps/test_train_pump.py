@@ -78,7 +78,7 @@ class _Records:
 
 
 def _replaying_pump(batches: list[list[str]], open_groups: list[str],
-                    max_staleness: int = 2) -> tuple[TrainPump, _Records]:
+                    max_staleness: int = 2, prompts_per_step: int = 1) -> tuple[TrainPump, _Records]:
     from controller.state.data_plane import DataPlane
     from controller.state.group_ledger import GroupLedger
     from schemas.rollout import Problem
@@ -87,7 +87,8 @@ def _replaying_pump(batches: list[list[str]], open_groups: list[str],
     data_plane.journal = records
     for gid in open_groups:
         ledger.admit(gid, Problem(question="Q 1+1", answer=2), 1)
-    pump = TrainPump(TrainConfig(max_staleness=max_staleness), ledger, None, data_plane, None, None,
+    pump = TrainPump(TrainConfig(max_staleness=max_staleness, prompts_per_step=prompts_per_step), ledger, None,
+                     data_plane, None, None,
                      HoldSet("admission"), None, on_groups_finished=lambda: None, write_checkpoint=None,
                      announce_checkpoint=None, on_step=lambda report: None)
     pump.replay_batches.extend(batches)
@@ -110,6 +111,14 @@ def test_a_replayed_group_that_is_not_complete_ends_the_replay_and_says_so_in_th
     assert not pump.replay_batches and records.kinds == ["replay_cleared"]
 
 
+def _train_replayed(pump: TrainPump, complete: list[str], expected: list[str]) -> None:
+    """What a replayed step does to the ledger and the hold: its groups finish, then the refit lets the hold go."""
+    batch = pump._next_replay_batch(complete)
+    assert batch == expected
+    pump._ledger.finish(batch)
+    pump._release_replay_hold_once_fresh()
+
+
 def test_admission_waits_while_more_undone_steps_are_left_than_max_staleness():
     """Chaos27: a restore to step 100 with steps 101-103 undone continued agents with policy 100 right away; their
     groups were complete at step 103 with staleness 3 > 2 and discarded whole, turns kept from the kill included."""
@@ -119,12 +128,29 @@ def test_admission_waits_while_more_undone_steps_are_left_than_max_staleness():
     pump.hold_generation_during_replay()
     assert admission.holders() == {REPLAY_HOLDER}
     complete = ["g1", "g2", "g3", "g4"]
-    assert pump._next_replay_batch(complete) == ["g1"]
-    pump._release_replay_hold_once_fresh()
+    _train_replayed(pump, complete, ["g1"])
     assert admission.holders() == {REPLAY_HOLDER}  # g2, g3, g4: three steps, still one too many
-    assert pump._next_replay_batch(complete) == ["g2"]
-    pump._release_replay_hold_once_fresh()
+    _train_replayed(pump, complete, ["g2"])
     assert admission.is_clear()  # a turn generated with the next policy is 2 behind when g4's step is done
+
+
+def test_the_groups_already_open_keep_admission_closed_until_the_replay_leaves_them_room():
+    """Chaos30, with the hold lifted at max_staleness steps left: 48 open groups, continued at once with policy 105
+    while steps 106-107 were trained again, could only be trained at step 108 (16 a step); 16 were discarded."""
+    others = [f"o{i}" for i in range(4)]  # two steps' worth at 2 a step
+    pump, _ = _replaying_pump([["g1"], ["g2"], ["g3"]], ["g1", "g2", "g3", *others], max_staleness=2,
+                              prompts_per_step=2)
+    pump.hold_generation_during_replay()
+    complete = ["g1", "g2", "g3", *others]
+    _train_replayed(pump, complete, ["g1"])
+    assert pump._admission.holders() == {REPLAY_HOLDER}  # 2 undone + 2 for the others > 3 steps a turn has
+    _train_replayed(pump, complete, ["g2"])
+    assert pump._admission.is_clear()  # 1 + 2 steps: a turn of the policy after g2's step is trained in time
+    pump, _ = _replaying_pump([["g1"]], ["g1", *[f"o{i}" for i in range(9)]], max_staleness=2, prompts_per_step=2)
+    pump.hold_generation_during_replay()
+    assert pump._admission.holders() == {REPLAY_HOLDER}
+    _train_replayed(pump, ["g1"], ["g1"])
+    assert pump._admission.is_clear()  # no undone step left: the newest policy, nothing to wait for
 
 
 def test_a_replay_within_max_staleness_never_closes_admission_and_one_that_ends_early_opens_it():
@@ -136,3 +162,30 @@ def test_a_replay_within_max_staleness_never_closes_admission_and_one_that_ends_
     assert pump._admission.holders() == {REPLAY_HOLDER}
     assert pump._next_replay_batch(["g2", "g3"]) is None  # g1 is running again: the replay ends, and so does the hold
     assert pump._admission.is_clear() and records.kinds == ["replay_cleared"]
+
+
+def test_a_step_takes_the_groups_nearest_to_going_stale_first():
+    """Chaos30: after a replay, a group continued with policy 105 waited behind groups of policy 106-107 admitted
+    before it, and was discarded as stale one step later."""
+    from controller.state.claim_ledger import ClaimLedger
+    from controller.state.data_plane import DataPlane
+    from controller.state.group_ledger import GroupLedger
+    from controller.state.run_stats import RunStats
+    from schemas.rollout import Problem
+    from tests.controller.state.test_data_plane import make_row
+
+    ledger, data_plane = GroupLedger(min_sealed=1), DataPlane()
+    data_plane.journal = _Records()
+    for gid, version in (("g1", 107), ("g2", 105), ("g3", 106), ("g4", 104), ("g5", 105)):  # in admission order
+        ledger.admit(gid, Problem(question="Q 1+1", answer=2), 1)
+        ledger.start_attempt(gid, 0)
+        ledger.seal(gid, 0)
+        assert ledger.settle(gid)
+        data_plane.put(make_row(gid, 0, version=version))
+    stats = RunStats()
+    pump = TrainPump(TrainConfig(max_staleness=2), ledger, ClaimLedger(), data_plane, None, None,
+                     HoldSet("admission"), stats, on_groups_finished=lambda: None, write_checkpoint=None,
+                     announce_checkpoint=None, on_step=lambda report: None)
+    pump.step = 107
+    assert asyncio.run(pump._drop_unusable_groups()) == ["g2", "g5", "g3", "g1"]
+    assert stats.groups_discarded == {"stale": 1} and not ledger.has_group("g4")
