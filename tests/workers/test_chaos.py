@@ -11,7 +11,9 @@ from collections import Counter
 import orjson
 import pytest
 
+from controller.state.dataloader import PromptDataloader
 from primitives.audit_log import AUDIT_FILE, read_audit
+from schemas.config import TurnkeepConfig
 from tests.run_command import short_run_dir, small_run_settings, turnkeep
 from workers.chaos_invariants import check_run_dir
 
@@ -67,7 +69,7 @@ def test_each_environment_kind_came_back_at_its_own_level(chaos_run) -> None:
     first_start = (run_dir / "chaos" / "incarnation-1.log").read_text()
     assert "environment 'lab' (lab, restart_only): recovery level lowered from 'turn' to 'sibling'" in first_start
     events = list(read_audit(run_dir))
-    env_of = {e.group_id: e.env for e in events if e.event == "group_admitted"}
+    env_of = _env_of_every_group(run_dir, events)
     assert set(env_of.values()) == {"calc", "workspace", "lab", "judge"}
     continued = Counter(env_of[c.group_id] for e in events if e.event == "restored" for c in e.continuations)
     assert continued["lab"] == 0 and sum(continued.values()) >= 1, continued  # restart_only never continues
@@ -97,6 +99,24 @@ def test_each_environment_kind_came_back_at_its_own_level(chaos_run) -> None:
     totals = [line["recovery_by_env_total"] for line in lines if line["kind"] == "train_step"]
     assert all("resumed_from_turn" not in t.get("lab", {}) for t in totals)
     assert any(sum(counts.get("resumed_from_turn", 0) for counts in t.values()) for t in totals), totals[-1]
+
+
+def _env_of_every_group(run_dir, events) -> dict[str, str]:
+    """Each group's environment, as the run's dataloader assigns it (seeded by the group's index). A group a restore
+    kept open may lack its `group_admitted` line: a kill inside the audit log's flush interval took it while the
+    controller journal kept the admission. Every line that is there must agree."""
+    cfg = TurnkeepConfig.model_validate_json((run_dir / "config.json").read_bytes())
+    dataloader = PromptDataloader(cfg.task, cfg.run.seed, cfg.environments, data=cfg.data)
+    named = {getattr(e, "group_id", None) for e in events} | {g for e in events for g in getattr(e, "group_ids", ())}
+    named |= {g for e in events if e.event == "restored" for g in e.unfinished_groups}
+    env_of = {}
+    for index in range(max(int(g.removeprefix("g")) for g in named if g) + 1):
+        dataloader.advance_to(index)
+        group_id, problem = dataloader.next_group()
+        env_of[group_id] = problem.env
+    admitted = {e.group_id: e.env for e in events if e.event == "group_admitted"}
+    assert all(env_of[g] == env for g, env in admitted.items())
+    return env_of
 
 
 def test_every_resumed_row_kept_the_policy_version_of_each_saved_turn(chaos_run) -> None:
