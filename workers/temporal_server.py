@@ -49,6 +49,9 @@ from workers.temporal_pidfile import (
 
 log = logging.getLogger("turnkeep.temporal")
 
+PORT_RACE_TRIES = 3
+ADDRESS_IN_USE = "address already in use"
+
 # The dev server throttles task dispatch by default (~57 ms per activity); these lift it.
 UNTHROTTLED = (
     "history.transferProcessorMaxPollRPS=1000",
@@ -189,15 +192,25 @@ async def start_dev_server(cfg: TemporalConfig, run_dir: Path, timeout_s: float 
     endpoint = await _take_over_leftover(cfg, run_dir)
     if endpoint is not None:
         return endpoint
-    port = _choose_port(cfg.ip, cfg.port, "temporal.port", "Temporal")
-    ui_port = _choose_port(cfg.ip, cfg.ui_port, "temporal.ui_port", "the Temporal web UI")
-    endpoint = TemporalEndpoint(
-        f"{cfg.ip}:{port}", f"http://{cfg.ip}:{ui_port}", run_dir=run_dir, namespace=cfg.namespace,
-        args=dev_server_args(cfg, run_dir, port, ui_port),
-    )
-    _spawn(endpoint)
-    await _wait_until_serving(endpoint, timeout_s)
-    return endpoint
+    for attempt in range(1, PORT_RACE_TRIES + 1):
+        port = _choose_port(cfg.ip, cfg.port, "temporal.port", "Temporal")
+        ui_port = _choose_port(cfg.ip, cfg.ui_port, "temporal.ui_port", "the Temporal web UI")
+        endpoint = TemporalEndpoint(
+            f"{cfg.ip}:{port}", f"http://{cfg.ip}:{ui_port}", run_dir=run_dir, namespace=cfg.namespace,
+            args=dev_server_args(cfg, run_dir, port, ui_port),
+        )
+        _spawn(endpoint)
+        try:
+            await _wait_until_serving(endpoint, timeout_s)
+            return endpoint
+        except TemporalStartError as err:
+            # A port found free can be taken before the server binds it (the server's own services bind
+            # ephemeral ports meanwhile): choose again, as for a port taken beforehand.
+            if ADDRESS_IN_USE not in str(err) or attempt == PORT_RACE_TRIES:
+                raise
+            log.warning("a port chosen for the Temporal dev server was taken before it could listen there (%s); "
+                        "choosing again", err)
+    raise AssertionError("unreachable")
 
 
 async def restart_dev_server(endpoint: TemporalEndpoint, timeout_s: float = 30.0) -> None:

@@ -186,6 +186,31 @@ def test_a_port_held_by_another_process_is_replaced_by_a_free_one_and_printed(tm
             stop_dev_server(endpoint)
 
 
+def test_a_port_taken_between_its_choice_and_the_servers_bind_is_chosen_again(tmp_path, monkeypatch) -> None:
+    """A CI run: the web UI's port, found free, was bound by another process before the dev server listened on
+    it, and the run stopped with 'bind: address already in use'."""
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        choose = temporal_server._choose_port
+        chosen: list[int] = []
+
+        def racing(ip, wanted, setting, what):  # the first UI port is taken by the time the server binds it
+            if setting != "temporal.ui_port":
+                return choose(ip, wanted, setting, what)
+            chosen.append(taken if not chosen else choose(ip, wanted, setting, what))
+            return chosen[-1]
+
+        monkeypatch.setattr(temporal_server, "_choose_port", racing)
+        endpoint = asyncio.run(start_dev_server(TemporalConfig(port=0, ui_port=0), tmp_path))
+    try:
+        assert chosen[0] == taken and len(chosen) == 2 and endpoint.ui_url == f"http://127.0.0.1:{chosen[1]}"
+        assert _answers(endpoint.address) and _servers(tmp_path) == [endpoint.server.pid]
+    finally:
+        stop_dev_server(endpoint)
+
+
 def test_a_restart_whose_port_was_taken_meanwhile_is_refused_in_one_line(tmp_path) -> None:
     endpoint = asyncio.run(start_dev_server(TemporalConfig(port=0, ui_port=0), tmp_path))
     port = int(endpoint.address.rsplit(":", 1)[1])
