@@ -25,7 +25,7 @@ from pathlib import Path
 import orjson
 
 from controller.config_file import ConfigError, load_config, parse_overrides
-from controller.snapshot.periodic_attempts import periodic_interval_s
+from controller.snapshot.periodic_attempts import PARKED_INTERVAL_S
 from primitives.atomic_files import atomic_write_json
 from primitives.chaos_points import ENV_POINT, ENV_WAIT, POINTS, marker_path
 from primitives.process_tree import kill_tree
@@ -132,7 +132,7 @@ def random_max_delay_s(config: TurnkeepConfig) -> float:
     # Unset, a run with journaled agents takes attempts at its trainer checkpoints only; the parked default's 40 s
     # window holds about one checkpoint of the built-in task (every 20 steps, ~35 s) and is the one earlier chaos
     # runs used.
-    interval = periodic_interval_s(config.snapshot.attempt_interval_s, "parked") if config.snapshot.enabled else 0.0
+    interval = (config.snapshot.attempt_interval_s or PARKED_INTERVAL_S) if config.snapshot.enabled else 0.0
     return max(RANDOM_MIN_SPAN_S, 2.0 * interval)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from temporalio import activity, workflow
@@ -66,31 +67,34 @@ class StandIns:
         return RecordResult()
 
 
+@asynccontextmanager
+async def _started_run(stand_ins: StandIns, attempt_interval_s: float | None, extra_workflows: tuple = ()):
+    """A run workflow on a dev server of its own, its worker serving `stand_ins`' activities."""
+    async with await _dev_server() as env:
+        queue = f"q-{uuid.uuid4().hex[:6]}"
+        async with Worker(env.client, task_queue=queue, workflows=[RunWorkflow, *extra_workflows],
+                          activities=[stand_ins.anchor, stand_ins.request_checkpoint, stand_ins.record]):
+            yield await env.client.start_workflow(RunWorkflow.run, _run_input(attempt_interval_s),
+                                                  id=f"r.run.{queue}", task_queue=queue)
+
+
 def test_pause_stops_periodic_attempts_and_the_status_query_shows_it():
     async def scenario():
-        async with await _dev_server() as env:
-            stand_ins = StandIns()
-            queue = f"q-{uuid.uuid4().hex[:6]}"
-            async with Worker(env.client, task_queue=queue, workflows=[RunWorkflow],
-                              activities=[stand_ins.anchor, stand_ins.request_checkpoint, stand_ins.record]):
-                handle = await env.client.start_workflow(
-                    RunWorkflow.run,
-                    _run_input(attempt_interval_s=0.3),
-                    id=f"r.run.{queue}", task_queue=queue,
-                )
-                while not stand_ins.requests:
-                    await asyncio.sleep(0.05)
-                await handle.signal(RunWorkflow.pause_snapshots)
-                while not (status := await handle.query(RunWorkflow.status)).paused:
-                    await asyncio.sleep(0.05)
-                seen = len(stand_ins.requests)
-                await asyncio.sleep(1.0)
-                paused_requests = len(stand_ins.requests) - seen
-                await handle.signal(RunWorkflow.resume_snapshots)
-                while len(stand_ins.requests) == seen + paused_requests:
-                    await asyncio.sleep(0.05)
-                await handle.signal(RunWorkflow.stop, "test over")
-                result = await handle.result()
+        stand_ins = StandIns()
+        async with _started_run(stand_ins, attempt_interval_s=0.3) as handle:
+            while not stand_ins.requests:
+                await asyncio.sleep(0.05)
+            await handle.signal(RunWorkflow.pause_snapshots)
+            while not (status := await handle.query(RunWorkflow.status)).paused:
+                await asyncio.sleep(0.05)
+            seen = len(stand_ins.requests)
+            await asyncio.sleep(1.0)
+            paused_requests = len(stand_ins.requests) - seen
+            await handle.signal(RunWorkflow.resume_snapshots)
+            while len(stand_ins.requests) == seen + paused_requests:
+                await asyncio.sleep(0.05)
+            await handle.signal(RunWorkflow.stop, "test over")
+            result = await handle.result()
         return status, paused_requests, stand_ins.requests, result
 
     status, paused_requests, requests, result = asyncio.run(scenario())
@@ -103,21 +107,16 @@ def test_pause_stops_periodic_attempts_and_the_status_query_shows_it():
 def test_without_an_interval_only_a_trigger_starts_an_attempt():
     """Journaled agents by default: attempts at trainer checkpoints and on request, no periodic timer."""
     async def scenario():
-        async with await _dev_server() as env:
-            stand_ins = StandIns()
-            queue = f"q-{uuid.uuid4().hex[:6]}"
-            async with Worker(env.client, task_queue=queue, workflows=[RunWorkflow],
-                              activities=[stand_ins.anchor, stand_ins.request_checkpoint, stand_ins.record]):
-                handle = await env.client.start_workflow(RunWorkflow.run, _run_input(attempt_interval_s=None),
-                                                         id=f"r.run.{queue}", task_queue=queue)
-                await asyncio.sleep(1.5)
-                before_signal = list(stand_ins.requests)
-                await handle.signal(RunWorkflow.snapshot_now, SnapshotNowSignal(reason="look"))
-                while not stand_ins.requests:
-                    await asyncio.sleep(0.05)
-                await handle.signal(RunWorkflow.stop, "test over")
-                await handle.result()
-                timers = [e for e in (await handle.fetch_history()).events if e.HasField("timer_started_event_attributes")]
+        stand_ins = StandIns()
+        async with _started_run(stand_ins, attempt_interval_s=None) as handle:
+            await asyncio.sleep(1.5)
+            before_signal = list(stand_ins.requests)
+            await handle.signal(RunWorkflow.snapshot_now, SnapshotNowSignal(reason="look"))
+            while not stand_ins.requests:
+                await asyncio.sleep(0.05)
+            await handle.signal(RunWorkflow.stop, "test over")
+            await handle.result()
+            timers = [e for e in (await handle.fetch_history()).events if e.HasField("timer_started_event_attributes")]
         return before_signal, stand_ins.requests, timers
 
     before_signal, requests, timers = asyncio.run(scenario())
@@ -170,25 +169,16 @@ def test_snapshot_and_wait_answers_what_was_saved_and_asks_again_after_a_skip():
             return AnchorResult(current_step=5, newest_checkpoint_step=5)
 
     async def scenario():
-        async with await _dev_server() as env:
-            stand_ins = AtACheckpoint()
-            queue = f"q-{uuid.uuid4().hex[:6]}"
-            async with Worker(env.client, task_queue=queue, workflows=[RunWorkflow, OutrunOnceAttempt],
-                              activities=[stand_ins.anchor, stand_ins.request_checkpoint, stand_ins.record]):
-                handle = await env.client.start_workflow(
-                    RunWorkflow.run,
-                    _run_input(attempt_interval_s=600),
-                    id=f"r.run.{queue}", task_queue=queue,
-                )
-                saved = await handle.execute_update(
-                    RunWorkflow.snapshot_and_wait, SnapshotNowSignal(reason="SIGTERM", preemption=True)
-                )
-                status = await handle.query(RunWorkflow.status)
-                await handle.signal(RunWorkflow.stop, "test over")
-                await handle.result()
-                if os.environ.get("TURNKEEP_RECORD_HISTORIES"):
-                    history = await handle.fetch_history()
-                    (HISTORY_DIR / f"TurnkeepRun-{handle.id}.json").write_text(history.to_json())
+        async with _started_run(AtACheckpoint(), attempt_interval_s=600, extra_workflows=(OutrunOnceAttempt,)) as handle:
+            saved = await handle.execute_update(
+                RunWorkflow.snapshot_and_wait, SnapshotNowSignal(reason="SIGTERM", preemption=True)
+            )
+            status = await handle.query(RunWorkflow.status)
+            await handle.signal(RunWorkflow.stop, "test over")
+            await handle.result()
+            if os.environ.get("TURNKEEP_RECORD_HISTORIES"):
+                history = await handle.fetch_history()
+                (HISTORY_DIR / f"TurnkeepRun-{handle.id}.json").write_text(history.to_json())
         return saved, status
 
     saved, status = asyncio.run(scenario())
