@@ -122,28 +122,47 @@ def _env_of_every_group(run_dir, events) -> dict[str, str]:
 def test_every_resumed_row_kept_the_policy_version_of_each_saved_turn(chaos_run) -> None:
     run_dir, code, _ = chaos_run
     events = list(read_audit(run_dir))
-    saved_versions = {}
-    for event in events:
-        if event.event == "turn_committed":
-            # Rollout ids repeat across lineages: the incarnation that started the attempt tells them apart.
-            saved_versions[(event.rollout_id, event.started_by, event.turn)] = event.policy_version
+    versions_of = _saved_turn_versions(events)
     checked = 0
     for restored in (e for e in events if e.event == "restored"):
         for cont in restored.continuations:
             sealed = [e for e in events if e.event == "sibling_sealed" and e.rollout_id == cont.next_rollout_id
                       and e.inc == restored.inc]
-            keys = [(cont.rollout_id, cont.started_by, turn) for turn in range(1, cont.turn_index + 1)]
             if not sealed:
                 continue  # killed before the continuation sealed
             # The environment server flushes its audit log before every journal batch, so a journaled boundary's
             # turns are always in it (a KeyError here means a turn the journal kept but the audit log lost).
+            turns = versions_of((cont.rollout_id, cont.started_by))
+            saved = [turns[turn] for turn in range(1, cont.turn_index + 1)]
             versions = sealed[0].policy_versions
-            saved = [saved_versions[key] for key in keys]
             assert versions[: cont.turn_index] == saved
             # The next turn came from the restored policy, never an older one.
             assert all(v >= restored.policy_version for v in versions[cont.turn_index:])
             checked += 1
     assert checked >= 1
+
+
+def _saved_turn_versions(events):
+    """(rollout id, incarnation that started it) -> turn -> policy version. Rollout ids repeat across lineages: the
+    starting incarnation tells them apart. A continuation commits only the turns after its saved boundary; the turns
+    up to it are its saved attempt's, which may itself be a continuation (a restore continuing a continuation)."""
+    own: dict = {}
+    parent: dict = {}  # (attempt N+1, its starter: the restoring incarnation) -> (attempt N, its starter, turns)
+    for event in events:
+        if event.event == "turn_committed":
+            own.setdefault((event.rollout_id, event.started_by), {})[event.turn] = event.policy_version
+        elif event.event == "restored":
+            for cont in event.continuations:
+                parent[(cont.next_rollout_id, event.inc)] = (cont.rollout_id, cont.started_by, cont.turn_index)
+
+    def versions_of(key):
+        turns = dict(own.get(key, {}))
+        if key in parent:
+            rollout_id, started_by, turn_index = parent[key]
+            turns.update({t: v for t, v in versions_of((rollout_id, started_by)).items() if t <= turn_index})
+        return turns
+
+    return versions_of
 
 
 def test_the_checker_fails_loudly_when_a_group_is_trained_twice(chaos_run, tmp_path) -> None:

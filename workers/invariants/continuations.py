@@ -136,17 +136,14 @@ def journaled_agents_were_committed(events: list) -> InvariantResult:
     incarnation trained after it (read from its `step_trained` lines, not from the restore's word). The turn
     journal may hold turns of a policy the restore rolled back; those must never be continued. An item is one
     continued agent."""
-    # (rollout id, incarnation that started it) -> turn -> policy version: ids repeat across lineages
-    committed: dict[tuple[str, int], dict[int, int]] = defaultdict(dict)
+    committed = committed_turns(events)
     trained: dict[int, list[tuple[float, int]]] = defaultdict(list)  # incarnation -> (time, policy version)
     cuts = cuts_by_time(events)
     went_on: dict[float, list[tuple[int, float]]] = defaultdict(list)  # cut time -> (incarnation, from when)
     violations: list[str] = []
     checked = unverifiable = 0
     for event in events:
-        if isinstance(event, TurnCommitted):
-            committed[(event.rollout_id, event.started_by)][event.turn] = event.policy_version
-        elif isinstance(event, StepTrained):
+        if isinstance(event, StepTrained):
             trained[event.inc].append((event.t, event.policy_version))
         elif isinstance(event, Restored) and event.agents_from == "journal":
             cut = cut_of(event, cuts)
@@ -172,6 +169,31 @@ def journaled_agents_were_committed(events: list) -> InvariantResult:
     note = f"{unverifiable} continued agents whose boundary the audit log lacks" if unverifiable else ""
     return InvariantResult(2, "journaled agents continue committed turns of the restored lineage", not violations,
                            checked, violations, note)
+
+
+def committed_turns(events: list) -> dict[tuple[str, int], dict[int, int]]:
+    """(rollout id, incarnation that started it) -> turn -> policy version, ids repeating across lineages. A
+    continuation's first turns are its saved attempt's: a restore that continues a continuation (attempt N+2 from
+    N+1, which committed only the turns after N's boundary) reaches back along the chain of restores for them."""
+    own: dict[tuple[str, int], dict[int, int]] = defaultdict(dict)
+    # (attempt N+1, the restoring incarnation that started it) -> (attempt N, its starter, turns saved)
+    saved_from: dict[tuple[str, int], tuple[str, int, int]] = {}
+    for event in events:
+        if isinstance(event, TurnCommitted):
+            own[(event.rollout_id, event.started_by)][event.turn] = event.policy_version
+        elif isinstance(event, Restored):
+            for c in event.continuations:
+                saved_from[(c.next_rollout_id, event.inc)] = (c.rollout_id, c.started_by, c.turn_index)
+
+    def turns_of(key: tuple[str, int], seen: frozenset) -> dict[int, int]:
+        turns = dict(own.get(key, {}))
+        parent = saved_from.get(key)
+        if parent is not None and parent[:2] not in seen:
+            earlier = turns_of(parent[:2], seen | {key})
+            turns.update({turn: v for turn, v in earlier.items() if turn <= parent[2]})
+        return turns
+
+    return {key: turns_of(key, frozenset()) for key in own.keys() | saved_from.keys()}
 
 
 def _newest_kept_policy(restored: Restored, cut: CutTaken | None, trained: dict[int, list[tuple[float, int]]],

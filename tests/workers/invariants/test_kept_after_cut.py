@@ -223,3 +223,19 @@ def test_a_kept_restore_that_passes_an_index_it_does_not_hold_open_skips_it():
     violations = broken(check_invariants(without_admission_of("g0000007", history(restore))), 7, "the dataloader")
     assert any("no group past index 6 was ever admitted and 1 of the indices between are not open in it" in v
                for v in violations), violations
+
+
+def test_a_continuation_of_a_continuation_reaches_back_for_its_first_turns():
+    """Incarnation 4's g5.0.1 continued g5.0.0 after turn 2 and committed only turn 3 before a kill; a restore
+    continuing g5.0.1 after turn 3 judges turns 1 and 2 by g5.0.0's lines, which g5.0.1 never wrote."""
+    from workers.invariants.continuations import committed_turns
+
+    # The builders' earlier lines leave `started_by` at 0; incarnation 4's own attempt says it started it.
+    saved = continuation(r(5, 0, 1), "b53", turn_index=3).model_copy(update={"started_by": 4})
+    restore_5 = kept_restore(inc=5, continuations=[saved])
+    events = history() + [turn(1306, 4, r(5, 0, 1), 3).model_copy(update={"started_by": 4}), restore_5]
+    assert committed_turns(events)[(r(5, 0, 1), 4)] == {1: 0, 2: 5, 3: 0}
+    assert committed_turns(events)[(r(5, 0, 2), 5)] == {1: 0, 2: 5, 3: 0}
+    # Without the restore that made g5.0.1 a continuation, g5.0.1 has only its own turn.
+    no_link = [e for e in events if not (isinstance(e, Restored) and e.inc == 4)]
+    assert committed_turns(no_link)[(r(5, 0, 1), 4)] == {3: 0}
