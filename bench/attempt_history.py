@@ -4,7 +4,10 @@ tasks. Pure arithmetic on `HistoryEvent`s, so it can be checked on hand-built ev
 
 A local activity has no events of its own: it runs inside a workflow task and leaves a
 marker with its schedule and completion times, which count as inside time and not as
-workflow-task time."""
+workflow-task time. Under load those two stamps are not one clock (the completion can read
+tens of ms before the schedule), so where the controller recorded each local activity's own
+clocks (`workers.loop_bridge.BridgedRun`, `local_activity` lines in metrics.jsonl),
+`add_local_clocks` counts by them instead."""
 
 from __future__ import annotations
 
@@ -60,6 +63,13 @@ class HistoryTimes:
     activities: int = 0
     """Every activity, local ones included."""
     local_activities: int = 0
+    local_marker_s: float = 0.0
+    """The markers' account of local activity time (`inside_s` holds it until `add_local_clocks` replaces it)."""
+    local_clocked: int = 0
+    """Local activity runs counted by their own clocks (`add_local_clocks`)."""
+    local_hop_s: float = 0.0
+    """Local activities' time outside their own code: handing the call to the controller's loop, waiting for that
+    loop (busy with the pumps), and the answer's way back."""
     retried_activities: int = 0
     activity_s: dict[str, float] = field(default_factory=dict)
     """Inside time per activity type, summed."""
@@ -125,7 +135,8 @@ def history_times(events: Iterable[HistoryEvent]) -> HistoryTimes:
     local_s = sum(seconds_inside for _, seconds_inside in local)
     times = HistoryTimes(close=close, wall_s=closed_at - started_at, workflow_task_s=task_s - local_s,
                          workflow_task_wait_s=task_wait_s, workflow_tasks=tasks,
-                         activities=len(scheduled) + len(local), local_activities=len(local), inside_s=local_s)
+                         activities=len(scheduled) + len(local), local_activities=len(local), inside_s=local_s,
+                         local_marker_s=local_s)
     for name, inside in local:
         times.activity_s[name] = times.activity_s.get(name, 0.0) + inside
     for sched, start, end in spans:
@@ -143,3 +154,21 @@ def history_times(events: Iterable[HistoryEvent]) -> HistoryTimes:
         else:
             times.queue_s += seconds(start) - seconds(sched)
     return times
+
+
+def add_local_clocks(times: HistoryTimes, runs: list[dict]) -> None:
+    """Count an execution's local activities by their own clocks (`local_activity` lines: `activity`, `wall_s`,
+    `run_s`) instead of their markers: their code's time is inside time, the rest of their wall time a hop, and
+    neither is workflow-task time."""
+    if not runs:
+        return
+    times.inside_s -= times.local_marker_s
+    times.workflow_task_s += times.local_marker_s
+    for name in {run["activity"] for run in runs}:
+        times.activity_s.pop(name, None)
+    for run in runs:
+        times.local_clocked += 1
+        times.inside_s += run["run_s"]
+        times.local_hop_s += run["wall_s"] - run["run_s"]
+        times.workflow_task_s -= run["wall_s"]
+        times.activity_s[run["activity"]] = times.activity_s.get(run["activity"], 0.0) + run["run_s"]

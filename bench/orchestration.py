@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 from temporalio.client import Client, WorkflowExecutionStatus
 
-from bench.attempt_history import HistoryTimes, history_times
+from bench.attempt_history import HistoryTimes, add_local_clocks, history_times
 from bench.report import BenchResult, markdown_table
 from schemas import search_attributes as sa
 from schemas.names import WorkflowType
@@ -61,14 +61,16 @@ def run(args: argparse.Namespace) -> BenchResult:
 
 
 async def attempt_costs(client: Client, run_id: str, workflow_type: str = ATTEMPT_TYPE,
-                        limit: int | None = None) -> list[AttemptCost]:
-    """Every closed attempt of the run (the newest `limit` of them), oldest first."""
+                        limit: int | None = None, local_clocks: dict | None = None) -> list[AttemptCost]:
+    """Every closed attempt of the run (the newest `limit` of them), oldest first; `local_clocks`
+    ((workflow id, run id) -> `local_activity` lines) counts local activities by their own clocks."""
     costs = []
     async for wf in client.list_workflows(f"{sa.RUN_ID.name} = '{run_id}' AND WorkflowType = '{workflow_type}'"):
         if wf.status in (None, WorkflowExecutionStatus.RUNNING):
             continue
         history = await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
         times = history_times(history.events)
+        add_local_clocks(times, (local_clocks or {}).get((wf.id, wf.run_id), []))
         outcome = wf.typed_search_attributes.get(sa.OUTCOME)
         costs.append(AttemptCost(
             workflow_id=wf.id, trigger=wf.typed_search_attributes.get(sa.TRIGGER),
@@ -89,11 +91,13 @@ async def costs_of_run_dir(run_dir: Path, limit: int | None,
 
     run_id = orjson.loads((run_dir / "run.json").read_bytes())["run_id"]
     temporal = orjson.loads((run_dir / "config.json").read_bytes()).get("temporal", {})
+    clocks = local_clocks_of(run_dir)
     namespace = temporal.get("namespace", "default")
     if not (run_dir / "temporal.db").exists():
         if not temporal.get("address"):
             raise FileNotFoundError(f"{run_dir} has no temporal.db and its config names no Temporal address")
-        return await attempt_costs(await connect(temporal["address"], namespace), run_id, workflow_type, limit)
+        return await attempt_costs(await connect(temporal["address"], namespace), run_id, workflow_type, limit,
+                                   clocks)
 
     # A server on the run's own database would fire the timers and timeouts of anything left
     # open and so change the run a restart recovers from: read a copy instead.
@@ -103,9 +107,22 @@ async def costs_of_run_dir(run_dir: Path, limit: int | None,
         endpoint = None
         try:
             endpoint = await start_dev_server(TemporalConfig(port=0, ui_port=0, namespace=namespace), Path(scratch))
-            return await attempt_costs(await connect(endpoint.address, namespace), run_id, workflow_type, limit)
+            return await attempt_costs(await connect(endpoint.address, namespace), run_id, workflow_type, limit,
+                                       clocks)
         finally:
             stop_dev_server(endpoint)
+
+
+def local_clocks_of(run_dir: Path) -> dict[tuple[str, str], list[dict]]:
+    """The controller's `local_activity` lines in metrics.jsonl, by (workflow id, workflow run id)."""
+    from primitives.atomic_files import read_jsonl
+
+    clocks: dict[tuple[str, str], list[dict]] = {}
+    path = run_dir / "metrics.jsonl"
+    for line in read_jsonl(path) if path.exists() else []:
+        if line.get("kind") == "local_activity":
+            clocks.setdefault((line["workflow_id"], line["workflow_run_id"]), []).append(line)
+    return clocks
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -126,6 +143,8 @@ def result_of(costs: list[AttemptCost]) -> BenchResult:
         "queue (schedule -> start)": [c.times.queue_s for c in costs],
         "workflow tasks (schedule -> complete)": [c.times.workflow_task_s for c in costs],
         "workflow tasks: waiting for a worker": [c.times.workflow_task_wait_s for c in costs],
+        "local activities: hop to the controller's loop": [c.times.local_hop_s for c in costs
+                                                           if c.times.local_clocked],
         "retries (earlier attempts + backoff)": [c.times.retry_s for c in costs],
     }
     rows = [[name, len(values), *(1000 * percentile(values, q) for q in (50, 90, 100))]
@@ -155,6 +174,7 @@ def notes_of(costs: list[AttemptCost]) -> list[str]:
     parts = {
         "workflow tasks (scheduled -> completed)": task_s,
         "activity dispatch to a worker (queue)": total(lambda c: c.times.queue_s),
+        "local activities' hops to the controller's loop and back": total(lambda c: c.times.local_hop_s),
         "retried activities' earlier attempts and backoff": total(lambda c: c.times.retry_s),
     }
     # Between events the workflow neither runs nor waits on a task queue (a child's start before its first task).
@@ -176,6 +196,11 @@ def notes_of(costs: list[AttemptCost]) -> list[str]:
             "workflow code itself is a few lines, so long tasks mean the worker process (its event loop, the GIL "
             "or the CPU) was busy"
         )
+    unclocked = sum(1 for c in costs if c.times.local_activities and not c.times.local_clocked)
+    if unclocked:
+        notes.append(f"{unclocked} attempts' local activities counted by their markers, whose stamps are not one "
+                     "clock under load (no `local_activity` lines in metrics.jsonl: a run from before they were "
+                     "recorded)")
     slowest = max(costs, key=lambda c: c.orchestration_s)
     notes.append(f"slowest orchestration: {slowest.workflow_id} ({slowest.outcome}), "
                  f"{1000 * slowest.orchestration_s:.0f} ms over {slowest.times.activities} activities")

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import aiohttp
@@ -27,6 +29,7 @@ from controller.snapshot.periodic_attempts import periodic_interval_s
 from controller.stores import snapshot_store
 from controller.stores.trainer_checkpoint import published_steps
 from participants.client import ParticipantClient
+from primitives.atomic_files import append_jsonl
 from primitives.temporal_client import connect, start_worker
 from schemas import search_attributes as sa
 from schemas.config import TurnkeepConfig
@@ -46,7 +49,7 @@ from schemas.snapshot import (
     TrainerCheckpointSignal,
     Trigger,
 )
-from workers.loop_bridge import bridged_activities
+from workers.loop_bridge import BridgedRun, bridged_activities
 from workers.temporal_server import register_search_attributes
 from workers.workflow_thread import WorkflowThread
 from workflows.recovery_workflow import RecoveryWorkflow
@@ -147,6 +150,16 @@ def controller_activities(ctx: SnapshotCoordinator) -> list:
             snap.preflight, snap.open_staging, snap.discard_staging, snap.cut, snap.publish, snap.record]
 
 
+def record_local_runs(run_dir: Path) -> Callable[[BridgedRun], None]:
+    """Each local activity's own clocks as a `local_activity` line in metrics.jsonl: its marker in the history
+    cannot tell its run time from the workflow task's (`turnkeep bench orchestration` reads both)."""
+    def record(run: BridgedRun) -> None:
+        append_jsonl(run_dir / "metrics.jsonl", {"kind": "local_activity", "t": round(time.time(), 3),
+                                                 **{k: round(v, 6) if isinstance(v, float) else v
+                                                    for k, v in asdict(run).items()}})
+    return record
+
+
 async def start_snapshots(
     cfg: TurnkeepConfig, controller: Controller, session: aiohttp.ClientSession, address: str, run_id: str,
     incarnation: int, recovery: CrashRestore | None = None, *, agents_mode: AgentsMode,
@@ -171,7 +184,8 @@ async def start_snapshots(
     recovery_acts = None
     if recovery is not None:
         recovery_acts = RecoveryActivities(client, recovery, incarnation, wait_s=cfg.snapshot.phase_timeout_s)
-    local = bridged_activities(controller_activities(ctx), LOCAL_ACTIVITIES, asyncio.get_running_loop())
+    local = bridged_activities(controller_activities(ctx), LOCAL_ACTIVITIES, asyncio.get_running_loop(),
+                               record_local_runs(cfg.run.run_dir))
     workflows = WorkflowThread(address, cfg.temporal.namespace, security, controller_queue(run_id),
                                CONTROLLER_WORKFLOWS, local)
     await workflows.start()

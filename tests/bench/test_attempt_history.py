@@ -3,7 +3,7 @@ import pytest
 from temporalio.api.enums.v1 import EventType as E
 from temporalio.api.history.v1 import HistoryEvent
 
-from bench.attempt_history import history_times
+from bench.attempt_history import add_local_clocks, history_times
 
 
 def event(event_id: int, kind: E, at_s: float, **attributes) -> HistoryEvent:
@@ -103,3 +103,41 @@ def test_a_local_activity_counts_as_inside_time_not_as_its_workflow_task():
     assert times.workflow_task_s == pytest.approx(0.010)
     assert times.activity_s == pytest.approx({"data_plane.cut": 0.080, "snapshot.publish": 0.030})
     assert times.wall_s - times.inside_s == pytest.approx(times.queue_s + times.retry_s + times.workflow_task_s)
+
+
+def test_a_local_activitys_own_clocks_replace_its_markers_stamps():
+    """Under load a marker's completion can read before its schedule (not one clock): the markers say 0 ms here,
+    the controller's clocks say the cut ran 60 ms after a 15 ms hop and the publish 20 ms after a 5 ms one."""
+    history = [
+        event(1, E.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED, 100.0),
+        *task(2, 100.0, 100.120),
+        local_marker(6, 100.120, "data_plane.cut", 100.050, 100.010),
+        local_marker(7, 100.120, "snapshot.publish", 100.060, 100.010),
+        event(8, E.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, 100.120),
+    ]
+    times = history_times(history)
+    assert times.inside_s == 0 and times.workflow_task_s == pytest.approx(0.120)
+    add_local_clocks(times, [{"activity": "data_plane.cut", "wall_s": 0.075, "run_s": 0.060},
+                             {"activity": "snapshot.publish", "wall_s": 0.025, "run_s": 0.020}])
+    assert times.local_clocked == 2
+    assert times.inside_s == pytest.approx(0.080)
+    assert times.local_hop_s == pytest.approx(0.020)
+    assert times.workflow_task_s == pytest.approx(0.020)
+    assert times.activity_s == pytest.approx({"data_plane.cut": 0.060, "snapshot.publish": 0.020})
+    assert times.wall_s == pytest.approx(times.inside_s + times.local_hop_s + times.queue_s + times.workflow_task_s)
+
+
+def test_local_clocks_replace_marker_time_that_was_counted_too():
+    history = [
+        event(1, E.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED, 100.0),
+        *task(2, 100.0, 100.120),
+        local_marker(6, 100.120, "data_plane.cut", 100.003, 100.083),
+        event(8, E.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, 100.120),
+    ]
+    times = history_times(history)
+    assert times.inside_s == pytest.approx(0.080)
+    add_local_clocks(times, [{"activity": "data_plane.cut", "wall_s": 0.090, "run_s": 0.070}])
+    assert times.inside_s == pytest.approx(0.070) and times.activity_s == pytest.approx({"data_plane.cut": 0.070})
+    assert times.workflow_task_s == pytest.approx(0.030)
+    add_local_clocks(times, [])  # no lines: nothing changes
+    assert times.inside_s == pytest.approx(0.070)

@@ -9,7 +9,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from bench.attempt_history import HistoryTimes
-from bench.orchestration import AttemptCost, attempt_costs, costs_of_run_dir, percentile, result_of
+from bench.orchestration import AttemptCost, attempt_costs, costs_of_run_dir, local_clocks_of, percentile, result_of
 from primitives.temporal_client import connect
 from schemas import search_attributes as sa
 from schemas.config import TemporalConfig
@@ -128,3 +128,18 @@ def test_percentile_interpolates_between_ranks():
     assert percentile([0.0, 10.0], 90) == pytest.approx(9.0)
     assert percentile([4.0], 90) == 4.0
     assert percentile([1.0, 5.0, 2.0], 100) == 5.0
+
+
+def test_the_controllers_local_activity_clocks_are_read_by_execution(tmp_path):
+    lines = [{"kind": "train_step", "step": 1},
+             {"kind": "local_activity", "activity": "data_plane.cut", "workflow_id": "w.1", "workflow_run_id": "a",
+              "attempt": 1, "wall_s": 0.01, "loop_wait_s": 0.001, "run_s": 0.008},
+             {"kind": "local_activity", "activity": "snapshot.publish", "workflow_id": "w.1", "workflow_run_id": "a",
+              "attempt": 1, "wall_s": 0.02, "loop_wait_s": 0.001, "run_s": 0.015},
+             {"kind": "local_activity", "activity": "data_plane.cut", "workflow_id": "w.1", "workflow_run_id": "b",
+              "attempt": 1, "wall_s": 0.03, "loop_wait_s": 0.001, "run_s": 0.02}]
+    (tmp_path / "metrics.jsonl").write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in lines))
+    clocks = local_clocks_of(tmp_path)
+    assert {key: [line["activity"] for line in runs] for key, runs in clocks.items()} == {
+        ("w.1", "a"): ["data_plane.cut", "snapshot.publish"], ("w.1", "b"): ["data_plane.cut"]}
+    assert local_clocks_of(tmp_path / "nowhere") == {}

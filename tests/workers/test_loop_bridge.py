@@ -13,7 +13,7 @@ from temporalio.exceptions import ApplicationError
 
 from primitives.temporal_client import connect
 from tests.workers.echo_workflow import ECHO_LOCAL, LocalEchoWorkflow
-from workers.loop_bridge import bridged_activities, on_loop
+from workers.loop_bridge import BridgedRun, bridged_activities, on_loop
 from workers.workflow_thread import WorkflowThread
 
 
@@ -37,10 +37,12 @@ class Controller:
 @pytest.mark.integration
 def test_a_local_activity_on_the_workflow_thread_runs_on_the_controller_loop(temporal_address):
     controller = Controller()
+    recorded: list[tuple[int, BridgedRun]] = []
 
     async def scenario() -> list[str]:
         queue = f"test-{uuid.uuid4().hex[:6]}"
-        local = bridged_activities([controller.shout, controller.other], [ECHO_LOCAL], asyncio.get_running_loop())
+        local = bridged_activities([controller.shout, controller.other], [ECHO_LOCAL], asyncio.get_running_loop(),
+                                   lambda run: recorded.append((threading.get_ident(), run)))
         workflows = WorkflowThread(temporal_address, "default", None, queue, [LocalEchoWorkflow], local)
         await workflows.start()
         try:
@@ -52,6 +54,11 @@ def test_a_local_activity_on_the_workflow_thread_runs_on_the_controller_loop(tem
 
     assert asyncio.run(scenario()) == ["HELLO", "failed: refused: the text 'fail'"]
     assert controller.seen == [(threading.get_ident(), ECHO_LOCAL, True)] * 2
+    # Each call's clocks reach the controller's loop, failed calls too, named by their workflow.
+    assert [(thread, run.activity, run.workflow_id.rsplit("-", 1)[1], run.attempt) for thread, run in recorded] == [
+        (threading.get_ident(), ECHO_LOCAL, "hello", 1), (threading.get_ident(), ECHO_LOCAL, "fail", 1)]
+    assert all(run.workflow_run_id and 0 <= run.run_s <= run.wall_s and 0 <= run.loop_wait_s <= run.wall_s
+               for _, run in recorded)
 
 
 def test_only_the_named_activities_are_bridged_and_a_missing_name_is_refused():
