@@ -11,6 +11,7 @@ from tests.workers.invariants.history import (
     broken,
     continuation,
     ended,
+    g,
     incarnation_1,
     incarnation_2,
     incarnation_3,
@@ -239,3 +240,15 @@ def test_a_continuation_of_a_continuation_reaches_back_for_its_first_turns():
     # Without the restore that made g5.0.1 a continuation, g5.0.1 has only its own turn.
     no_link = [e for e in events if not (isinstance(e, Restored) and e.inc == 4)]
     assert committed_turns(no_link)[(r(5, 0, 1), 4)] == {3: 0}
+
+
+def test_a_kept_restore_whose_cut_the_log_lost_may_pass_only_indices_it_holds_open():
+    """The kill took the cut's `cut_taken` line: the restore is judged by the groups it holds, not waved through."""
+    def dataloader(restore):
+        return check_invariants(history(restore)).result(7, "the dataloader skips no index")
+
+    holds_them = kept_restore(cut_unix_s=9999.0, next_group_index=10, unfinished_groups=[g(i) for i in range(5, 10)])
+    assert dataloader(holds_them).ok
+    skips_two = kept_restore(cut_unix_s=9999.0, next_group_index=10)
+    assert any("2 of the indices between are not open in it: 2 skipped" in v
+               for v in dataloader(skips_two).violations)
