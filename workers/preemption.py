@@ -45,6 +45,10 @@ class PreemptionHandler:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
+            if self._task is not None:
+                # Preempted and shutting down: a second signal still exits at once and says so, never by the
+                # signal's default action (a CI run's second SIGTERM landed after the final save, exit -15).
+                signal.signal(signum, lambda received, _frame: self._on_signal(received))
 
     def _on_signal(self, signum: int) -> None:
         name = signal.Signals(signum).name
