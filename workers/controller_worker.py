@@ -151,8 +151,8 @@ def controller_activities(ctx: SnapshotCoordinator) -> list:
 
 
 def record_local_runs(run_dir: Path) -> Callable[[BridgedRun], None]:
-    """Each local activity's own clocks as a `local_activity` line in metrics.jsonl: its marker in the history
-    cannot tell its run time from the workflow task's (`turnkeep bench orchestration` reads both)."""
+    """Each local activity's own clocks as a `local_activity` line in metrics.jsonl, for `turnkeep bench
+    orchestration` (its marker in the history cannot be trusted for them under load)."""
     def record(run: BridgedRun) -> None:
         append_jsonl(run_dir / "metrics.jsonl", {"kind": "local_activity", "t": round(time.time(), 3),
                                                  **{k: round(v, 6) if isinstance(v, float) else v

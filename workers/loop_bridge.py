@@ -52,8 +52,8 @@ def _settle(future: concurrent.futures.Future, task: asyncio.Task) -> None:
 
 @dataclass(frozen=True)
 class BridgedRun:
-    """One local activity's clocks. Temporal's marker for a local activity carries the workflow's clock, not the
-    activity's, so `turnkeep bench orchestration` reads these to tell time inside the activity from time around it."""
+    """One local activity's clocks. Under load the two stamps of Temporal's marker for a local activity are not one
+    clock, so `turnkeep bench orchestration` reads these to tell time inside the activity from time around it."""
     activity: str
     workflow_id: str
     workflow_run_id: str

@@ -16,6 +16,7 @@ from primitives.audit_log import AUDIT_FILE, read_audit
 from schemas.config import TurnkeepConfig
 from tests.run_command import short_run_dir, small_run_settings, turnkeep
 from workers.chaos_invariants import check_run_dir
+from workers.invariants.continuations import committed_turns
 
 # Nine starts of the whole stack (eight kills and the last run): each start of Ray, vLLM and Temporal takes
 # 40 to 90 s on a 2-core machine, more than the suite's 600 s per test in all.
@@ -122,7 +123,9 @@ def _env_of_every_group(run_dir, events) -> dict[str, str]:
 def test_every_resumed_row_kept_the_policy_version_of_each_saved_turn(chaos_run) -> None:
     run_dir, code, _ = chaos_run
     events = list(read_audit(run_dir))
-    versions_of = _saved_turn_versions(events)
+    # Per attempt, the policy of each committed turn, a continuation's first turns reached back for along the
+    # chain of restores (a restore may continue a continuation, which committed only the turns after its boundary).
+    committed = committed_turns(events)
     checked = 0
     for restored in (e for e in events if e.event == "restored"):
         for cont in restored.continuations:
@@ -132,7 +135,7 @@ def test_every_resumed_row_kept_the_policy_version_of_each_saved_turn(chaos_run)
                 continue  # killed before the continuation sealed
             # The environment server flushes its audit log before every journal batch, so a journaled boundary's
             # turns are always in it (a KeyError here means a turn the journal kept but the audit log lost).
-            turns = versions_of((cont.rollout_id, cont.started_by))
+            turns = committed[(cont.rollout_id, cont.started_by)]
             saved = [turns[turn] for turn in range(1, cont.turn_index + 1)]
             versions = sealed[0].policy_versions
             assert versions[: cont.turn_index] == saved
@@ -140,29 +143,6 @@ def test_every_resumed_row_kept_the_policy_version_of_each_saved_turn(chaos_run)
             assert all(v >= restored.policy_version for v in versions[cont.turn_index:])
             checked += 1
     assert checked >= 1
-
-
-def _saved_turn_versions(events):
-    """(rollout id, incarnation that started it) -> turn -> policy version. Rollout ids repeat across lineages: the
-    starting incarnation tells them apart. A continuation commits only the turns after its saved boundary; the turns
-    up to it are its saved attempt's, which may itself be a continuation (a restore continuing a continuation)."""
-    own: dict = {}
-    parent: dict = {}  # (attempt N+1, its starter: the restoring incarnation) -> (attempt N, its starter, turns)
-    for event in events:
-        if event.event == "turn_committed":
-            own.setdefault((event.rollout_id, event.started_by), {})[event.turn] = event.policy_version
-        elif event.event == "restored":
-            for cont in event.continuations:
-                parent[(cont.next_rollout_id, event.inc)] = (cont.rollout_id, cont.started_by, cont.turn_index)
-
-    def versions_of(key):
-        turns = dict(own.get(key, {}))
-        if key in parent:
-            rollout_id, started_by, turn_index = parent[key]
-            turns.update({t: v for t, v in versions_of((rollout_id, started_by)).items() if t <= turn_index})
-        return turns
-
-    return versions_of
 
 
 def test_the_checker_fails_loudly_when_a_group_is_trained_twice(chaos_run, tmp_path) -> None:

@@ -246,9 +246,8 @@ def _restore(restored: Restored, cut: CutTaken | None, live: _Live, found: _Find
     if position > highest_admitted + 1:
         # Kept past its cut, the restore may hold groups admitted within the audit log's flush of the kill: each
         # index it passes that the log never saw admitted must be a group it holds open.
-        # A restore that says it kept the journal past a cut the log lacks (its `cut_taken` line lost in the kill)
-        # is held to the same rule: the indices it passes must be groups it holds open.
-        past_cut = checked or restored.kept_after_cut is not None
+        # So is one whose cut the log lacks (its `cut_taken` line lost in the kill).
+        past_cut = restored.kept_after_cut is not None
         held = {group_index(g) for g in restored_groups} if past_cut else set()
         skipped = [index for index in range(highest_admitted + 1, position) if index not in held]
         found.unseen_admissions += position - highest_admitted - 1 - len(skipped)
