@@ -28,7 +28,7 @@ from controller.snapshot.cut import cut_data_plane
 from controller.snapshot.publish import publish_snapshot
 from controller.stores import snapshot_store
 from primitives.chaos_points import reached, reached_sync
-from schemas.names import Activity
+from schemas.names import Activity, checkpoint_holder
 from schemas.participant import JournalMark
 from schemas.snapshot import (
     AnchorQuery,
@@ -116,6 +116,9 @@ class SnapshotActivities:
         self._check(inp.incarnation)
         number = self._check_attempt(inp.run_id, inp.checkpoint_id, inp.anchor_step)
         staging = check_staging_dir("staging_dir", inp.staging_dir, snapshots.run_dir, inp.anchor_step, number)
+        if inp.checkpoint_hold and (inp.hold is not None or inp.marks is None):
+            raise refused("checkpoint_hold", inp.checkpoint_hold, "false unless a journal attempt (marks set) "
+                                                                  "without a hold of its own (hold unset)")
         if inp.hold is not None and inp.hold.step != inp.anchor_step:
             raise refused("hold.step", inp.hold.step, f"the anchor step {inp.anchor_step} (an attempt whose hold "
                                                       "returned another step is skipped before its cut)")
@@ -132,10 +135,27 @@ class SnapshotActivities:
             snapshots.cut_markers[inp.checkpoint_id] = marker
 
         with translated_errors():
-            cut = await cut_data_plane(snapshots.controller, staging, inp.anchor_step, inp.hold, at_the_cut, inp.marks)
+            cut = await cut_data_plane(snapshots.controller, staging, inp.anchor_step, inp.hold, at_the_cut, inp.marks,
+                                       inp.checkpoint_hold)
         snapshots.cut_times[inp.checkpoint_id] = cut.cut_unix_s
+        released, waited_s = (await self._release_checkpoint_hold(inp.anchor_step) if inp.checkpoint_hold
+                              else (False, 0.0))
         return CutResult(artifacts=[cut.artifact], policy_version=cut.policy_version,
-                         running_agents=cut.running_agents, **cut.counts())
+                         running_agents=cut.running_agents, checkpoint_hold_released=released,
+                         trainer_wait_s=waited_s, **cut.counts())
+
+    async def _release_checkpoint_hold(self, anchor_step: int) -> tuple[bool, float]:
+        """The train pump's hold after the anchor's checkpoint, which a journal attempt keeps instead of taking one
+        of its own: the cut is what it guarded, so it goes now, through Ray as the pump took it. (released, seconds
+        the optimizer step waited on it); (False, 0) when the trainer does not answer, and the workflow releases it
+        on the trainer's queue instead: the cut stands either way."""
+        holder = checkpoint_holder(anchor_step)
+        try:
+            released, waited_s = await self._snapshots.trainer.hold_release_timed.remote(holder)
+        except Exception as err:  # noqa: BLE001 - a dead trainer fails the run elsewhere; the hold has a lease
+            log.warning("the cut could not release %s through Ray (%s); the trainer's queue will", holder, err)
+            return False, 0.0
+        return bool(released), float(waited_s)
 
     @activity.defn(name=Activity.PUBLISH)
     async def publish(self, inp: PublishInput) -> PublishResult:

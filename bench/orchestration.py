@@ -192,9 +192,10 @@ def notes_of(costs: list[AttemptCost]) -> list[str]:
             f"per workflow task ({tasks:.0f} in all: one to start, one after each activity that is not local; "
             f"{total(lambda c: c.times.local_activities):.0f} local activities ran inside them): "
             f"{1000 * task_wait_s / tasks:.0f} ms "
-            f"before the worker took it and {1000 * (task_s - task_wait_s) / tasks:.0f} ms until it completed; the "
-            "workflow code itself is a few lines, so long tasks mean the worker process (its event loop, the GIL "
-            "or the CPU) was busy"
+            f"before the worker took it and {1000 * (task_s - task_wait_s) / tasks:.0f} ms until it completed "
+            "(local activities' own time taken out); the workflow code itself is a few lines, so that is the SDK's "
+            "work (each local activity is a round trip through it, a few ms of CPU) and a worker process (its event "
+            "loop, the GIL or the CPU) that was busy"
         )
     unclocked = sum(1 for c in costs if c.times.local_activities and not c.times.local_clocked)
     if unclocked:

@@ -9,9 +9,17 @@ class InvariantBroken(Exception):
 
 
 class TrainerMoved(Exception):
-    """A train step finished during the Gym phase of an attempt without a trainer hold."""
+    """A train step finished before the cut of an attempt without a hold of its own: one without the trainer hold,
+    or a journal attempt whose train pump's checkpoint hold was gone before its cut."""
 
-    def __init__(self, anchor: int, step: int) -> None:
+    def __init__(self, anchor: int, step: int, checkpoint_hold: bool = False) -> None:
+        if checkpoint_hold:
+            super().__init__(
+                f"trainer_state_changed: the train pump's checkpoint hold was gone before the cut (step {anchor} -> "
+                f"{step}: its lease ran out, or the run released it); the attempt is skipped and the next "
+                "checkpoint's attempt takes its place. If this repeats, raise snapshot.lease_s."
+            )
+            return
         super().__init__(
             f"trainer_state_changed: a train step finished during the Gym phase (step {anchor} -> {step}); "
             "the attempt is thrown away. snapshot.trainer_hold = true prevents this."

@@ -106,3 +106,8 @@ class TrainerActor(RunMember):
 
     async def hold_release(self, holder: str) -> bool:
         return self.hold.release(holder)
+
+    async def hold_release_timed(self, holder: str) -> tuple[bool, float]:
+        """Release `holder`; (whether it was held, seconds the optimizer step waited on it)."""
+        waited = self._trainer.hold_wait_clock.waited_on(holder)
+        return self.hold.release(holder), round(waited, 3)

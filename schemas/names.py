@@ -98,7 +98,7 @@ LOCAL_ACTIVITIES = frozenset({
     Activity.PUBLISH, Activity.ANCHOR, Activity.REQUEST_CHECKPOINT, Activity.RECORD,
 })
 """The controller's short calls that run as local activities on the workflow worker: no task-queue round trip
-and no workflow task of their own (a journal attempt's 7 activities cost 3 workflow tasks, not 8). The
+and no workflow task of their own (a journal attempt at a trainer checkpoint runs its 5 activities in 1 workflow task). The
 controller also keeps them as ordinary activities, for histories recorded before."""
 
 # -- holders of the hold sets (admission, deadlines, the trainer hold, the policy gate) --

@@ -245,6 +245,9 @@ class CutInput(Wire):
     marks: list[JournalMark] | None = None
     """A journal snapshot: the turn journal positions gym.mark returned (no agents were parked or saved).
     None: the agents were parked and saved by gym.commit."""
+    checkpoint_hold: bool = False
+    """A journal attempt that holds the trainer by the train pump's `checkpoint:<anchor_step>` hold (`hold` is
+    None): a step past the anchor means that hold was gone before the cut, and the cut releases it once taken."""
 
 
 class CutResult(Wire):
@@ -256,6 +259,11 @@ class CutResult(Wire):
     """Siblings running at the cut (a journal snapshot continues them from the turn journals)."""
     policy_version: int
     """Policy version of the step the cut holds (the manifest records it)."""
+    checkpoint_hold_released: bool = False
+    """The cut released the train pump's checkpoint hold it kept (through Ray, as the pump took it); False when it
+    kept none, or the trainer did not answer (the workflow then releases it on the trainer's queue)."""
+    trainer_wait_s: float = 0.0
+    """Seconds the optimizer step waited on that hold."""
 
 
 class PublishInput(Wire):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -110,5 +111,21 @@ def _run(cfg) -> int:
     return 0
 
 
+QUICK_EXIT_COMMANDS = frozenset({"status"})
+"""Short-lived commands that leave without the interpreter's finalization. `status` asks Temporal with a deadline;
+a call that outlives it completes on the client's Rust threads while Python finalizes, and Python aborts the
+process ("Fatal Python error: PyGILState_Release", SIGABRT) after the report was already printed."""
+
+
+def entry() -> None:
+    """The `turnkeep` command (and `python -m workers.cli`); `main` stays callable in-process."""
+    code = main()
+    if len(sys.argv) > 1 and sys.argv[1] in QUICK_EXIT_COMMANDS:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

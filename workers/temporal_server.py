@@ -57,6 +57,11 @@ UNTHROTTLED = (
     "history.transferProcessorMaxPollRPS=1000",
     "history.transferProcessorMaxPollHostRPS=10000",
 )
+SQLITE_PRAGMAS = ("journal_mode=wal",)
+"""Write-ahead logging: one fsync per commit instead of the rollback journal's several, and it stays as durable
+(synchronous stays FULL). The child workflow an attempt starts waits on several commits before its first task; with
+the rollback journal that gap was 11 ms on an idle machine and 46-71 ms next to a running job, 8 ms with the WAL
+(idle). Only the server process opens the file (`turnkeep bench orchestration` reads a copy)."""
 DB_FILE = "temporal.db"
 LOG_FILE = "temporal.log"
 REUSE_CHECK_S = 5.0
@@ -181,6 +186,8 @@ def dev_server_args(cfg: TemporalConfig, run_dir: Path, port: int, ui_port: int)
     ]
     for value in UNTHROTTLED:
         args += ["--dynamic-config-value", value]
+    for pragma in SQLITE_PRAGMAS:
+        args += ["--sqlite-pragma", pragma]
     for key in search_attributes.ALL:
         args += ["--search-attribute", f"{key.name}={search_attributes.TYPE_NAMES[key.indexed_value_type.name]}"]
     return args

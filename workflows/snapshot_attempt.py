@@ -3,7 +3,10 @@
 preflight -> trainer.hold -> gym.prepare -> policy.prepare -> gym.commit + policy.commit
 -> data_plane.cut -> (release the hold) -> publish -> policy.resume + gym.resume. A journal
 snapshot (`agents = "journal"`) stops nothing: preflight -> trainer.hold -> gym.mark ->
-data_plane.cut -> (release the hold) -> publish. The
+data_plane.cut -> (release the hold) -> publish. At a trainer checkpoint it takes no hold of
+its own: the train pump's checkpoint hold keeps the step still until the cut, and the
+cut releases it once taken (through Ray, as the pump took it), so the whole attempt runs as
+local activities in one workflow task. The
 trainer's and the policy server's activities run on their own task queues, in their own
 processes. Any failure or cancellation before publish runs the
 compensations in one place (`_compensate`): abort the participants, release the hold,
@@ -66,6 +69,9 @@ CANCEL_ENDS_CANCELED = "cancelled-attempt-ends-canceled"
 LOCAL_CONTROLLER_PHASES = "controller-phases-local"
 """Patch id: the controller's short phases (`LOCAL_ACTIVITIES`) run as local activities (histories from before it
 schedule them on the controller's task queue)."""
+JOURNAL_KEEPS_CHECKPOINT_HOLD = "journal-attempt-keeps-checkpoint-hold"
+"""Patch id: a journal attempt at a trainer checkpoint keeps the train pump's hold instead of taking its own on the
+trainer's queue (histories from before it run `trainer.hold` and `trainer.release` there)."""
 MIN_PREPARE_LEFT_S = 2.0
 """The policy server's fence gets at least this long, even when parking the agents used up the budget."""
 
@@ -76,6 +82,9 @@ class AttemptProgress:
 
     holder: str
     trainer_held: bool = False
+    checkpoint_hold_kept: bool = False
+    """A journal attempt holds the trainer by the train pump's checkpoint hold, released after the cut."""
+    checkpoint_hold_released: bool = False
     gym_started: bool = False
     staging_dir: str | None = None
     phase_s: dict[str, float] = field(default_factory=dict)
@@ -139,7 +148,10 @@ class SnapshotAttemptWorkflow:
             return self._result(inp, progress, Outcome.SKIPPED, pre.skip_reason)
 
         hold = None
-        if inp.trainer_hold:
+        if self._keeps_checkpoint_hold(inp):
+            # Preflight saw the trainer at the anchor, held since the checkpoint; the cut checks the step again.
+            progress.checkpoint_hold_kept = True
+        elif inp.trainer_hold:
             progress.trainer_held = True
             hold = await self._call(progress, "trainer_hold", Activity.TRAINER_HOLD, TrainerHoldInput(
                 holder=progress.holder, lease_s=budget.lease_s, incarnation=inp.incarnation,
@@ -210,14 +222,17 @@ class SnapshotAttemptWorkflow:
         budget = inp.timeouts
         cut = await self._call(progress, "cut", Activity.CUT, CutInput(
             run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
-            staging_dir=gym.staging_dir, anchor_step=inp.anchor_step, hold=hold, marks=marks), CutResult,
+            staging_dir=gym.staging_dir, anchor_step=inp.anchor_step, hold=hold, marks=marks,
+            checkpoint_hold=progress.checkpoint_hold_kept), CutResult,
             budget.phase_s, ATTEMPT_TRANSIENT)
-        if progress.trainer_held:
-            await self._release_trainer(inp, progress)
         counts = {**counts, "data_plane_rows": cut.data_plane_rows, "unfinished_groups": cut.unfinished_groups,
                   "continuations": cut.continuations}
         if marks is not None:
             counts["journaled_agents"] = cut.running_agents
+        if progress.trainer_held:
+            await self._release_trainer(inp, progress)
+        elif progress.checkpoint_hold_kept:
+            await self._after_kept_hold(inp, progress, cut)
         published = await self._call(progress, "publish", Activity.PUBLISH, PublishInput(
             run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
             staging_dir=gym.staging_dir, anchor_step=inp.anchor_step, number=inp.number,
@@ -233,6 +248,20 @@ class SnapshotAttemptWorkflow:
         result.bytes_written = published.bytes_written
         result.data_plane_rows = cut.data_plane_rows
         return result
+
+    async def _after_kept_hold(self, inp: SnapshotAttemptInput, progress: AttemptProgress, cut: CutResult) -> None:
+        """The cut released the checkpoint hold the attempt kept; if the trainer did not answer it, the trainer's
+        own queue does (its worker may answer where Ray did not, and a retry is safe)."""
+        if cut.checkpoint_hold_released:
+            progress.trainer_wait_s = max(progress.trainer_wait_s, cut.trainer_wait_s)
+        else:
+            await self._release_trainer(inp, progress, [inp.checkpoint_hold])
+        progress.checkpoint_hold_released = True
+
+    @staticmethod
+    def _keeps_checkpoint_hold(inp: SnapshotAttemptInput) -> bool:
+        return (inp.agents == "journal" and inp.trainer_hold and inp.checkpoint_hold is not None
+                and workflow.patched(JOURNAL_KEEPS_CHECKPOINT_HOLD))
 
     async def _release_trainer(self, inp: SnapshotAttemptInput, progress: AttemptProgress,
                                holders: list[str] | None = None) -> None:
@@ -252,7 +281,7 @@ class SnapshotAttemptWorkflow:
             await self._release(progress, gym, budget, ATTEMPT_PERSISTENT, abort=True)
             progress.gym_started = False
         holders = [progress.holder] if progress.trainer_held else []
-        if inp.checkpoint_hold:
+        if inp.checkpoint_hold and not progress.checkpoint_hold_released:
             # The train pump's checkpoint hold must not outlive an attempt that never took it over.
             holders.append(inp.checkpoint_hold)
         if holders:

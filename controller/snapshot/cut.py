@@ -66,20 +66,24 @@ class Cut:
 async def cut_data_plane(
     controller, staging: Path, anchor_step: int, hold: TrainerHoldResult | None,
     under_barrier: Callable[[], Awaitable[None]] | None = None, marks: list[JournalMark] | None = None,
+    checkpoint_hold: bool = False,
 ) -> Cut:
     """Write `<staging>/controller/state.json`; `under_barrier` runs before the barrier opens again
     and must not wait on the network (ask servers before calling this).
 
     `hold` is what `trainer.hold` returned, None for an attempt without the trainer hold. `marks`: a journal
     snapshot's turn journal positions (its agents were neither parked nor saved); None reads the saved agents.
+    `checkpoint_hold`: the attempt holds the trainer by the train pump's checkpoint hold, not one of its own.
     """
     saved_agents = read_saved_agents(staging) if marks is None else []
-    return await cut_under_barrier(controller, staging, saved_agents, anchor_step, hold, under_barrier, marks)
+    return await cut_under_barrier(controller, staging, saved_agents, anchor_step, hold, under_barrier, marks,
+                                   checkpoint_hold)
 
 
 async def cut_under_barrier(
     controller, staging: Path, saved_agents: list[SavedAgent], anchor_step: int, hold: TrainerHoldResult | None,
     under_barrier: Callable[[], Awaitable[None]] | None = None, marks: list[JournalMark] | None = None,
+    checkpoint_hold: bool = False,
 ) -> Cut:
     """Everything the cut does while no row is stored (and, the servers being prepared, no ACK in flight)."""
     async with controller.data_plane.barrier:
@@ -91,7 +95,7 @@ async def cut_under_barrier(
             raise AcksInFlight(in_flight)
         training = controller.training
         if hold is None and training.step != anchor_step:
-            raise TrainerMoved(anchor_step, training.step)
+            raise TrainerMoved(anchor_step, training.step, checkpoint_hold)
         if hold is not None and (training.step, training.policy_version) != (hold.step, hold.policy_version):
             raise InvariantBroken(
                 f"the trainer moved under the hold: the cut sees step {training.step} (policy version "

@@ -243,3 +243,33 @@ def test_turnkeep_run_names_an_address_it_cannot_listen_on_in_one_line_without_a
     assert line.startswith("turnkeep: temporal.ip = 192.0.2.77: the embedded server cannot listen there ("), line
     assert line.endswith("use 127.0.0.1 (the default) or an address of this machine"), line
     assert _servers(tmp_path / "run") == []
+
+
+def test_the_database_is_in_wal_mode_and_a_started_workflow_survives_a_sigkill_of_the_server(tmp_path) -> None:
+    import sqlite3
+
+    from primitives.temporal_client import connect
+
+    async def start_one(address: str) -> None:
+        client = await connect(address, "default")
+        await client.start_workflow("NobodyPollsThis", id="kept-through-a-kill", task_queue="nobody")
+
+    async def described(address: str):
+        client = await connect(address, "default")
+        return await client.get_workflow_handle("kept-through-a-kill").describe()
+
+    cfg = TemporalConfig(port=0, ui_port=0)
+    first = asyncio.run(start_dev_server(cfg, tmp_path))
+    second = None
+    try:
+        asyncio.run(start_one(first.address))
+        os.kill(first.process.pid, signal.SIGKILL)  # the commit is all the kill leaves: no checkpoint, no close
+        first.process.wait()
+        assert (tmp_path / "temporal.db-wal").exists()
+        with sqlite3.connect(f"file:{tmp_path / 'temporal.db'}?mode=ro", uri=True) as db:
+            assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        second = asyncio.run(start_dev_server(cfg, tmp_path))
+        assert not second.reused
+        assert asyncio.run(described(second.address)).workflow_type == "NobodyPollsThis"
+    finally:
+        stop_dev_server(second)

@@ -60,6 +60,15 @@ def test_without_a_hold_a_step_past_the_anchor_wastes_the_attempt(tmp_path):
     assert not (tmp_path / STATE_FILE).exists()
 
 
+def test_a_journal_attempt_whose_checkpoint_hold_was_gone_says_so_and_how_to_avoid_it(tmp_path):
+    controller = _controller(tmp_path)
+    controller.training.step = STEP + 1
+    with pytest.raises(TrainerMoved, match=f"checkpoint hold was gone before the cut \\(step {STEP} -> {STEP + 1}.*"
+                                           "raise snapshot.lease_s"):
+        asyncio.run(cut_data_plane(controller, tmp_path, STEP, hold=None, marks=[], checkpoint_hold=True))
+    assert not (tmp_path / STATE_FILE).exists()
+
+
 def test_a_cut_records_what_it_holds_in_the_audit_log_before_the_barrier_opens(tmp_path):
     controller = _controller(tmp_path)
     controller.audit = AuditLog(tmp_path / AUDIT_FILE, 3)
