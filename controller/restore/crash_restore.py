@@ -175,13 +175,14 @@ class CrashRestore:
         return continuations
 
     async def _continue_journaled_agents(self, version: int) -> dict:
-        """Every rollout the restored ledger has running (at a level that continues saved turns), continued from
+        """Every rollout the restored ledger has running or cut short by a crash (at a level that continues saved
+        turns; cut short covers an incarnation that restored it and died before running it), continued from
         the newest boundary its server journaled under the incarnation that started it, with no turn of a policy
         newer than `version` (the consistent-cut rule: README, "Journal snapshots")."""
         ledger, plans = self._controller.ledger, self._controller.rollouts.groups
         wanted = {rollout_id: RunningAgent(max_version=version, incarnation=incarnation)
                   for group_id in ledger.group_ids() if plans.plan(group_id).continues_saved_turns
-                  for rollout_id, incarnation in ledger.running_attempts(group_id).items()
+                  for rollout_id, incarnation in ledger.continuable_attempts(group_id).items()
                   if rollout_id not in ledger.abandoned(group_id)}
         continuations: dict[tuple[str, int], Continuation] = {}
         if not wanted:

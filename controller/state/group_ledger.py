@@ -35,12 +35,15 @@ class SiblingEntry:
     """Attempts cut short by a crash; they do not count against `rollout.max_attempts`."""
     incarnation: int = 0
     """The controller incarnation that started the current attempt (its turn journal records carry it)."""
+    cut_short: bool = False
+    """The current attempt was running at a crash and no attempt has started since: a later restore may still
+    continue it from its journaled boundary, even when the incarnation that reopened it died before running it."""
 
     def as_dict(self) -> dict:
         # Written out: `dataclasses.asdict` deep-copies field by field, and every ledger change journals a whole
         # group (it was most of the pumps' ledger time, and of `bench scaling`'s state building).
         return {"state": self.state, "attempts": self.attempts, "last_reason": self.last_reason,
-                "restarts": self.restarts, "incarnation": self.incarnation}
+                "restarts": self.restarts, "incarnation": self.incarnation, "cut_short": self.cut_short}
 
 
 @dataclass
@@ -97,19 +100,22 @@ class GroupLedger:
         entry = self._groups[group_id].siblings[sibling]
         entry.state = SiblingState.RUNNING
         entry.incarnation = self.incarnation
+        entry.cut_short = False
         attempt = entry.attempts
         entry.attempts += 1
         self._changed(group_id)
         return attempt
 
     def seal(self, group_id: str, sibling: int) -> None:
-        self._groups[group_id].siblings[sibling].state = SiblingState.SEALED
+        entry = self._groups[group_id].siblings[sibling]
+        entry.state, entry.cut_short = SiblingState.SEALED, False
         self._changed(group_id)
 
     def fail(self, group_id: str, sibling: int, reason: str, max_attempts: int) -> bool:
         """Record a failed attempt; True when the sibling may be tried again."""
         entry = self._groups[group_id].siblings[sibling]
         entry.last_reason = reason
+        entry.cut_short = False
         retry = entry.attempts - entry.restarts < max_attempts
         entry.state = SiblingState.PENDING if retry else SiblingState.DROPPED
         self._changed(group_id)
@@ -151,6 +157,13 @@ class GroupLedger:
         return {f"{group_id}.{i}.{s.attempts - 1}": s.incarnation for i, s in enumerate(group.siblings)
                 if s.state is SiblingState.RUNNING}
 
+    def continuable_attempts(self, group_id: str) -> dict[str, int]:
+        """Each sibling's current attempt that a restore may continue -> the incarnation that started it: the
+        running ones, and those a crash cut short that no later incarnation started again."""
+        group = self._groups[group_id]
+        return {f"{group_id}.{i}.{s.attempts - 1}": s.incarnation for i, s in enumerate(group.siblings)
+                if s.state is SiblingState.RUNNING or (s.state is SiblingState.PENDING and s.cut_short)}
+
     def restart_group(self, group_id: str) -> list[int]:
         """Start the whole group over as a new round; returns the sealed siblings this discards.
 
@@ -162,7 +175,7 @@ class GroupLedger:
         group.round += 1
         group.complete = group.scored = False
         for entry in group.siblings:
-            entry.state = SiblingState.PENDING
+            entry.state, entry.cut_short = SiblingState.PENDING, False
         self._changed(group_id)
         return discarded
 
@@ -172,7 +185,7 @@ class GroupLedger:
         group.abandoned += self.running_rollouts(group_id)
         group.round += 1
         for entry in group.siblings:
-            entry.state = SiblingState.DROPPED
+            entry.state, entry.cut_short = SiblingState.DROPPED, False
             entry.last_reason = reason
         self._changed(group_id)
 
@@ -209,7 +222,7 @@ class GroupLedger:
             for index, entry in enumerate(group.siblings):
                 if entry.state is SiblingState.RUNNING:
                     entry.restarts += 1
-                    entry.state = SiblingState.PENDING
+                    entry.state, entry.cut_short = SiblingState.PENDING, True
                 if entry.state is SiblingState.PENDING:
                     to_run.append((group.group_id, index))
             self._changed(group.group_id)
@@ -264,7 +277,7 @@ class GroupLedger:
         for raw in state["groups"]:
             siblings = [
                 SiblingEntry(SiblingState(s["state"]), s["attempts"], s["last_reason"], s.get("restarts", 0),
-                             s.get("incarnation", 0))
+                             s.get("incarnation", 0), s.get("cut_short", False))
                 for s in raw["siblings"]
             ]
             problem = Problem.model_validate(raw["problem"])

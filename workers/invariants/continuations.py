@@ -88,10 +88,18 @@ def saved_agents_continued(events: list, grace_s: float = CONTINUE_GRACE_S) -> I
     cuts = cuts_by_time(events)
     violations: list[str] = []
     checked = unverifiable = unmatched = 0
+    unstarted: tuple[Restored, list[str]] | None = None
+    """The previous restore and its agents killed before they started: a restore of the same cut owes them."""
     for restored, following in after_restores(events):
+        agents = [c.rollout_id for c in restored.continuations] + list(restored.agents_not_continued)
+        if unstarted is not None and _same_cut(unstarted[0], restored):
+            checked += len(unstarted[1])
+            violations += [f"saved agent {agent} restored by incarnation {unstarted[0].inc} was killed before it "
+                           f"started, and incarnation {restored.inc} restored the same cut without it"
+                           for agent in unstarted[1] if agent not in agents]
+        unstarted = (restored, [])
         if restored_nothing(restored):
             continue
-        agents = [c.rollout_id for c in restored.continuations] + list(restored.agents_not_continued)
         cut = cut_of(restored, cuts)
         if restored.agents_from == "journal":
             pass  # its agents come from the turn journals, not the cut: `journaled_agents_were_committed` checks them
@@ -113,6 +121,8 @@ def saved_agents_continued(events: list, grace_s: float = CONTINUE_GRACE_S) -> I
                 continue
             if first_start is None or not (ended or lived_until >= first_start + grace_s):
                 unverifiable += 1  # killed before (or as) its restored siblings started
+                if first_start is None:
+                    unstarted[1].append(agent)
                 continue
             violations.append(
                 f"saved agent {agent} restored by incarnation {restored.inc} at step {restored.step} was never "
@@ -127,6 +137,11 @@ def saved_agents_continued(events: list, grace_s: float = CONTINUE_GRACE_S) -> I
         notes.append(f"{unmatched} restores whose cut is not in the log")
     return InvariantResult(2, "every saved agent continued or rerun", not violations, checked, violations,
                            joined(*notes))
+
+
+def _same_cut(earlier: Restored, later: Restored) -> bool:
+    return (later.source == earlier.source and later.step == earlier.step
+            and later.cut_unix_s == earlier.cut_unix_s and later.snapshot_dir == earlier.snapshot_dir)
 
 
 def journaled_agents_were_committed(events: list) -> InvariantResult:

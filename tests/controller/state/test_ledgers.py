@@ -100,6 +100,47 @@ def test_a_restore_reopens_running_siblings_without_spending_their_attempt_budge
     assert restored.group_ids() == ["g1", "g2"]
 
 
+def test_an_attempt_cut_short_stays_continuable_until_an_incarnation_starts_it_again():
+    """Chaos (chaos40): an incarnation restored a snapshot, reopened its running agents and died before it ran
+    them; the next restore of the same snapshot read them as pending and reran 190 agents from scratch."""
+    ledger = GroupLedger()
+    ledger.incarnation = 3
+    ledger.admit("g1", PROBLEM, 3)
+    ledger.start_attempt("g1", 0)
+    ledger.start_attempt("g1", 1)
+    ledger.seal("g1", 1)
+    assert ledger.continuable_attempts("g1") == {"g1.0.0": 3}
+
+    # Incarnation 4 restores, reopens and dies before it starts anything: its journal holds the reopened ledger.
+    fourth = GroupLedger()
+    fourth.load_state_dict(ledger.state_dict())
+    fourth.incarnation = 4
+    assert fourth.reopen_after_restore()[0] == [("g1", 0), ("g1", 2)]
+    fifth = GroupLedger()
+    fifth.load_state_dict(fourth.state_dict())
+    assert fifth.sibling("g1", 0).state is SiblingState.PENDING
+    assert fifth.continuable_attempts("g1") == {"g1.0.0": 3}  # still the attempt incarnation 3 journaled
+
+    fifth.incarnation = 5
+    fifth.reopen_after_restore()
+    assert fifth.start_attempt("g1", 0) == 1
+    assert fifth.continuable_attempts("g1") == {"g1.0.1": 5}
+    fifth.fail("g1", 0, "boom", max_attempts=3)
+    assert fifth.continuable_attempts("g1") == {}  # a failed attempt is rerun, never continued
+
+
+def test_a_whole_group_rerun_or_drop_continues_no_attempt_cut_short():
+    ledger = GroupLedger()
+    ledger.admit("g1", PROBLEM, 2)
+    ledger.admit("g2", PROBLEM, 2)
+    for gid in ("g1", "g2"):
+        ledger.start_attempt(gid, 0)
+    ledger.reopen_after_restore()
+    ledger.restart_group("g1")
+    ledger.drop_group("g2", "too many failures")
+    assert ledger.continuable_attempts("g1") == ledger.continuable_attempts("g2") == {}
+
+
 def test_groups_go_to_environments_by_weight_and_the_same_index_always_gets_the_same_one():
     from collections import Counter
 
@@ -194,5 +235,6 @@ def test_the_kept_digest_and_running_index_match_a_recount_after_any_changes():
 
 def test_a_sibling_journals_every_field_it_has():
     """`as_dict` is written out by hand: a field added to SiblingEntry must be added there too."""
-    entry = SiblingEntry(SiblingState.RUNNING, attempts=2, last_reason="timed_out", restarts=1, incarnation=3)
+    entry = SiblingEntry(SiblingState.RUNNING, attempts=2, last_reason="timed_out", restarts=1, incarnation=3,
+                         cut_short=True)
     assert entry.as_dict() == dataclasses.asdict(entry)

@@ -90,3 +90,32 @@ def test_a_run_that_ends_before_any_restored_sibling_starts_is_unverifiable():
                  deadline_holders=[], trainer_holders=[])]
     result = check_invariants(incarnation_1() + incarnation_2() + inc3).result(2, NAME)
     assert result.ok and "2 saved agents unverifiable" in result.note
+
+
+def _killed_right_after_its_restore_then_the_same_cut_again(drop: str | None) -> list:
+    """Incarnation 2 restores CUT_1 from the turn journals and dies before it starts a sibling; incarnation 3
+    restores the same cut (a chaos run's repeated kills), without `drop` when given."""
+    def journal(event):
+        return event.model_copy(update={"agents_from": "journal"}) if isinstance(event, Restored) else event
+
+    inc2 = [journal(e) for e in incarnation_2()]
+    killed = inc2[: next(i for i, e in enumerate(inc2) if isinstance(e, Restored)) + 1]
+    again = [journal(e).model_copy(update={"inc": e.inc + 1, "t": e.t + 50}) for e in incarnation_2()]
+    if drop is not None:
+        again = [e.model_copy(update={"continuations": [c for c in e.continuations if c.rollout_id != drop]})
+                 if isinstance(e, Restored) else e for e in again]
+    return incarnation_1() + killed + again
+
+
+def test_a_restore_of_the_same_cut_continues_the_agents_a_killed_incarnation_never_started():
+    result = check_invariants(_killed_right_after_its_restore_then_the_same_cut_again(None)).result(2, NAME)
+    assert result.ok and "3 saved agents unverifiable" in result.note, result
+
+
+def test_a_restore_of_the_same_cut_that_forgets_an_agent_never_started_is_broken():
+    """chaos40: the second restore read the agents its predecessor had reopened as pending, and reran them."""
+    history = _killed_right_after_its_restore_then_the_same_cut_again(drop=r(1, 1, 0))
+    assert broken(check_invariants(history), 2, NAME) == [
+        "saved agent g0000001.1.0 restored by incarnation 2 was killed before it started, and incarnation 3 "
+        "restored the same cut without it"
+    ]
