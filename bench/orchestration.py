@@ -18,6 +18,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 
 from bench.attempt_history import HistoryTimes, add_local_clocks, history_times
 from bench.report import BenchResult, markdown_table
+from bench.runs import run_id_of
 from schemas import search_attributes as sa
 from schemas.names import WorkflowType
 
@@ -89,13 +90,14 @@ async def costs_of_run_dir(run_dir: Path, limit: int | None,
     from schemas.config import TemporalConfig
     from workers.temporal_server import start_dev_server, stop_dev_server
 
-    run_id = orjson.loads((run_dir / "run.json").read_bytes())["run_id"]
+    run_id = run_id_of(run_dir)
     temporal = orjson.loads((run_dir / "config.json").read_bytes()).get("temporal", {})
     clocks = local_clocks_of(run_dir)
     namespace = temporal.get("namespace", "default")
     if not (run_dir / "temporal.db").exists():
         if not temporal.get("address"):
-            raise FileNotFoundError(f"{run_dir} has no temporal.db and its config names no Temporal address")
+            raise SystemExit(f"turnkeep bench orchestration: {run_dir} has no temporal.db and its config names no "
+                             "Temporal address; pass a run that used the embedded dev server or an external one")
         return await attempt_costs(await connect(temporal["address"], namespace), run_id, workflow_type, limit,
                                    clocks)
 

@@ -14,11 +14,22 @@ import orjson
 from bench.report import BenchResult, markdown_table
 from primitives.audit_log import read_audit
 from workers.invariants.figures import turns_committed_again
+from workers.invariants.running_agents import JOURNAL_GRACE_S
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chaos-dir", type=Path, help="a finished chaos run (default: run one in <out>/chaos)")
     parser.add_argument("--kills", type=int, default=20, help="kills of the chaos run this starts (default 20)")
+
+
+def _report_path(chaos_dir: Path) -> Path:
+    """The chaos run's report, which `turnkeep chaos` writes only once its last, undisturbed incarnation finished and
+    the invariants were checked."""
+    path = chaos_dir / "chaos" / "report.json"
+    if not path.is_file():
+        raise SystemExit(f"turnkeep bench recovery: {chaos_dir} has no chaos/report.json, so it is not a finished "
+                         "chaos run; point --chaos-dir at a run `turnkeep chaos` finished, or leave it out to start one")
+    return path
 
 
 def run(args: argparse.Namespace) -> BenchResult:
@@ -29,7 +40,7 @@ def run(args: argparse.Namespace) -> BenchResult:
         for setting in args.set:
             command += ["--set", setting]
         subprocess.call(command)
-    report = orjson.loads((chaos_dir / "chaos" / "report.json").read_bytes())
+    report = orjson.loads(_report_path(chaos_dir).read_bytes())
     verdict, counts = report["verdict"], report["verdict"]["counts"]
     restarts = [s for s in counts["restart_to_first_generation_s"].values() if s is not None]
     rows = [
@@ -37,6 +48,8 @@ def run(args: argparse.Namespace) -> BenchResult:
         ["kills by point", ", ".join(f"{k} {v}" for k, v in sorted(report["kills_by_point"].items()))],
         ["restores by source", ", ".join(f"{k} {v}" for k, v in sorted(counts["restores_by_source"].items()))],
         ["restores that continued in-flight agents", counts.get("restores_continuing_agents", "not counted")],
+        [f"restores whose killed incarnation had agents to continue (a turn >= {JOURNAL_GRACE_S:g} s before the kill)",
+         counts.get("restores_owing_agents", "not counted")],
         ["invariants the chaos checker runs", "all hold" if verdict["ok"] else "BROKEN"],
         ["restart -> first generation, median s", counts["median_restart_to_first_generation_s"]],
         ["restart -> first generation, max s", max(restarts, default=0.0)],

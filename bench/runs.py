@@ -30,6 +30,15 @@ def run_turnkeep(run_dir: Path, config: Path, steps: int, settings: list[str], l
     return time.monotonic() - started
 
 
+def run_id_of(run_dir: Path) -> str:
+    """The run id a finished `turnkeep run` wrote; a directory without one ends the benchmark in one line."""
+    path = run_dir / "run.json"
+    if not path.is_file():
+        raise SystemExit(f"turnkeep bench: {run_dir} is not a run directory (no run.json); pass the --run-dir of a "
+                         "`turnkeep run`")
+    return orjson.loads(path.read_bytes())["run_id"]
+
+
 def metric_lines(run_dir: Path, kind: str) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     return [row for row in map(orjson.loads, path.read_bytes().splitlines()) if row.get("kind") == kind]

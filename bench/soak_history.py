@@ -8,13 +8,14 @@ from pathlib import Path
 
 import orjson
 
+from bench.runs import run_id_of
 from primitives.temporal_client import connect
 from schemas.names import WorkflowType, run_workflow_id
 
 
 def history_lengths(run_dir: Path) -> dict:
+    run_id = run_id_of(run_dir)
     record = orjson.loads((run_dir / "pids" / "temporal.json").read_bytes())
-    run_id = orjson.loads((run_dir / "run.json").read_bytes())["run_id"]
     return asyncio.run(_lengths(record["address"], record.get("namespace") or "default", run_id))
 
 

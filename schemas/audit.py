@@ -88,8 +88,9 @@ class Restored(_Event):
     next_group_index: int
     """Dataloader position restored."""
     agents_not_continued: list[str] = []
-    """Saved agents (attempt N) of the snapshot that this restore reruns from scratch instead of continuing,
-    because their environment's recovery level does not continue saved turns. Empty in logs from before it."""
+    """Saved agents (attempt N) of the snapshot, or for a restore from the turn journals the running ones, that
+    this restore reruns from scratch instead of continuing, because their environment's recovery level does not
+    continue saved turns. Empty in logs from before it."""
     kept_after_cut: KeptAfterCut | None = None
     """None: the restore brought back exactly its cut (a fresh start, a parked snapshot, keep_after_cut off, or a
     log from before it)."""

@@ -24,6 +24,7 @@ from workers.invariants.holds import STALL_AFTER_RESTORE_S, hold_spans, holds_wi
 from workers.invariants.lineage import invariant_1, walk_lineage
 from workers.invariants.live_state import invariant_7
 from workers.invariants.results import MAX_LISTED_VIOLATIONS, AuditCounts, InvariantResult, Verdict
+from workers.invariants.running_agents import running_agents_continued
 from workers.invariants.snapshots import invariant_3
 
 __all__ = [
@@ -53,6 +54,7 @@ def check_invariants(
         invariant_2(events, counts),
         saved_agents_continued(events),
         journaled_agents_were_committed(events),
+        running_agents_continued(events, counts),
         invariant_3(events, newest_snapshot_problems, snapshot_checks),
         invariant_4(events),
         holds_within_lease(events, spans),

@@ -113,8 +113,8 @@ class CrashRestore:
             # hold them.
             # Kept turns may come from the policies of the undone steps: the newest of those bounds them.
             newest = max(version, past.newest_policy_version) if past else version
-            continuations = await self._continue_journaled_agents(newest)
-            self._audit(source, state, continuations, agents_from="journal", past=past)
+            continuations, started_over = await self._continue_journaled_agents(newest)
+            self._audit(source, state, continuations, started_over, agents_from="journal", past=past)
         queued, settled = c.rollouts.restore(continuations)
         for group_id in settled:
             c.training.group_settled(group_id, bool(c.rollouts.settle(group_id)))
@@ -174,19 +174,23 @@ class CrashRestore:
             await participant.restore(self.recovery_id, str(Path(path).parent))
         return continuations
 
-    async def _continue_journaled_agents(self, version: int) -> dict:
-        """Every rollout the restored ledger has running or cut short by a crash (at a level that continues saved
-        turns; cut short covers an incarnation that restored it and died before running it), continued from
-        the newest boundary its server journaled under the incarnation that started it, with no turn of a policy
-        newer than `version` (the consistent-cut rule: README, "Journal snapshots")."""
+    async def _continue_journaled_agents(self, version: int) -> tuple[dict, list[str]]:
+        """Every rollout the restored ledger has running or cut short by a crash (cut short covers an incarnation
+        that restored it and died before running it), continued from the newest boundary its server journaled
+        under the incarnation that started it, with no turn of a policy newer than `version` (the consistent-cut
+        rule: README, "Journal snapshots"). Returns the continuations, and the rollouts that start over by their
+        level (one that does not continue saved turns, or a restart_only environment), which the audit names."""
         ledger, plans = self._controller.ledger, self._controller.rollouts.groups
+        running = {rollout_id: (group_id, incarnation) for group_id in ledger.group_ids()
+                   for rollout_id, incarnation in ledger.continuable_attempts(group_id).items()
+                   if rollout_id not in ledger.abandoned(group_id)}
         wanted = {rollout_id: RunningAgent(max_version=version, incarnation=incarnation)
-                  for group_id in ledger.group_ids() if plans.plan(group_id).continues_saved_turns
-                  for rollout_id, incarnation in ledger.continuable_attempts(group_id).items()
-                  if rollout_id not in ledger.abandoned(group_id)}
+                  for rollout_id, (group_id, incarnation) in running.items()
+                  if plans.plan(group_id).continues_saved_turns}
+        started_over = [rollout_id for rollout_id in running if rollout_id not in wanted]
         continuations: dict[tuple[str, int], Continuation] = {}
         if not wanted:
-            return continuations
+            return continuations, started_over
         for name, participant in sorted(self._environments.items()):
             try:
                 reply = await participant.restore_from_journal(self.recovery_id, wanted)
@@ -194,6 +198,7 @@ class CrashRestore:
                 log.warning("environment server %s continues no agent from a turn journal (%s); its running "
                             "agents start over", name, err)
                 continue
+            started_over += [rollout_id for rollout_id in reply.cannot_continue if rollout_id in wanted]
             for held in reply.held:
                 group_id, sibling, _ = held.rollout_id.rsplit(".", 2)
                 if held.rollout_id not in wanted:
@@ -204,7 +209,7 @@ class CrashRestore:
                     boundary_sha=held.boundary_sha)
         log.info("%d of %d running agents continue from the environment servers' turn journals",
                  len(continuations), len(wanted))
-        return continuations
+        return continuations, started_over
 
     async def load_policy_weights(self, version: int) -> None:
         """The restored trainer's weights into the policy server, through Ray (a run without Temporal;

@@ -1,9 +1,12 @@
-"""The age of each turn a crash took, read from an audit log."""
+"""The age of each turn a crash took, read from an audit log; a chaos directory that is no finished run."""
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
+from bench import recovery
 from bench.recovery import lost_turn_ages
 from tests.workers.invariants.history import admitted, r, started, turn
 
@@ -22,3 +25,14 @@ def test_only_turns_a_later_incarnation_committed_again_have_an_age_from_their_i
 def test_a_run_that_lost_nothing_has_no_ages():
     events = [started(100, 1, False), turn(102, 1, r(0, 0, 0), 1), started(200, 2, True), turn(202, 2, r(0, 0, 1), 2)]
     assert lost_turn_ages(events) == []
+
+
+def test_a_chaos_run_that_never_finished_is_named_in_one_line(tmp_path):
+    (tmp_path / "chaos").mkdir()
+    args = argparse.Namespace(chaos_dir=tmp_path, out=tmp_path / "out", kills=20, set=[])
+
+    with pytest.raises(SystemExit) as exit_:
+        recovery.run(args)
+
+    assert str(tmp_path) in str(exit_.value)
+    assert "no chaos/report.json" in str(exit_.value)

@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from bench.report import markdown_table
-from bench.runs import percentile, throughput
+from bench.runs import percentile, run_id_of, throughput
 
 
 def write_metrics(run_dir, lines) -> None:
@@ -34,3 +34,16 @@ def test_percentile_and_table() -> None:
     assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0 and percentile([], 0.9) == 0.0
     table = markdown_table(["a", "b"], [["x", 0.12345], ["y", 12345.0]])
     assert table.splitlines() == ["| a | b |", "|---|---|", "| x | 0.123 |", "| y | 12,345 |"]
+
+
+def test_a_directory_without_run_json_is_named_in_one_line(tmp_path):
+    with pytest.raises(SystemExit) as exit_:
+        run_id_of(tmp_path)
+
+    assert f"{tmp_path} is not a run directory (no run.json)" in str(exit_.value)
+
+
+def test_the_run_id_comes_from_run_json(tmp_path):
+    (tmp_path / "run.json").write_bytes(orjson.dumps({"run_id": "r-1"}))
+
+    assert run_id_of(tmp_path) == "r-1"

@@ -42,6 +42,9 @@ class AuditCounts:
     """Groups trained on the final lineage."""
     restores_continuing_agents: int = 0
     """Restores that continued at least one in-flight agent from its saved or journaled turn."""
+    restores_owing_agents: int = 0
+    """Restores whose killed incarnation had running agents with a turn of the restored lineage in its turn journal
+    (`running_agents_continued`): the ones that had something to continue."""
     continuations_restored: int = 0
     continuations_resumed: int = 0
     """Continuations whose attempt N+1 started or committed a turn."""
@@ -109,7 +112,7 @@ class Verdict:
         lines += [
             "",
             f"incarnations {c.incarnations}; restores: {sources}; {c.restores_continuing_agents} of them continued "
-            "in-flight agents",
+            f"in-flight agents; {c.restores_owing_agents} had running agents with a journaled turn to continue",
             f"final lineage: {c.steps_trained} steps, {c.groups_trained} groups trained",
             f"continuations: {c.continuations_restored} restored, {c.continuations_resumed} resumed, "
             f"{c.continuations_sealed} sealed on their saved prefix",

@@ -1,5 +1,5 @@
 """What a restore writes to the audit log, without the stack: its pause as a hold taken and released,
-and the saved agents it continues apart from those its level reruns from scratch."""
+and the saved (or journaled) agents it continues apart from those its level reruns from scratch."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from controller.state.group_ledger import GroupLedger
 from primitives.audit_log import AUDIT_FILE, AuditLog, read_audit
 from primitives.holds import HoldSet
 from schemas.audit import Restored
+from schemas.participant import HeldBoundary, RestoreReply
 from schemas.recovery import RecoverySource, SourceKind
 from schemas.rollout import Problem
 
@@ -80,3 +81,39 @@ def test_a_fresh_restart_keeps_the_first_journal_only_when_nothing_was_refused(t
     refused = SkippedCandidate(path=str(tmp_path / "checkpoints" / "step_4"), problem="fingerprint_differs",
                                detail="model.path changed")
     assert first(skipped=[refused]) is None
+
+
+class _JournalServer:
+    """An environment server's answer to a restore from its turn journal: it holds what it was asked for."""
+
+    name = "env"
+
+    def __init__(self) -> None:
+        self.asked: dict = {}
+
+    async def restore_from_journal(self, recovery_id: str, wanted: dict) -> RestoreReply:
+        self.asked = dict(wanted)
+        held = [HeldBoundary(rollout_id=rid, turn_index=1, segments=3, boundary_sha="b") for rid in sorted(wanted)]
+        return RestoreReply(name=self.name, checkpoint_id=recovery_id, restored=sorted(wanted), held=held)
+
+
+def test_a_journal_restore_names_the_running_agents_its_level_starts_over():
+    """A group whose level keeps no turns (sibling, prompt_group) is never asked of the turn journal; the restore
+    names its running agents as started over, so the audit accounts for every agent that was running."""
+    ledger = GroupLedger()
+    ledger.incarnation = 3
+    for group_id in ("g0000001", "g0000002"):
+        ledger.admit(group_id, Problem(question="Q 1+1", answer=2), 2)
+        ledger.start_attempt(group_id, 0)
+    levels = {"g0000001": True, "g0000002": False}
+    plans = SimpleNamespace(plan=lambda group_id: SimpleNamespace(continues_saved_turns=levels[group_id]))
+    controller = SimpleNamespace(ledger=ledger, rollouts=SimpleNamespace(groups=plans))
+    server = _JournalServer()
+    restore = CrashRestore(None, controller, SimpleNamespace(incarnation=4, run_id="r"), [server])
+
+    continuations, started_over = asyncio.run(restore._continue_journaled_agents(7))
+
+    assert list(server.asked) == ["g0000001.0.0"]
+    assert server.asked["g0000001.0.0"].max_version == 7 and server.asked["g0000001.0.0"].incarnation == 3
+    assert list(continuations) == [("g0000001", 0)] and continuations[("g0000001", 0)].turn_index == 1
+    assert started_over == ["g0000002.0.0"]

@@ -24,6 +24,7 @@ from schemas.audit import (
     GroupRerun,
     GroupsDiscarded,
     HoldChanged,
+    KeptAfterCut,
     Restored,
     RowRef,
     RunEnded,
@@ -209,7 +210,9 @@ def incarnation_4() -> list:
                        continuations=[continuation(r(5, 0, 0), "b50")])
     restore = restore.model_copy(update={"source": SourceKind.TRAINER_CHECKPOINT, "snapshot_dir": None,
                                          "reason": "no published snapshot under checkpoints/step_4",
-                                         "agents_from": "journal"})
+                                         "agents_from": "journal", "kept_after_cut": KeptAfterCut(
+                                             records=0, undone_steps=[], newest_policy_version=4,
+                                             journal="journal/inc-000003")})
     return [
         started(1300, 4, True),
         hold(1301, 4, "taken", "recovery:4", ["admission"]),
