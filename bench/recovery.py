@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> BenchResult:
         ["restart -> first generation, median s", counts["median_restart_to_first_generation_s"]],
         ["restart -> first generation, max s", max(restarts, default=0.0)],
         ["tokens generated again", f"{counts['tokens_regenerated']} of {counts['tokens_generated']} "
-                                   f"({counts['tokens_regenerated_share']:.1%})"],
+                                   f"({counts['tokens_regenerated_share']:.2%})"],
         ["tokens in groups discarded whole, never trained", _discarded(counts)],
         ["saved agents continued / sealed on their saved prefix",
          f"{counts['continuations_restored']} / {counts['continuations_sealed']}"],
