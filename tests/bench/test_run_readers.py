@@ -58,6 +58,6 @@ def test_recovery_reads_a_chaos_report(tmp_path) -> None:
         {"kills_by_point": {"cut": 2, "training": 3}, "verdict": {"ok": True, "counts": counts}}))
     result = recovery.run(argparse.Namespace(chaos_dir=tmp_path / "chaos", out=tmp_path, set=[], kills=0))
     assert "| kills | 5 |" in result.table
-    assert "snapshot 3, trainer_checkpoint 2" in result.table and "10 of 1000 (1.0%)" in result.table
+    assert "snapshot 3, trainer_checkpoint 2" in result.table and "10 of 1000 (1.00%)" in result.table
     assert "| restores that continued in-flight agents | 4 |" in result.table
     assert "| tokens in groups discarded whole, never trained | stale 50 (5.0%) |" in result.table
