@@ -90,6 +90,7 @@ class PolicyServer:
             self._runner = None
         engine, self._engine = self._engine, None
         if engine is not None:
+            await _stop_output_handler(engine)
             await asyncio.to_thread(engine.shutdown)
             # AsyncLLM sits in reference cycles; collect it now, while vLLM's modules
             # are alive, or its __del__ re-runs shutdown at interpreter exit and fails.
@@ -207,3 +208,14 @@ def _check_ids(field: str, ids: list[int], vocab_size: int) -> None:
     bad = [i for i in ids if not 0 <= i < vocab_size]
     if bad:
         raise RequestError(field, f"token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+
+
+async def _stop_output_handler(engine) -> None:
+    """Cancel vLLM's output handler before the engine stops. vLLM stops the engine core first and cancels the
+    handler after, so the handler finds the core gone and logs EngineDeadError with a traceback on every clean
+    exit of a run."""
+    handler = getattr(engine, "output_handler", None)
+    if handler is None or handler.done() or handler.get_loop() is not asyncio.get_running_loop():
+        return
+    handler.cancel()
+    await asyncio.gather(handler, return_exceptions=True)
