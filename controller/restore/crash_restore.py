@@ -178,8 +178,9 @@ class CrashRestore:
         """Every rollout the restored ledger has running or cut short by a crash (cut short covers an incarnation
         that restored it and died before running it), continued from the newest boundary its server journaled
         under the incarnation that started it, with no turn of a policy newer than `version` (the consistent-cut
-        rule: README, "Journal snapshots"). Returns the continuations, and the rollouts that start over by their
-        level (one that does not continue saved turns, or a restart_only environment), which the audit names."""
+        rule: README, "Journal snapshots"). Returns the continuations, and the rollouts that start over because
+        their level does not continue saved turns (restart_only environments are lowered to such a level), which
+        the audit names."""
         ledger, plans = self._controller.ledger, self._controller.rollouts.groups
         running = {rollout_id: (group_id, incarnation) for group_id in ledger.group_ids()
                    for rollout_id, incarnation in ledger.continuable_attempts(group_id).items()
@@ -198,7 +199,6 @@ class CrashRestore:
                 log.warning("environment server %s continues no agent from a turn journal (%s); its running "
                             "agents start over", name, err)
                 continue
-            started_over += [rollout_id for rollout_id in reply.cannot_continue if rollout_id in wanted]
             for held in reply.held:
                 group_id, sibling, _ = held.rollout_id.rsplit(".", 2)
                 if held.rollout_id not in wanted:
