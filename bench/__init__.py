@@ -1,2 +1,2 @@
 """`turnkeep bench <name>`: figures, not timed tests. Each module measures one thing and
-returns a `BenchResult`; `workers/bench_cli.py` prints its table and writes its JSON."""
+returns a `BenchResult`; `cli/bench.py` prints its table and writes its JSON."""

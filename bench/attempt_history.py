@@ -6,7 +6,7 @@ A local activity has no events of its own: it runs inside a workflow task and le
 marker with its schedule and completion times, which count as inside time and not as
 workflow-task time. Under load those two stamps are not one clock (the completion can read
 tens of ms before the schedule), so where the controller recorded each local activity's own
-clocks (`workers.loop_bridge.BridgedRun`, `local_activity` lines in metrics.jsonl),
+clocks (`workers.temporal.loop_bridge.BridgedRun`, `local_activity` lines in metrics.jsonl),
 `add_local_clocks` counts by them instead."""
 
 from __future__ import annotations

@@ -12,9 +12,9 @@ from pathlib import Path
 import orjson
 
 from bench.report import BenchResult, markdown_table
+from chaos.invariants.figures import turns_committed_again
+from chaos.invariants.running_agents import JOURNAL_GRACE_S
 from primitives.audit_log import read_audit
-from workers.invariants.figures import turns_committed_again
-from workers.invariants.running_agents import JOURNAL_GRACE_S
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     chaos_dir = args.chaos_dir
     if chaos_dir is None:
         chaos_dir = args.out / "chaos"
-        command = [sys.executable, "-m", "workers.cli", "chaos", "--run-dir", str(chaos_dir), "--kills", str(args.kills)]
+        command = [sys.executable, "-m", "cli.main", "chaos", "--run-dir", str(chaos_dir), "--kills", str(args.kills)]
         for setting in args.set:
             command += ["--set", setting]
         subprocess.call(command)

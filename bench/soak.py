@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> BenchResult:
         raise SystemExit(f"{run_dir} is not empty; the soak starts a new run (pick another --out)")
     log = args.out / "soak" / "run.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "workers.cli", "run", "--config", str(args.config), "--run-dir", str(run_dir),
+    command = [sys.executable, "-m", "cli.main", "run", "--config", str(args.config), "--run-dir", str(run_dir),
                "--steps", "1000000"]
     for setting in [*args.set, "temporal.port=0", "temporal.ui_port=0",
                     f"snapshot.attempt_interval_s={args.interval_s}"]:

@@ -1,6 +1,6 @@
 """Handles of the run's processes, as the controller reaches them.
 
-`workers.placement` starts the processes and fills this in (and `workers.remote_envs`
+`workers.ray_cluster.placement` starts the processes and fills this in (and `workers.remote_envs`
 adds the stand-alone environment servers it attached); the controller only uses it.
 """
 
@@ -45,4 +45,4 @@ class Processes:
     env_servers: list[EnvServerEndpoint] = field(default_factory=list)
     """Every environment server of the run, the run's own first."""
     reused: bool = False
-    """Left running by a controller that crashed, and re-attached (`workers.survivors`)."""
+    """Left running by a controller that crashed, and re-attached (`workers.ray_cluster.survivors`)."""

@@ -97,7 +97,7 @@ class Controller:
              for ep in processes.env_servers],
             absence_warn_s=cfg.env.absence_warn_s,
         )
-        # Set by the controller's worker (`workers/controller_worker.py`): runs after each trainer
+        # Set by the controller's worker (`workers/temporal/controller_worker.py`): runs after each trainer
         # checkpoint and ties an attempt to it.
         self.after_checkpoint: Callable[[int, str, bool], Awaitable[None]] | None = None
         self.rollouts = RolloutPump(

@@ -1,7 +1,7 @@
 """What a process of a run tells a controller that re-attaches to it after a crash.
 
 The trainer, the policy server and the run's environment server are Ray actors that can
-outlive their controller (`workers.ray_head`). The controller that starts one stamps it
+outlive their controller (`workers.ray_cluster.head`). The controller that starts one stamps it
 with the run's identity; a new controller asks for that stamp before it reuses the
 process (the same run and the same config), and fences it with its incarnation.
 """

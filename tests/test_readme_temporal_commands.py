@@ -16,7 +16,7 @@ from temporalio.api.enums.v1 import WorkflowExecutionStatus
 from schemas.names import controller_queue, run_workflow_id
 from tests.workflows.test_run_workflow import _dev_server, _run_input
 from tests.workflows.test_ui_conventions import RUN, Participants
-from workers.temporal_server import temporal_binary
+from workers.temporal.dev_server import temporal_binary
 from workflows.run_workflow import RunWorkflow
 
 README = Path(__file__).resolve().parents[1] / "README.md"

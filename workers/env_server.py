@@ -1,82 +1,52 @@
-"""`turnkeep env-server`: one environment class served as its own process.
-
-The same server code as the run's built-in environment server (`envs/server.py`),
-started by hand, possibly on another machine, for a run that names it with
-`[environments.<name>] kind = "remote"`, `url`, `token_file`. Every route but
-`/health` needs the token in `--token-file` (created 0600 when the file does not
-exist). It listens on 127.0.0.1 unless `--host` says otherwise. A run attaches it at
-start (and again after the server restarts); SIGTERM or Ctrl-C stops it.
-"""
+"""A stand-alone environment server process (`turnkeep env-server`): one environment class, the same server code
+as the run's own environment server (`envs/server.py`), started by hand, possibly on another machine. A run
+attaches it at start (and again after the server restarts); SIGTERM or Ctrl-C stops it."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import signal
-import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from envs.environment import EnvContext
 from envs.kinds import EnvironmentFactory
-from envs.loading import EnvironmentLoadError, load_environment
+from envs.loading import LoadedEnvironment
 from envs.server import EnvServer
 from participants.http_server import ControlAuth
-from primitives.control_token import ControlTokenError, create_token_file
-from primitives.segment_format import JournalCorrupt, JournalInUse
 from schemas.config import EnvServerConfig
 
 log = logging.getLogger("turnkeep.env")
 
 
-def add_env_server_parser(sub) -> None:
-    parser = sub.add_parser("env-server", help="serve one environment class as its own process (kind = \"remote\")")
-    parser.add_argument("--entry", required=True, help="package.module:ClassName of an Environment subclass")
-    parser.add_argument("--options", default="{}", help="the class's options as JSON (checked by its Options)")
-    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: loopback only)")
-    parser.add_argument("--port", type=int, required=True, help="port to listen on (0: a free one, printed)")
-    parser.add_argument("--token-file", type=Path, required=True,
-                        help="bearer token every route but /health needs (created, mode 0600, if absent)")
-    parser.add_argument("--workspace", type=Path, default=None, help="folder for episodes' files (default: a temp dir)")
-    parser.add_argument("--tool-latency-s", type=float, default=0.0, help="added latency of every tool call (tests)")
-    parser.add_argument("--fault-injection", action="store_true", help="serve /checkpoint/faults (tests, benchmarks)")
-    parser.add_argument("--journal-dir", type=Path, default=None,
-                        help="journal every committed turn boundary here, so a run restored from a trainer "
-                             "checkpoint continues this server's running agents (default: no journal)")
+@dataclass(frozen=True)
+class EnvServerSettings:
+    host: str
+    port: int
+    token: str
+    token_file: Path
+    workspace: Path | None = None
+    """Folder for episodes' files (None: a new temporary directory)."""
+    tool_latency_s: float = 0.0
+    fault_injection: bool = False
+    journal_dir: Path | None = None
 
 
-def run_env_server(args: argparse.Namespace) -> int:
-    try:
-        import orjson
-
-        options = orjson.loads(args.options)
-        if not isinstance(options, dict):
-            raise EnvironmentLoadError(f"--options {args.options!r}: give a JSON object, e.g. '{{\"size\": 4}}'")
-        loaded = load_environment(args.entry, options, where="--entry")
-        token = create_token_file(args.token_file)
-    except orjson.JSONDecodeError as err:
-        print(f"turnkeep env-server: --options is not JSON ({err}); give a JSON object", file=sys.stderr)
-        return 2
-    except (EnvironmentLoadError, ControlTokenError) as err:
-        print(f"turnkeep env-server: {err}", file=sys.stderr)
-        return 2
-    workspace = args.workspace or Path(tempfile.mkdtemp(prefix="turnkeep-env-workspaces-"))
-    factory = EnvironmentFactory({loaded.cls.kind: loaded}, EnvContext(args.tool_latency_s, workspace),
+def build_env_server(loaded: LoadedEnvironment, settings: EnvServerSettings) -> EnvServer:
+    """The server for one environment class; raises OSError, JournalCorrupt or JournalInUse for its journal."""
+    workspace = settings.workspace or Path(tempfile.mkdtemp(prefix="turnkeep-env-workspaces-"))
+    factory = EnvironmentFactory({loaded.cls.kind: loaded}, EnvContext(settings.tool_latency_s, workspace),
                                  answer_any_name=True)
-    cfg = EnvServerConfig(host=args.host, port=args.port, fault_injection=args.fault_injection)
-    try:
-        server = EnvServer(factory, cfg, ControlAuth(token, where=str(args.token_file)), name=loaded.cls.kind,
-                           journal_dir=args.journal_dir)
-    except (OSError, JournalCorrupt, JournalInUse) as err:
-        print(f"turnkeep env-server: --journal-dir {args.journal_dir}: {err}", file=sys.stderr)
-        return 2
-    try:
-        return asyncio.run(_serve(server, args.entry))
-    except OSError as err:
-        print(f"turnkeep env-server: cannot listen on {args.host}:{args.port} ({err}); pick another --port",
-              file=sys.stderr)
-        return 2
+    cfg = EnvServerConfig(host=settings.host, port=settings.port, fault_injection=settings.fault_injection)
+    return EnvServer(factory, cfg, ControlAuth(settings.token, where=str(settings.token_file)), name=loaded.cls.kind,
+                     journal_dir=settings.journal_dir)
+
+
+def serve(server: EnvServer, entry: str) -> int:
+    """Serve until SIGTERM or SIGINT; raises OSError when the port cannot be listened on."""
+    return asyncio.run(_serve(server, entry))
 
 
 async def _serve(server: EnvServer, entry: str) -> int:

@@ -39,7 +39,7 @@ class LocalEnvServer:
         self.restarts = 0
 
     def adopt(self, actor, url: str, restarts: int) -> None:
-        """The server an earlier controller of this run left running (`workers.survivors`)."""
+        """The server an earlier controller of this run left running (`workers.ray_cluster.survivors`)."""
         self.actor, self.url, self.restarts = actor, url, restarts
 
     async def start(self) -> str:

@@ -21,7 +21,7 @@ from controller.runtime import Controller
 from primitives.pid_files import live_pids
 from primitives.process_tree import kill_tree
 from schemas.snapshot import Outcome, SnapshotNowSignal
-from workers.controller_worker import SnapshotRuntime
+from workers.temporal.controller_worker import SnapshotRuntime
 
 log = logging.getLogger("turnkeep.preemption")
 EXIT_AT_ONCE = 143

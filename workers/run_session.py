@@ -37,22 +37,22 @@ from schemas.config import TurnkeepConfig
 from schemas.names import ray_namespace
 from schemas.participant import Capabilities
 from schemas.recovery import RecoveryResult, SourceKind
-from workers.controller_worker import (
+from workers.preemption import PreemptionHandler
+from workers.process_watch import first_death, first_of
+from workers.ray_cluster.head import RayHead, stop_head
+from workers.ray_cluster.placement import join_ray, launch, reserve_gpus, shutdown
+from workers.ray_cluster.survivors import reattach
+from workers.remote_envs import attach_remote_servers, probe_remote_servers
+from workers.run_observers import start_observers
+from workers.startup_checks import check_before_start
+from workers.temporal.controller_worker import (
     participant_clients,
     start_snapshots,
     stop_snapshots,
 )
-from workers.placement import join_ray, launch, reserve_gpus, shutdown
-from workers.preemption import PreemptionHandler
-from workers.process_watch import first_death, first_of
-from workers.ray_head import RayHead, stop_head
-from workers.remote_envs import attach_remote_servers, probe_remote_servers
-from workers.run_observers import start_observers
-from workers.startup_checks import check_before_start
-from workers.survivors import reattach
-from workers.temporal_server import start_dev_server, stop_dev_server
-from workers.temporal_service import check_temporal_service
-from workers.temporal_supervisor import TemporalSupervisor
+from workers.temporal.dev_server import start_dev_server, stop_dev_server
+from workers.temporal.service import check_temporal_service
+from workers.temporal.supervisor import TemporalSupervisor
 
 log = logging.getLogger("turnkeep.run")
 

@@ -13,7 +13,7 @@ from bench.orchestration import AttemptCost, attempt_costs, costs_of_run_dir, lo
 from primitives.temporal_client import connect
 from schemas import search_attributes as sa
 from schemas.config import TemporalConfig
-from workers.temporal_server import start_dev_server, stop_dev_server
+from workers.temporal.dev_server import start_dev_server, stop_dev_server
 
 NAP_S = 0.05
 

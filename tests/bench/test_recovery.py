@@ -8,7 +8,7 @@ import pytest
 
 from bench import recovery
 from bench.recovery import lost_turn_ages
-from tests.workers.invariants.history import admitted, r, started, turn
+from tests.chaos.invariants.history import admitted, r, started, turn
 
 
 def test_only_turns_a_later_incarnation_committed_again_have_an_age_from_their_incarnations_last_event():

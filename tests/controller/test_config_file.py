@@ -76,7 +76,7 @@ def test_the_run_command_refuses_an_override_of_an_unknown_environment_before_st
 
     run_dir = tmp_path / "run"
     done = subprocess.run(
-        [sys.executable, "-m", "workers.cli", "run", "--run-dir", str(run_dir),
+        [sys.executable, "-m", "cli.main", "run", "--run-dir", str(run_dir),
          "--set", 'rollout_recovery.overrides={"jduge": "sibling"}'],
         capture_output=True, text=True, timeout=60,
     )
@@ -167,7 +167,7 @@ def test_a_set_below_a_value_the_file_gives_is_one_line(tmp_path):
 def test_the_run_command_refuses_a_set_through_a_value_in_one_line_before_starting_anything(tmp_path) -> None:
     run_dir = tmp_path / "run"
     done = subprocess.run(
-        [sys.executable, "-m", "workers.cli", "run", "--run-dir", str(run_dir), "--set", "train.lr.x=1"],
+        [sys.executable, "-m", "cli.main", "run", "--run-dir", str(run_dir), "--set", "train.lr.x=1"],
         capture_output=True, text=True, timeout=60, cwd=REPO,
     )
     assert done.returncode == 2, done.stderr
@@ -185,7 +185,7 @@ def test_the_run_command_refuses_a_set_through_a_value_in_one_line_before_starti
     ("environments={}", "  environments: at least one environment is needed"),
 ])
 def test_bad_set_flags_stop_the_cli_with_exit_code_2(flag, named, tmp_path, capsys) -> None:
-    from workers.cli import main
+    from cli.main import main
 
     run_dir = tmp_path / "run"
     assert main(["run", "--run-dir", str(run_dir), "--set", flag]) == 2

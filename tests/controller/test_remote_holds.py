@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
+from chaos.invariants.holds import hold_spans, holds_within_lease
 from controller.remote_holds import RemoteHoldWatch, diff
 from schemas.audit import HoldChanged, RunStarted, StepTrained
-from workers.invariants.holds import hold_spans, holds_within_lease
 
 
 def test_diff_reports_taken_renewed_and_released_but_not_a_lease_counting_down():

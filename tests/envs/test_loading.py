@@ -57,7 +57,7 @@ def test_a_python_environment_is_built_with_its_validated_options() -> None:
 
 
 def test_the_cli_names_a_bad_entry_and_writes_nothing(tmp_path, capsys) -> None:
-    from workers.cli import main
+    from cli.main import main
 
     config = tmp_path / "bad.toml"
     run_dir = tmp_path / "run"

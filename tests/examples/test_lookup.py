@@ -508,7 +508,7 @@ def test_the_example_trains_against_a_remote_server(example_model: Path, monkeyp
     options = load_config(EXAMPLE / "config.toml").environments["lookup"].options
     server_log = root / "env-server.log"
     server = subprocess.Popen(
-        [sys.executable, "-m", "workers.cli", "env-server", "--entry", ENTRY, "--options", json.dumps(options),
+        [sys.executable, "-m", "cli.main", "env-server", "--entry", ENTRY, "--options", json.dumps(options),
          "--port", str(port), "--token-file", str(root / "env_token")],
         stdout=open(server_log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},

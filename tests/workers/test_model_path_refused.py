@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 def test_a_model_path_without_a_model_is_one_line_and_nothing_is_left_running(tmp_path):
     run_dir = short_run_dir("tk-modelpath-")
     done = subprocess.run(
-        [sys.executable, "-m", "workers.cli", "run", "--run-dir", str(run_dir), "--steps", "1",
+        [sys.executable, "-m", "cli.main", "run", "--run-dir", str(run_dir), "--steps", "1",
          "--set", f"model.path={tmp_path}", "--set", "temporal.port=0", "--set", "temporal.ui_port=0"],
         capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr[-3000:]

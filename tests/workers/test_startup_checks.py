@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from workers.cli import main
+from cli.main import main
 
 
 def _config(tmp_path: Path, body: str) -> tuple[Path, Path]:

@@ -17,7 +17,7 @@ import orjson
 from controller.runtime import Controller, RunStopped
 from schemas.config import TurnkeepConfig
 from schemas.participant import FaultPlan
-from workers.controller_worker import SnapshotRuntime, participant_clients, start_snapshots, stop_snapshots
+from workers.temporal.controller_worker import SnapshotRuntime, participant_clients, start_snapshots, stop_snapshots
 
 HISTORY_DIR = Path(__file__).parent / "histories"
 

@@ -2,7 +2,7 @@
 
 Histories are recorded by running the snapshot tests with TURNKEEP_RECORD_HISTORIES=1. The replay runs in the SDK's
 sandbox with its default restrictions, which the controller's workflow thread does without for speed
-(`workers.workflow_thread.WORKFLOW_RUNNER`): a workflow that calls the clock, random, a file or the network fails
+(`workers.temporal.workflow_thread.WORKFLOW_RUNNER`): a workflow that calls the clock, random, a file or the network fails
 here even where its commands would replay.
 """
 

@@ -30,7 +30,7 @@ from schemas.snapshot import (
     SnapshotTimeouts,
     Trigger,
 )
-from workers.temporal_server import UNTHROTTLED, temporal_binary
+from workers.temporal.dev_server import UNTHROTTLED, temporal_binary
 from workflows.run_workflow import RunWorkflow
 
 HISTORY_DIR = Path(__file__).parent / "histories"

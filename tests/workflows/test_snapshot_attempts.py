@@ -145,7 +145,7 @@ def test_cancel_in_the_middle_of_prepare_aborts_with_compensation(stack, stack_c
 def test_a_killed_controller_worker_is_replaced_and_the_attempt_ends_from_history(
     stack, stack_config, temporal_address
 ):
-    from workers.controller_worker import controller_worker
+    from workers.temporal.controller_worker import controller_worker
 
     async def kill_worker_during_prepare(snapshots, controller):
         await _wait_for_phase(snapshots, "gym_prepare")

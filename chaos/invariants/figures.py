@@ -1,0 +1,66 @@
+"""The run's figures beside the verdict: steps and groups on the final lineage, continuations,
+tokens generated and thrown away by crashes, and how soon each restart generated again."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from chaos.invariants.lineage import LineageWalk
+from chaos.invariants.results import AuditCounts
+from schemas.audit import GroupsDiscarded, Restored, RunStarted, TurnCommitted
+
+
+def fill_counts(events: list, walk: LineageWalk, counts: AuditCounts) -> None:
+    counts.incarnations = len({e.inc for e in events})
+    counts.restores_by_source = dict(Counter(str(e.source) for e in events if isinstance(e, Restored)))
+    counts.restores_continuing_agents = sum(1 for e in events if isinstance(e, Restored) and e.continuations)
+    counts.steps_trained = len(walk.lineage)
+    trained = {g for _, _, groups in walk.lineage.values() for g in groups}
+    counts.groups_trained = len(trained)
+    turns = [e for e in events if isinstance(e, TurnCommitted)]
+    counts.turns_committed = len(turns)
+    counts.tokens_generated = sum(e.tokens for e in turns)
+    counts.tokens_regenerated = sum(turn.tokens for turn in turns_committed_again(turns))
+    counts.tokens_discarded = tokens_of_discarded_groups(events, turns, trained)
+    counts.restart_to_first_generation_s = _restart_to_first_generation(events, turns)
+
+
+def turns_committed_again(turns: Iterable[TurnCommitted]) -> list[TurnCommitted]:
+    """Turns a later incarnation generated again: the same turn of the same sibling (group, sibling,
+    turn index) committed again after a restart. Read from the turns alone, not from what a restore says it kept:
+    a continuation from a boundary past the cut keeps its turns, and a turn committed by every incarnation that
+    went back past it counts once per incarnation that threw it away. A turn generated twice within one
+    incarnation (a live failure's rerun) is not a crash's loss and is not counted."""
+    turns = list(turns)
+    newest: dict[tuple[str, int, int], int] = {}
+    for turn in turns:
+        key = (turn.group_id, turn.sibling, turn.turn)
+        newest[key] = max(newest.get(key, turn.inc), turn.inc)
+    return [turn for turn in turns if newest[(turn.group_id, turn.sibling, turn.turn)] > turn.inc]
+
+
+def tokens_of_discarded_groups(events: list, turns: list[TurnCommitted], trained: set[str]) -> dict[str, int]:
+    """Tokens of every turn of the groups discarded (by the reason of their first discard) and never trained on the
+    final lineage: generated and thrown away whole, by the staleness bound or for too few siblings. A group a
+    restore brought back from before its discard and trained after all counts nothing."""
+    reasons: dict[str, str] = {}
+    for event in events:
+        if isinstance(event, GroupsDiscarded):
+            for group_id in event.group_ids:
+                reasons.setdefault(group_id, event.reason)
+    tokens: Counter[str] = Counter()
+    for turn in turns:
+        if turn.group_id in reasons and turn.group_id not in trained:
+            tokens[reasons[turn.group_id]] += turn.tokens
+    return dict(sorted(tokens.items()))
+
+
+def _restart_to_first_generation(events: list, turns: Iterable[TurnCommitted]) -> dict[int, float | None]:
+    first_turn: dict[int, float] = {}
+    for turn in turns:
+        first_turn[turn.inc] = min(first_turn.get(turn.inc, turn.t), turn.t)
+    return {
+        e.inc: (round(first_turn[e.inc] - e.t, 3) if e.inc in first_turn else None)
+        for e in events if isinstance(e, RunStarted) and e.resumed
+    }

@@ -1,0 +1,131 @@
+"""`turnkeep chaos`: kill a training run again and again, then check the invariants.
+
+Each round picks a target (`--target`: the whole tree, or one process alone: the
+controller, the trainer, the policy server, the environment server, the Temporal
+server; see `chaos/targets.py`) and a moment (`--at`: a random moment by default, or a
+named phase, where the product waits at a hook), and SIGKILLs it. A run that died or
+stopped is started again on the same run directory (a restart that recovers); a run
+that repaired itself goes on to the next kill. After the last kill the run goes on to
+the end undisturbed, and the audit log of all incarnations is checked against DESIGN.md's
+invariants. Everything lands in `<run_dir>/chaos/` (logs, report.json).
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import orjson
+
+from chaos.incarnation import Incarnation, final_round, one_round
+from chaos.report import Round, build_report, format_report
+from chaos.schedule import RANDOM, RANDOM_MIN_DELAY_S, kill_schedule, parse_points, random_max_delay_s
+from chaos.targets import kill_everything, parse_targets, sessions_cleanup
+from chaos.verdict import check_run_dir
+from controller.config_file import ConfigError, load_config, parse_overrides
+from primitives.atomic_files import atomic_write_json
+from primitives.chaos_points import POINTS
+
+
+def run_chaos(args) -> int:
+    run_dir = Path(args.run_dir).resolve()
+    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        print(f"turnkeep chaos: {run_dir} exists and is not empty; nothing in it was touched", file=sys.stderr)
+        return 2
+    try:
+        points = parse_points(args.points or args.at)
+        targets = parse_targets(args.target)
+    except ValueError as err:
+        print(f"turnkeep chaos: {err}", file=sys.stderr)
+        return 2
+    config = Path(args.config).resolve()
+    if not config.is_file():
+        print(f"turnkeep chaos: no config file at {config}", file=sys.stderr)
+        return 2
+    try:
+        max_delay_s = _max_delay_s(args, config)
+    except ConfigError as err:
+        print(f"turnkeep chaos: {err}", file=sys.stderr)
+        return 2
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
+    rng = random.Random(seed)
+    schedule = kill_schedule(targets, points, args.kills, rng)
+    command = [sys.executable, "-m", "cli.main", "run", "--config", str(config), "--run-dir", str(run_dir),
+               "--steps", str(args.steps), *[arg for pair in args.set for arg in ("--set", pair)]]
+    print(f"turnkeep chaos: {args.kills} kills of {run_dir} (seed {seed}): "
+          f"{', '.join(f'{target}@{point}' for target, point in schedule)}; random moments {RANDOM_MIN_DELAY_S}-"
+          f"{max_delay_s:.0f}s after a train step", flush=True)
+
+    rounds: list[Round] = []
+    problems: list[str] = []
+    checks = 0
+    sessions: list[int] = []
+    current: Incarnation | None = None
+    try:
+        for target, point in schedule:
+            if current is None:
+                current = Incarnation(command, run_dir, len(sessions) + 1, point)
+                sessions.append(current.proc.pid)
+            elif point in POINTS:
+                point = RANDOM  # a running incarnation's hooks are armed only at its start
+            record = one_round(current, run_dir, target, point, args.phase_timeout_s, rng, max_delay_s)
+            rounds.append(record)
+            print(f"turnkeep chaos: incarnation {record.incarnation}: {record.target} {record.outcome} at "
+                  f"{record.label} after {record.seconds:.0f}s{f' ({record.reason})' if record.reason else ''}",
+                  flush=True)
+            if current.proc.poll() is not None:
+                current.close()
+                current = None
+            if record.outcome == "finished":
+                break  # nothing left to kill: the run reached its last step
+            if record.outcome in ("killed", "timeout", "stopped"):
+                checks += 1
+                problem = newest_snapshot_problem(run_dir)
+                if problem is not None:
+                    problems.append(f"after the kill of incarnation {record.incarnation} at {record.label}: {problem}")
+                    print(f"turnkeep chaos: NEWEST SNAPSHOT BROKEN: {problems[-1]}", flush=True)
+        if current is None:
+            current = Incarnation(command, run_dir, len(sessions) + 1, None)
+            sessions.append(current.proc.pid)
+        final = final_round(current, args.final_timeout_s)
+    finally:
+        if current is not None:
+            current.close()
+        sessions_cleanup(sessions)
+        kill_everything(run_dir, None)
+
+    verdict = check_run_dir(run_dir, newest_snapshot_problems=problems, snapshot_checks=checks)
+    meta = {"run_dir": str(run_dir), "config": str(config), "steps": args.steps, "seed": seed,
+            "kills_requested": args.kills, "max_delay_s": max_delay_s, "points": points, "targets": targets, "sets": list(args.set)}
+    report = build_report(meta=meta, rounds=rounds, final=final, verdict=verdict, snapshot_problems=problems,
+                          snapshot_checks=checks)
+    atomic_write_json(run_dir / "chaos" / "report.json", report)
+    print(format_report(report, verdict))
+    print(f"report: {run_dir / 'chaos' / 'report.json'}")
+    return 0 if report["ok"] else 1
+
+
+def newest_snapshot_problem(run_dir: Path) -> str | None:
+    """What is wrong with the newest published snapshot, in words (None: intact or none yet)."""
+    from controller.fingerprint import config_fingerprint
+    from controller.restore.restore_source import newest_published_problem
+    from schemas.config import TurnkeepConfig
+
+    run_json, config_json = run_dir / "run.json", run_dir / "config.json"
+    if not (run_json.exists() and config_json.exists()):
+        return None  # killed before the run claimed its directory: nothing was published
+    run_id = orjson.loads(run_json.read_bytes())["run_id"]
+    fingerprint = config_fingerprint(TurnkeepConfig.model_validate_json(config_json.read_bytes()))
+    problem = newest_published_problem(run_dir, run_id, fingerprint)
+    return None if problem is None else f"{problem.path}: {problem.problem} ({problem.detail})"
+
+
+def _max_delay_s(args, config: Path) -> float:
+    if args.max_delay_s is not None:
+        if args.max_delay_s <= RANDOM_MIN_DELAY_S:
+            raise ConfigError(f"--max-delay-s {args.max_delay_s}: must be more than {RANDOM_MIN_DELAY_S} s")
+        return args.max_delay_s
+    return random_max_delay_s(load_config(config, parse_overrides(args.set)))
+
+

@@ -1,0 +1,115 @@
+"""What `turnkeep chaos --target` kills, and what it then expects of the run.
+
+- `all`: the whole process tree, as a preempted machine loses it; the next start restores.
+- `controller`: the `turnkeep run` process alone (the OOM killer's pick); everything it
+  started lives on, and the next start re-attaches to it (`workers.ray_cluster.survivors`).
+- `trainer`, `policy`: that process alone; the run stops with a one-line reason, and the
+  next start restores.
+- `env`, `temporal`: that process alone; the run starts it again and goes on, no restart.
+
+Processes are found through the pid files the run writes (`primitives.pid_files`), never
+through the product's own hooks, and killed with SIGKILL at a moment chaos picks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from primitives.pid_files import live_pid, live_pids
+from primitives.process_tree import kill_tree
+
+TARGETS = ("all", "controller", "trainer", "policy", "env", "temporal")
+EVERY = "every"
+REPAIRED_BY_THE_RUN = ("env", "temporal")
+"""Targets the run starts again by itself: no restart follows their kill."""
+STOPS_THE_RUN = ("trainer", "policy")
+"""Targets whose death stops the run with a one-line reason."""
+STOP_LINE = "turnkeep: the run was stopped"
+
+
+def parse_targets(text: str) -> list[str]:
+    targets = [t.strip() for t in text.split(",") if t.strip()]
+    if targets == [EVERY]:
+        return list(TARGETS)
+    unknown = [t for t in targets if t not in TARGETS]
+    if unknown or not targets:
+        raise ValueError(f"--target {text!r}: unknown {unknown}; choose from {', '.join(TARGETS)} (a comma list) "
+                         f"or {EVERY}")
+    return list(dict.fromkeys(targets))
+
+
+@dataclass
+class Kill:
+    killed: int
+    """Processes SIGKILLed (0: the target was not running)."""
+    pid: int | None
+
+
+def kill_target(target: str, run_dir: Path, root_pid: int) -> Kill:
+    """SIGKILL the target now; `root_pid` is the `turnkeep run` process of the current incarnation."""
+    if target == "all":
+        return Kill(kill_everything(run_dir, root_pid), root_pid)
+    pid = root_pid if target == "controller" else live_pid(run_dir, target)
+    if pid is None:
+        return Kill(0, None)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return Kill(0, pid)
+    return Kill(1, pid)
+
+
+def kill_everything(run_dir: Path, root_pid: int | None) -> int:
+    """SIGKILL the controller's tree and every process of the run in a session of its own (Temporal, the run's
+    Ray, found by their pid files), as a lost machine loses them."""
+    killed = kill_tree(root_pid) if root_pid is not None else 0
+    for pid in live_pids(run_dir).values():
+        killed += kill_tree(pid)
+    return killed
+
+
+def repaired(run_dir: Path, target: str, killed_pid: int | None) -> bool:
+    """The run started the target again: a live process under its pid file, not the one killed."""
+    pid = live_pid(run_dir, target)
+    return pid is not None and pid != killed_pid
+
+
+def stop_reason(log: Path) -> str:
+    """The run's one-line reason for stopping, from its log ('' if it gave none)."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    stopped = [line for line in lines if line.startswith(STOP_LINE)]
+    return stopped[-1] if stopped else ""
+
+
+def sessions_cleanup(session_ids: list[int], timeout_s: float = 30.0) -> int:
+    """SIGKILL whatever is left in the sessions of earlier incarnations (a controller kill leaves its
+    children running on purpose; at the end of a chaos run nothing may outlive it)."""
+    wanted = set(session_ids)
+    victims = []
+    for process in psutil.process_iter():
+        try:
+            if os.getsid(process.pid) in wanted and process.pid != os.getpid():
+                process.send_signal(signal.SIGKILL)
+                victims.append(process)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    deadline = time.monotonic() + timeout_s
+    while any(_alive(p) for p in victims) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return len(victims)
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

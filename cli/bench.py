@@ -1,0 +1,105 @@
+"""`turnkeep bench <name>`: run one benchmark, print its table, write `<out>/<name>.json`;
+`turnkeep bench markdown` renders every result in `<out>` into BENCHMARKS.md, keeping the file's sections of
+benchmarks that `<out>` has no result for."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import shlex
+import sys
+from pathlib import Path
+
+import orjson
+
+BENCHMARKS = {
+    "overhead": "snapshots off vs on in alternating pairs, same seed and length: rollout tokens/s, train steps/min",
+    "wasted": "a slow participant, with and without the trainer hold: attempts thrown away, trainer wait",
+    "lower_bound": "admission-closed seconds per attempt against the shortest possible",
+    "orchestration": "per attempt, wall time minus time inside activities (what Temporal adds)",
+    "scaling": "synthetic agents and rows: seconds per phase and bytes as they grow",
+    "recovery": "restart to first generation and tokens generated again, from a chaos run",
+    "memory": "peak RSS of each process of the overhead runs",
+    "fanout": "one attempt's Gym phase over 1, 4 and 16 environment servers, some slow: all at once vs one by one",
+    "soak": "1,000 snapshot attempts back to back: file descriptors, threads, RSS and Temporal histories stay flat",
+}
+ORDER = list(BENCHMARKS)
+REPO = Path(__file__).resolve().parents[1]
+
+
+def add_bench_parser(subparsers) -> None:
+    bench = subparsers.add_parser("bench", help="measure what snapshots and recovery cost (prints tables)")
+    names = bench.add_subparsers(dest="bench", required=True)
+    for name, text in BENCHMARKS.items():
+        parser = names.add_parser(name, help=text, description=text)
+        parser.add_argument("--out", type=Path, default=Path("runs/bench"), help="where runs and results go")
+        parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                            help="config override for the runs it starts")
+        importlib.import_module(f"bench.{name}").add_arguments(parser)
+    markdown = names.add_parser("markdown", help="render every result in --out into BENCHMARKS.md (sections of "
+                                             "benchmarks --out has no result for stay as they are)")
+    markdown.add_argument("--out", type=Path, default=Path("runs/bench"))
+    markdown.add_argument("--file", type=Path, default=REPO / "BENCHMARKS.md")
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from bench.report import write_result
+
+    if args.bench == "markdown":
+        args.file.write_text(render_markdown(args.out, args.file.read_text() if args.file.exists() else ""))
+        print(f"turnkeep bench: wrote {args.file}")
+        return 0
+    result = importlib.import_module(f"bench.{args.bench}").run(args)
+    command = "turnkeep " + " ".join(shlex.quote(a) for a in args.argv)
+    path = write_result(args.out, result, command)
+    print(f"\n## {result.name}\n\n{result.table}\n")
+    for note in result.notes:
+        print(f"- {note}")
+    print(f"\nturnkeep bench: {path}")
+    return 0
+
+
+def render_markdown(out: Path, previous: str = "") -> str:
+    """Every result in `out` as a section; a benchmark without one keeps its section of `previous` (its own command
+    and machine lines say when and how it was measured)."""
+    results = {p.stem: orjson.loads(p.read_bytes()) for p in sorted(out.glob("*.json"))}
+    if not results:
+        raise SystemExit(f"no results in {out}; run `turnkeep bench <name>` first")
+    sections = {name: body for name, body in _sections(previous).items() if name not in results}
+    for name, r in results.items():
+        m = r["machine"]
+        about = BENCHMARKS.get(name, "")
+        lines = [f"## {name}", "", about[:1].upper() + about[1:] + ".", "", r["table"], ""]
+        lines += [f"- {note}" for note in r["notes"]]
+        lines += ["", f"Command: `{r['command']}`  ", f"Machine: {m['cpu']}, {m['cores']} cores, "
+                  f"{m['memory_gib']} GiB, Python {m['python']}, {m['os']}", ""]
+        sections[name] = "\n".join(lines)
+    head = ["# Benchmarks", "", "What a snapshot and a recovery cost, measured side by side on one machine. "
+            "Every table is written by `turnkeep bench <name>` (the command is under each table; results are "
+            "JSON in `--out`, default `runs/bench`) and collected here with `turnkeep bench markdown`. Figures, "
+            "not timed tests.", ""]
+    ordered = sorted(sections, key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER))
+    return "\n".join(head + [sections[name] for name in ordered])
+
+
+def _sections(text: str) -> dict[str, str]:
+    """`## name` -> that section's text up to the next `## ` heading (the file's head is not a section)."""
+    sections: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            current = line[3:].strip()
+            sections[current] = []
+        if current is not None:
+            sections[current].append(line)
+    return {name: "\n".join(lines).rstrip("\n") + "\n" for name, lines in sections.items()}
+
+
+def main_bench(argv: list[str]) -> int:  # pragma: no cover - for `python -m cli.bench`
+    from cli.main import main
+
+    return main(["bench", *argv])
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main_bench(sys.argv[1:]))

@@ -1,0 +1,64 @@
+"""`turnkeep`: the command line. Each command is a module of `cli/` with its parser and what it runs."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from chaos.runner import run_chaos
+from cli.bench import add_bench_parser, run_bench
+from cli.chaos import add_chaos_parser
+from cli.env_server import add_env_server_parser, run_env_server
+from cli.make_model import add_make_model_parser, run_make_model
+from cli.plot import add_plot_parser, run_plot
+from cli.run import add_run_parser, run_run
+from cli.status import add_status_parser, run_status
+
+COMMANDS = {
+    "run": (add_run_parser, run_run),
+    "chaos": (add_chaos_parser, run_chaos),
+    "bench": (add_bench_parser, run_bench),
+    "env-server": (add_env_server_parser, run_env_server),
+    "status": (add_status_parser, run_status),
+    "plot": (add_plot_parser, run_plot),
+    "make-model": (add_make_model_parser, run_make_model),
+}
+"""Each command's parser and what it runs (given the parsed arguments; `args.argv` is the command line)."""
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="turnkeep", description=__doc__.split(".")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add_parser, _ in COMMANDS.values():
+        add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(argv if argv is not None else sys.argv[1:])
+    args = _build_parser().parse_args(argv)
+    args.argv = argv
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return COMMANDS[args.command][1](args)
+
+
+QUICK_EXIT_COMMANDS = frozenset({"status"})
+"""Short-lived commands that leave without the interpreter's finalization. `status` asks Temporal with a deadline;
+a call that outlives it completes on the client's Rust threads while Python finalizes, and Python aborts the
+process ("Fatal Python error: PyGILState_Release", SIGABRT) after the report was already printed."""
+
+
+def entry() -> None:
+    """The `turnkeep` command (and `python -m cli.main`); `main` stays callable in-process."""
+    code = main()
+    if len(sys.argv) > 1 and sys.argv[1] in QUICK_EXIT_COMMANDS:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,45 @@
+"""`turnkeep bench markdown`: the results in --out replace their sections; the others stay as they were."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.report import BenchResult, write_result
+from cli.bench import render_markdown
+
+PREVIOUS = """# Benchmarks
+
+Old head.
+
+## overhead
+
+| old overhead table |
+
+Command: `turnkeep bench overhead --out old`
+
+## wasted
+
+| old wasted table |
+
+- an old note
+
+Command: `turnkeep bench wasted --out old`
+"""
+
+
+def test_a_result_replaces_its_section_and_the_others_are_kept_in_order(tmp_path):
+    write_result(tmp_path, BenchResult(name="scaling", table="| new scaling |", notes=["flat"], data={}),
+                 "turnkeep bench scaling --out new")
+    write_result(tmp_path, BenchResult(name="overhead", table="| new overhead |", notes=[], data={}),
+                 "turnkeep bench overhead --out new")
+    text = render_markdown(tmp_path, PREVIOUS)
+    assert "old overhead table" not in text and "| new overhead |" in text
+    assert "| old wasted table |\n\n- an old note\n\nCommand: `turnkeep bench wasted --out old`" in text
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    assert headings == ["## overhead", "## wasted", "## scaling"]  # the benchmarks' own order
+    assert text.startswith("# Benchmarks\n") and "Old head." not in text
+
+
+def test_no_result_at_all_is_refused_and_names_the_command(tmp_path):
+    with pytest.raises(SystemExit, match="run `turnkeep bench <name>` first"):
+        render_markdown(tmp_path, PREVIOUS)

@@ -1,0 +1,80 @@
+"""The Ray keeper's watch: it stops the run's Ray on the controller's stop, when Ray's head
+exits, and when the controller stays dead past `ray.survive_controller_s`, never while a
+controller (the old one or a new one) is alive; and its session stop leaves nothing behind."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+
+from primitives.pid_files import write_pid_file
+from workers.ray_cluster.keeper import _watch
+
+
+def _sleeper() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
+def _dead_controller(run_dir) -> None:
+    proc = _sleeper()
+    write_pid_file(run_dir, "controller", proc.pid)
+    proc.kill()
+    proc.wait()
+
+
+def test_a_dead_controller_stops_the_head_only_after_the_survival_window(tmp_path) -> None:
+    _dead_controller(tmp_path)
+    head = _sleeper()
+    try:
+        began = time.monotonic()
+        reason = _watch(head, tmp_path, 1.0, [])
+        waited = time.monotonic() - began
+    finally:
+        head.kill()
+    assert "no new one started within ray.survive_controller_s = 1 s" in reason
+    assert waited >= 1.0
+
+
+def test_a_new_controller_within_the_window_keeps_the_head(tmp_path) -> None:
+    _dead_controller(tmp_path)
+    head = _sleeper()
+    stop: list[int] = []
+    # A new controller writes its pid file after 0.5 s; the watch must then run on until told to stop.
+    threading.Timer(0.5, lambda: write_pid_file(tmp_path, "controller", psutil.Process().pid)).start()
+    threading.Timer(3.0, lambda: stop.append(signal.SIGTERM)).start()
+    try:
+        reason = _watch(head, tmp_path, 1.5, stop)
+    finally:
+        head.kill()
+    assert reason == "signal SIGTERM (the controller's stop)"
+
+
+def test_the_heads_exit_ends_the_watch(tmp_path) -> None:
+    write_pid_file(tmp_path, "controller", psutil.Process().pid)
+    head = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    assert _watch(head, tmp_path, 60.0, []) == "Ray's head process exited with 3"
+
+
+def test_the_session_stop_takes_every_process_of_the_session() -> None:
+    script = (
+        "import os, subprocess, sys\n"
+        "from workers.ray_cluster.keeper import stop_session\n"
+        "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']) for _ in range(2)]\n"
+        "# One ignores SIGTERM, as a stuck engine would: it is SIGKILLed after the grace.\n"
+        "kids.append(subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)']))\n"
+        "import time; time.sleep(0.5)\n"
+        "print(' '.join(str(k.pid) for k in kids), flush=True)\n"
+        "print(stop_session({os.getpid()}, grace_s=1.0), flush=True)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                         start_new_session=True)
+    pids_line, count_line = out.stdout.strip().splitlines()[-2:]
+    assert int(count_line) == 3, out.stderr
+    for pid in map(int, pids_line.split()):
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

@@ -1,0 +1,110 @@
+"""Keeps the run's own Ray head alive across a controller crash, and no longer than that.
+
+`turnkeep run` starts this process in a session of its own (`workers.ray_cluster.head`); it runs
+`ray start --head --block` as its child, so Ray, its workers and vLLM's engine all live
+in this session and none of them in the controller's. A SIGKILL of the controller (the
+OOM killer, a bug) therefore leaves the trainer, the policy server and the environment
+server running for the next controller to re-attach to.
+
+It stops the whole session when
+- it gets SIGTERM or SIGINT (the controller's own stop),
+- the controller has been dead for `--survive-controller-s` and no new one started: nobody
+  came back, so the GPUs and memory are handed back,
+- Ray's head process exits.
+
+The controller is the process named in `<run_dir>/pids/controller.json`; a new controller
+writes that file before it looks for Ray, which resets the wait.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from primitives.pid_files import live_pid
+
+POLL_S = 0.5
+TERM_GRACE_S = 10.0
+"""SIGTERM first, so vLLM and Ray close their shared memory and sockets; SIGKILL after this."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workers.ray_cluster.keeper")
+    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--survive-controller-s", type=float, required=True)
+    parser.add_argument("ray_args", nargs=argparse.REMAINDER, help="after --: the arguments of `ray start`")
+    args = parser.parse_args(argv)
+    ray_args = args.ray_args[1:] if args.ray_args[:1] == ["--"] else args.ray_args
+    stop_signal: list[int] = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda number, _frame: stop_signal.append(number))
+    head = subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", "start", *ray_args])
+    reason = _watch(head, args.run_dir, args.survive_controller_s, stop_signal)
+    _say(f"stopping the run's Ray head and everything in its session: {reason}")
+    stopped = stop_session(exclude={os.getpid()})
+    _say(f"stopped {stopped} processes")
+    return 0
+
+
+def _watch(head: subprocess.Popen, run_dir: Path, survive_s: float, stop_signal: list[int]) -> str:
+    orphaned_since: float | None = None
+    while True:
+        if stop_signal:
+            return f"signal {signal.Signals(stop_signal[0]).name} (the controller's stop)"
+        if head.poll() is not None:
+            return f"Ray's head process exited with {head.returncode}"
+        if live_pid(run_dir, "controller") is None:
+            orphaned_since = orphaned_since if orphaned_since is not None else time.monotonic()
+            if time.monotonic() - orphaned_since >= survive_s:
+                return (f"the controller died and no new one started within ray.survive_controller_s = "
+                        f"{survive_s:g} s")
+        else:
+            orphaned_since = None
+        time.sleep(POLL_S)
+
+
+def stop_session(exclude: set[int], grace_s: float = TERM_GRACE_S) -> int:
+    """SIGTERM every other process of this session (and their children), SIGKILL what is left after `grace_s`."""
+    victims = _session_processes(os.getsid(0), exclude)
+    for process in victims:
+        _signal(process, signal.SIGTERM)
+    _, alive = psutil.wait_procs(victims, timeout=grace_s)
+    for process in alive:
+        _signal(process, signal.SIGKILL)
+    psutil.wait_procs(alive, timeout=grace_s)
+    return len(victims)
+
+
+def _session_processes(sid: int, exclude: set[int]) -> list[psutil.Process]:
+    found: dict[int, psutil.Process] = {}
+    for process in psutil.process_iter():
+        try:
+            if process.pid not in exclude and os.getsid(process.pid) == sid:
+                found[process.pid] = process
+                # A child that made a session of its own (some engines do) goes too.
+                found.update({child.pid: child for child in process.children(recursive=True)})
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return [p for pid, p in found.items() if pid not in exclude]
+
+
+def _signal(process: psutil.Process, signum: int) -> None:
+    try:
+        process.send_signal(signum)
+    except psutil.Error:
+        pass
+
+
+def _say(message: str) -> None:
+    print(f"ray_keeper: {message}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Ray placement of the trainer, the policy server and the environment server.
+
+Local by default (Ray's temp dir inside the run directory, listening on loopback, with
+token authentication: `workers/ray_cluster/security.py`); `ray.address` joins an existing
+cluster instead, with its token. The run's control token
+(`<run_dir>/control_token`, mode 0600) is created here and handed to the policy
+server and the environment server, whose checkpoint routes require it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import ray
+
+from controller.config_file import ConfigError
+from controller.processes import EnvServerEndpoint, Processes
+from envs.kinds import local_environments
+from primitives.control_token import create_control_token
+from primitives.pid_files import write_pid_file
+from schemas.config import TurnkeepConfig
+from workers.local_env_server import LocalEnvServer
+from workers.ray_cluster.gpu_placement import PlacementError, actor_options, reserve
+from workers.ray_cluster.head import RayHead, ray_temp_dir, start_or_find_head
+from workers.ray_cluster.security import ensure_ray_token
+
+
+def start_ray(cfg: TurnkeepConfig, run_dir: Path, namespace: str | None = None) -> None:
+    """Ray inside this process: it and the run's processes die with it (the test suite's shared stack, and a run
+    with `ray.survive_controller_s = 0`). `workers.ray_cluster.security.apply_ray_environment` must have run before Ray was
+    imported (the CLI does it)."""
+    ensure_ray_token(cfg)
+    if cfg.ray.address:
+        ray.init(address=cfg.ray.address, namespace=namespace, logging_level="WARNING")
+        return
+    ray.init(
+        num_cpus=cfg.ray.num_cpus or os.cpu_count(),
+        _temp_dir=str(ray_temp_dir(run_dir)),
+        include_dashboard=False,
+        logging_level="WARNING",
+        log_to_driver=True,
+        namespace=namespace,
+    )
+
+
+def join_ray(cfg: TurnkeepConfig, run_dir: Path, namespace: str) -> RayHead | None:
+    """The run's Ray. Local Ray with `ray.survive_controller_s` > 0: its own head (`workers.ray_cluster.head`), found again
+    after a controller crash or started; the run's processes are then detached actors that outlive this process.
+    Otherwise Ray inside this process (None)."""
+    if cfg.ray.address or cfg.ray.survive_controller_s == 0:
+        start_ray(cfg, run_dir, namespace)
+        return None
+    ensure_ray_token(cfg)
+    head = start_or_find_head(cfg, run_dir)
+    ray.init(address=head.address, namespace=namespace, logging_level="WARNING", log_to_driver=True)
+    return head
+
+
+def reserve_gpus(cfg: TurnkeepConfig, detached: bool = False):
+    """The placement group of the trainer's and the policy server's GPUs (None: no GPUs asked for).
+
+    Refused with the numbers when the cluster has too few; Ray is shut down again then.
+    """
+    try:
+        return reserve(cfg.placement, detached)
+    except PlacementError:
+        ray.shutdown()
+        raise
+
+
+async def _model_dir(cfg_json: str) -> str:
+    """The model's directory, made on a node of the cluster; a model setting that cannot work is one line."""
+    from gpu_workers.tiny_model.build import ModelUnusable
+
+    try:
+        return await _make_model.remote(cfg_json)
+    except ray.exceptions.RayTaskError as err:
+        if isinstance(getattr(err, "cause", None), ModelUnusable):
+            raise ConfigError(str(err.cause)) from None
+        raise
+
+
+@ray.remote(num_cpus=0)
+def _make_model(cfg_json: str) -> str:
+    from workers.model_maker import tiny_model_dir
+
+    return str(tiny_model_dir(TurnkeepConfig.model_validate_json(cfg_json)))
+
+
+async def launch(cfg: TurnkeepConfig, incarnation: int | None = None, gpus=None,
+                 identity: dict | None = None) -> Processes:
+    """Start the three processes; with `incarnation`, the environment server writes turn commits to the audit log.
+
+    With `identity` (the run id and `process_digest` of the config) they are detached actors, stamped with it, that
+    outlive this controller: a restarted one re-attaches to them (`workers.ray_cluster.survivors`)."""
+    from gpu_workers.policy_actor import PolicyActor
+    from gpu_workers.trainer_actor import TrainerActor
+
+    detached = {"lifetime": "detached"} if identity is not None else {}
+    cfg_json = cfg.model_dump_json()
+    token = create_control_token(cfg.run.run_dir)
+    model_dir = await _model_dir(cfg_json)
+    trainer = TrainerActor.options(name="trainer", **detached,
+                                   **actor_options(cfg.placement, gpus, "trainer")).remote()
+    policy = PolicyActor.options(name="policy", num_cpus=0, **detached,
+                                 **actor_options(cfg.placement, gpus, "policy")).remote()
+    policy_cfg = cfg.policy.model_copy(update={"dtype": cfg.policy.dtype or cfg.model.dtype})
+    policy_url = await policy.start.remote(model_dir, policy_cfg.model_dump_json(), cfg.run.seed, token)
+    await trainer.setup.remote(model_dir, cfg_json)
+    for role, actor in (("trainer", trainer), ("policy", policy)):
+        write_pid_file(cfg.run.run_dir, role, await actor.__ray_call__.remote(_pid_of))
+    local = sorted(local_environments(cfg.environments))
+    env, env_url, servers = None, None, []
+    if local:
+        env = LocalEnvServer(cfg, Path(model_dir), policy_url, token, incarnation, identity=identity)
+        env_url = await env.start()
+        servers.append(EnvServerEndpoint("env", env_url, token, local))
+    if identity is not None:
+        await trainer.stamp.remote({**identity, "model_dir": model_dir})
+        await policy.stamp.remote({**identity, "model_dir": model_dir, "url": policy_url})
+    return Processes(trainer, policy, env, Path(model_dir), policy_url, env_url, token, servers)
+
+
+def _pid_of(actor) -> int:
+    return os.getpid()
+
+
+async def shutdown(processes: Processes | None) -> None:
+    if processes is not None:
+        for process in (processes.env, processes.policy):
+            if process is None:
+                continue
+            try:
+                await (process.stop() if isinstance(process, LocalEnvServer) else process.stop.remote())
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
+    ray.shutdown()

@@ -1,0 +1,136 @@
+"""After a controller crash: the trainer, the policy server and the run's environment server
+that the dead controller left running in the run's own Ray (`workers.ray_cluster.head`),
+re-attached instead of started again.
+
+They are reused only when every one the config needs is there, answers within
+`IDENTITY_TIMEOUT_S`, carries this run's id and was started with this very config
+(`controller.fingerprint.process_digest`), and the restore will load a trainer checkpoint
+into them (a run with none starts afresh, and fresh processes hold the initial weights).
+Otherwise whatever is left is stopped, and the run starts its processes anew.
+
+A reused process is fenced before anything else reaches it: the dead controller's
+Temporal workers, holds, prepared checkpoint, agents and unACKed results go. What it
+held of the run's state is then replaced by the restore, exactly as for new processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+from ray.util.placement_group import get_placement_group, remove_placement_group
+
+from controller.processes import EnvServerEndpoint, Processes
+from envs.kinds import local_environments
+from primitives.control_token import create_control_token
+from schemas.config import TurnkeepConfig
+from workers.local_env_server import LocalEnvServer
+
+log = logging.getLogger("turnkeep.run")
+
+IDENTITY_TIMEOUT_S = 10.0
+FENCE_TIMEOUT_S = 120.0
+"""The trainer's fence waits out a train step the dead controller left running."""
+STOP_TIMEOUT_S = 30.0
+ENV_ACTOR = re.compile(r"^env(?:-restart-(\d+))?$")
+GPU_GROUP = "turnkeep-gpus"
+
+
+@dataclass(frozen=True)
+class Found:
+    trainer: object | None
+    policy: object | None
+    env: object | None
+    env_restarts: int
+
+    def handles(self) -> list:
+        return [h for h in (self.trainer, self.policy, self.env) if h is not None]
+
+
+def find_survivors() -> Found:
+    """The run's named actors in this Ray namespace (the newest environment server if it was restarted)."""
+    names = set(ray.util.list_named_actors())
+    env_name, env_restarts = None, -1
+    for name in names:
+        if (match := ENV_ACTOR.match(name)) and int(match.group(1) or 0) > env_restarts:
+            env_name, env_restarts = name, int(match.group(1) or 0)
+    get = lambda name: ray.get_actor(name) if name in names else None  # noqa: E731
+    return Found(get("trainer"), get("policy"), get(env_name) if env_name else None, max(env_restarts, 0))
+
+
+async def reattach(cfg: TurnkeepConfig, stamp: dict, incarnation: int, restorable: bool) -> Processes | None:
+    """What an earlier controller left running, fenced for `incarnation`; or None, and then none of it is left
+    running. `restorable`: the restore will load a trainer checkpoint (a resumed run that has one)."""
+    found = find_survivors()
+    if not found.handles():
+        return None
+    identities, problem = await _identities(found, cfg, stamp)
+    if problem is None and not restorable:
+        problem = "the run has no trainer checkpoint yet, so it starts from fresh processes"
+    if problem is not None:
+        log.warning("not re-attaching the processes an earlier controller left running (%s); stopping them", problem)
+        await stop_survivors(found)
+        return None
+    await asyncio.wait_for(found.trainer.fence.remote(), FENCE_TIMEOUT_S)
+    fenced = await asyncio.wait_for(found.policy.fence.remote(), FENCE_TIMEOUT_S)
+    log.info("policy server fenced: %s", fenced)
+    token = create_control_token(cfg.run.run_dir)
+    policy_url, model_dir = identities["policy"]["url"], Path(identities["policy"]["model_dir"])
+    env, env_url, servers = None, None, []
+    if found.env is not None:
+        log.info("environment server fenced: %s", await asyncio.wait_for(found.env.fence.remote(incarnation),
+                                                                        FENCE_TIMEOUT_S))
+        env_url = identities["env"]["url"]
+        env = LocalEnvServer(cfg, model_dir, policy_url, token, incarnation, identity=stamp)
+        env.adopt(found.env, env_url, found.env_restarts)
+        servers.append(EnvServerEndpoint("env", env_url, token, sorted(local_environments(cfg.environments))))
+    return Processes(found.trainer, found.policy, env, model_dir, policy_url, env_url, token, servers, reused=True)
+
+
+async def stop_survivors(found: Found) -> None:
+    """Stopped the way a run stops them (vLLM's engine processes go with the policy server), then killed."""
+    for handle in (found.env, found.policy):
+        if handle is not None:
+            try:
+                await asyncio.wait_for(handle.stop.remote(), STOP_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - dead or hung: the kill below does it
+                pass
+    for handle in found.handles():
+        try:
+            ray.kill(handle, no_restart=True)
+        except Exception:  # noqa: BLE001 - already dead is fine
+            pass
+    try:
+        remove_placement_group(get_placement_group(GPU_GROUP))
+    except Exception:  # noqa: BLE001 - none reserved (no GPUs), or already gone
+        pass
+    # The new processes take the same names, which are free once Ray has seen the old ones die.
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while find_survivors().handles() and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+
+
+async def _identities(found: Found, cfg: TurnkeepConfig, stamp: dict) -> tuple[dict[str, dict], str | None]:
+    wanted = {"trainer": found.trainer, "policy": found.policy}
+    if local_environments(cfg.environments):
+        wanted["env"] = found.env
+    missing = sorted(name for name, handle in wanted.items() if handle is None)
+    if missing:
+        return {}, f"{', '.join(missing)} not running"
+    identities = {}
+    for name, handle in wanted.items():
+        try:
+            identity = await asyncio.wait_for(handle.identity.remote(), IDENTITY_TIMEOUT_S)
+        except Exception as err:  # noqa: BLE001 - dead, hung or another class: not reusable either way
+            return {}, f"{name} does not answer ({type(err).__name__})"
+        if not identity or identity.get("run_id") != stamp["run_id"]:
+            return {}, f"{name} belongs to another run"
+        if identity.get("digest") != stamp["digest"]:
+            return {}, f"{name} was started with other settings"
+        identities[name] = identity
+    return identities, None
