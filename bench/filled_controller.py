@@ -18,6 +18,7 @@ from controller.state.claim_ledger import ClaimLedger
 from controller.state.data_plane import DataPlane
 from controller.state.dataloader import PromptDataloader
 from controller.state.group_ledger import GroupLedger
+from envs.calc_task import CalcProblems
 from schemas.config import TaskConfig
 from schemas.rollout import RolloutRequest
 
@@ -45,7 +46,7 @@ class FilledController:
 
     def __init__(self) -> None:
         self.training = SettledTraining()
-        self.dataloader = PromptDataloader(TaskConfig(), seed=0)
+        self.dataloader = PromptDataloader(CalcProblems(TaskConfig(), 0), seed=0)
         self.data_plane = DataPlane()
         self.claims = ClaimLedger()
         self.ledger = GroupLedger()

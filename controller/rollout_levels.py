@@ -141,11 +141,3 @@ def _group_size_mismatch(name: str, scored: int | None, group_size: int) -> Roll
         f"environments.{name}.group_size = {scored} but rollout.group_size = {group_size}: a group-scored "
         f"environment scores exactly one whole group; set both to the same value"
     )
-
-
-def local_level_plans(cfg: TurnkeepConfig) -> dict[str, RolloutLevelPlan]:
-    """Plans from the built-in kinds' own capabilities (what this package's environment server reports)."""
-    from envs.kinds import environment_capabilities
-
-    plans, _ = plan_levels(cfg, environment_capabilities(cfg.environments, cfg.rollout.group_size))
-    return plans

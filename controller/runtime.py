@@ -26,12 +26,13 @@ from controller.pumps.env_client import EnvClient
 from controller.pumps.env_router import EnvRouter, EnvServerLink
 from controller.pumps.rollout_pump import RolloutPump
 from controller.pumps.train_pump import StepReport, TrainPump
-from controller.rollout_levels import RolloutLevelPlan, local_level_plans
+from controller.rollout_levels import RolloutLevelPlan
 from controller.state.claim_ledger import ClaimLedger
 from controller.state.cut_state import capture_cut
 from controller.state.data_plane import DataPlane
 from controller.state.dataloader import PromptDataloader
 from controller.state.group_ledger import GroupLedger
+from controller.state.prompt_sources import PromptSource
 from controller.state.run_stats import RunStats
 from controller.stores.metrics import MetricsSink
 from controller.stores.trainer_checkpoint import (
@@ -69,11 +70,12 @@ class RunStopped(RuntimeError):
 
 class Controller:
     def __init__(
-        self, cfg: TurnkeepConfig, processes: Processes, session: aiohttp.ClientSession, max_steps: int | None,
-        audit: AuditLog | None = None, checkpoint_identity: CheckpointIdentity | None = None,
-        level_plans: dict[str, RolloutLevelPlan] | None = None,
+        self, cfg: TurnkeepConfig, processes: Processes, session: aiohttp.ClientSession, max_steps: int | None, *,
+        prompts: PromptSource, level_plans: dict[str, RolloutLevelPlan], audit: AuditLog | None = None,
+        checkpoint_identity: CheckpointIdentity | None = None,
     ):
-        """`level_plans`: each environment's level from its server's report (default: from the kinds' own)."""
+        """`prompts`: where the dataloader's prompts come from; `level_plans`: each environment's recovery level,
+        from what its server reports (`controller.rollout_levels.plan_levels`)."""
         self.cfg = cfg
         self.processes = processes
         self.stats = RunStats()
@@ -81,7 +83,7 @@ class Controller:
         # Rollout clocks pause for their own holders (a snapshot, a colocated switch), not for a refit.
         self.deadline_holds = HoldSet("deadlines")
         self.deadlines = DeadlineRegistry(self.deadline_holds)
-        self.dataloader = PromptDataloader(cfg.task, cfg.run.seed, cfg.environments, data=cfg.data)
+        self.dataloader = PromptDataloader(prompts, cfg.run.seed, cfg.environments, shuffle=cfg.data.shuffle)
         self.ledger = GroupLedger()
         self.claims = ClaimLedger()
         self.data_plane = DataPlane()
@@ -111,7 +113,7 @@ class Controller:
             self.deadlines,
             self.stats,
             on_group_settled=lambda gid, ok: self.training.group_settled(gid, ok),
-            plans=level_plans or local_level_plans(cfg),
+            plans=level_plans,
             audit=audit,
         )
         self.training = TrainPump(

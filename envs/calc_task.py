@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 
 from schemas.config import TaskConfig
-from schemas.rollout import Problem
+from schemas.rollout import Problem, PromptRecord
 
 SUPPORTED_OPERATORS = "+-*"
 ALPHABET = "0123456789+-*/ \nQCRAE"
@@ -94,6 +94,23 @@ def sample_problem(cfg: TaskConfig, rng: random.Random) -> Problem:
     ops = [rng.choice(cfg.operators) for _ in range(cfg.num_operands - 1)]
     question = "Q " + str(operands[0]) + "".join(f"{o}{n}" for o, n in zip(ops, operands[1:]))
     return Problem(question=question, answer=_evaluate(operands, ops))
+
+
+class CalcProblems:
+    """The default task as a prompt source (`controller.state.prompt_sources`): problem i of an endless sequence,
+    drawn from (seed, i) alone."""
+
+    path = None
+    digest = None
+    size = None
+
+    def __init__(self, task: TaskConfig, seed: int) -> None:
+        self._task = task
+        self._seed = seed
+
+    def record(self, position: int) -> PromptRecord:
+        problem = sample_problem(self._task, random.Random(f"{self._seed}:{position}"))
+        return PromptRecord(prompt=problem.question, answer=problem.answer)
 
 
 def parse_question(question: str) -> tuple[list[int], list[str]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.wire import Wire
 
@@ -30,6 +30,21 @@ class Problem(Wire):
     """Name of the configured environment (`[environments.<name>]`) that runs this problem."""
     metadata: dict[str, Any] = {}
     """Any other fields of the prompt's record (a prompts file), for the environment."""
+
+
+class PromptRecord(BaseModel):
+    """One prompt of a prompt source: a checked record of a prompts file, or a generated problem."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompt: str
+    """Text the environment shows (`Problem.question`)."""
+    answer: int | float | str | None = None
+    """The verifier's expected answer (None: the environment judges without one)."""
+    env: str | None = None
+    """The `[environments]` entry that runs this prompt (None: chosen by weight)."""
+    metadata: dict[str, Any] = {}
+    """Every other field of the record."""
 
 
 class RolloutRequest(Wire):

@@ -33,11 +33,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from controller.config_file import load_config  # noqa: E402
-from gpu_workers.tiny_model.build import ensure_tiny_model  # noqa: E402
 from gpu_workers.tiny_model.tokenizer import SPECIAL_TOKENS  # noqa: E402
 from gpu_workers.trainer import Trainer  # noqa: E402
 from primitives.holds import HoldSet  # noqa: E402
 from schemas.rollout import RolloutRow, Segment  # noqa: E402
+from workers.model_maker import tiny_model_dir  # noqa: E402
 
 SMALL = {
     "model.tiny.hidden_size": 64, "model.tiny.num_layers": 2, "model.tiny.num_heads": 2, "model.tiny.head_dim": 32,
@@ -82,7 +82,7 @@ def _pair(pair: str) -> tuple[str, object]:
 
 async def _check(cfg, out: Path, seq_len: int | None, steps: int) -> dict:
     made = time.perf_counter()
-    model_dir = ensure_tiny_model(cfg.model, cfg.task, cfg.run.seed, eval_rollouts=0)
+    model_dir = tiny_model_dir(cfg, eval_rollouts=0)
     made_s = time.perf_counter() - made
     trainer = Trainer(model_dir, cfg.train, cfg.model.dtype, cfg.run.seed, cfg.rollout.temperature, HoldSet("trainer"))
     params = sum(p.numel() for p in trainer.model.parameters())

@@ -1,16 +1,64 @@
 """The model a run trains: the configured `model.path`, or the tiny model made (once, cached) from the
-transcripts this run's environments hand in."""
+conversations this run's environments hand in.
+
+`transcript_source(cfg)` picks them: the default task's transcripts, or, with
+`[model.tiny] demonstrations`, an environment class's demonstrations. The name is an
+`[environments.<name>]` of kind "python" (its entry and options), or an import path
+`package.module:ClassName` (a remote environment's class, with its default options). The
+class is imported (its package must be installed where the model is made) and must offer
+demonstrations; `DemonstrationsError` names the problem otherwise.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from envs.calc_transcripts import CalcTranscripts
+from envs.codec import LINE_TEMPLATE
+from envs.environment import Environment
+from envs.loading import EnvironmentLoadError, load_environment
 from gpu_workers.tiny_model.build import EVAL_ROLLOUTS, ensure_tiny_model
-from gpu_workers.tiny_model.transcripts import demonstration_source
+from gpu_workers.tiny_model.transcripts import DemonstrationsError, DemoSource, TranscriptSource
 from schemas.config import TurnkeepConfig
 
 
 def tiny_model_dir(cfg: TurnkeepConfig, eval_rollouts: int = EVAL_ROLLOUTS) -> Path:
-    demonstrations = demonstration_source(cfg) if cfg.model.path is None else None
-    return ensure_tiny_model(cfg.model, cfg.task, cfg.run.seed, eval_rollouts=eval_rollouts,
-                             demonstrations=demonstrations)
+    """`model.path`, or the tiny model's cached directory (made first if it is not there yet)."""
+    if cfg.model.path is not None:
+        return ensure_tiny_model(cfg.model, CalcTranscripts(cfg.task), cfg.run.seed)
+    return ensure_tiny_model(cfg.model, transcript_source(cfg), cfg.run.seed, eval_rollouts=eval_rollouts)
+
+
+def transcript_source(cfg: TurnkeepConfig) -> TranscriptSource:
+    """The conversations the tiny model learns from; raises DemonstrationsError for unusable demonstrations."""
+    name = cfg.model.tiny.demonstrations
+    if name is None:
+        return CalcTranscripts(cfg.task)
+    where = f"model.tiny.demonstrations = {name!r}"
+    entry, options = _entry_and_options(cfg, name, where)
+    try:
+        loaded = load_environment(entry, options, "entry")
+    except EnvironmentLoadError as err:
+        raise DemonstrationsError(f"{where}: {err}") from None
+    if getattr(loaded.cls.demonstrations, "__func__", None) is Environment.demonstrations.__func__:
+        raise DemonstrationsError(
+            f"{where}: {entry} offers no demonstrations; implement the classmethod demonstrations(rng, count, "
+            "options), or unset model.tiny.demonstrations to warm-start on the calculator"
+        )
+    return DemoSource(name, entry, loaded.cls, loaded.options, LINE_TEMPLATE)
+
+
+def _entry_and_options(cfg: TurnkeepConfig, name: str, where: str) -> tuple[str, dict]:
+    if ":" in name:
+        return name, {}
+    spec = cfg.environments.get(name)
+    if spec is None:
+        raise DemonstrationsError(f"{where}: there is no [environments.{name}] (configured: "
+                                  f"{', '.join(sorted(cfg.environments))}); name one of them")
+    if spec.kind != "python" or spec.entry is None:
+        raise DemonstrationsError(
+            f"{where}: [environments.{name}] is kind = {spec.kind!r}; demonstrations come from a class loaded by "
+            'entry (kind = "python"). For a remote server, name its class instead: demonstrations = '
+            '"package.module:ClassName" (installed where the model is made)'
+        )
+    return spec.entry, spec.options

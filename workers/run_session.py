@@ -39,6 +39,7 @@ from schemas.participant import Capabilities
 from schemas.recovery import RecoveryResult, SourceKind
 from workers.preemption import PreemptionHandler
 from workers.process_watch import first_death, first_of
+from workers.prompts import prompt_source
 from workers.ray_cluster.head import RayHead, stop_head
 from workers.ray_cluster.placement import join_ray, launch, reserve_gpus, shutdown
 from workers.ray_cluster.survivors import reattach
@@ -97,7 +98,7 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
         controller = Controller(
             cfg, processes, session, max_steps, audit=audit,
             checkpoint_identity=CheckpointIdentity(identity.run_id, fingerprint_fields(cfg)),
-            level_plans=_recovery_plans(cfg, reported),
+            prompts=prompt_source(cfg), level_plans=_recovery_plans(cfg, reported),
         )
         stack.push_async_callback(controller.env_client.close)
         stack.callback(lambda: controller.data_plane.journal.close())

@@ -10,8 +10,9 @@ from controller.rollout_levels import check_rollout_levels
 from controller.state.prompt_files import check_prompt_file
 from envs.kinds import local_environments, resolve
 from envs.loading import EnvironmentLoadError
-from gpu_workers.tiny_model.transcripts import DemonstrationsError, demonstration_source
+from gpu_workers.tiny_model.transcripts import DemonstrationsError
 from schemas.config import TurnkeepConfig
+from workers.model_maker import transcript_source
 
 
 def check_before_start(cfg: TurnkeepConfig) -> None:
@@ -27,7 +28,7 @@ def check_before_start(cfg: TurnkeepConfig) -> None:
     check_prompt_file(cfg)
     if cfg.model.path is None:
         try:
-            demonstration_source(cfg)
+            transcript_source(cfg)
         except DemonstrationsError as err:
             raise ConfigError(str(err)) from None
 

@@ -6,39 +6,28 @@ import random
 
 from controller.journal.records import CURSOR
 from controller.journal.state_journal import NO_JOURNAL, JournalHooks
-from controller.state.prompt_files import PromptRecord, load_prompt_file, records_digest
-from envs.calc_task import sample_problem
-from schemas.config import DataConfig, EnvironmentSpec, TaskConfig
-from schemas.rollout import Problem
+from controller.state.prompt_sources import PromptSource
+from schemas.config import EnvironmentSpec
+from schemas.rollout import Problem, PromptRecord
 
 
 class PromptDataloader:
-    """Problem i is a pure function of (seed, i), so restoring `next_index` resumes exactly.
+    """Group i is a pure function of (source, seed, i), so restoring `next_index` resumes exactly.
 
-    Without a prompts file (`data.train` unset) problem i is a generated calculator problem.
-    With one of n records, group i is record `order[i % n]` of epoch `i // n`, where each
-    epoch's order is a permutation seeded by (seed, epoch) when `data.shuffle` (the file's
-    order otherwise). A group goes to its record's `env`, or else to one of the environments
-    by weight, also from (seed, i).
+    From an endless source (generated problems) group i is record i. From one of n records,
+    group i is record `order[i % n]` of epoch `i // n`, where each epoch's order is a
+    permutation seeded by (seed, epoch) when `shuffle` (the source's order otherwise). A group
+    goes to its record's `env`, or else to one of the environments by weight, also from (seed, i).
     """
 
-    def __init__(
-        self, task: TaskConfig, seed: int, environments: dict[str, EnvironmentSpec] | None = None, *,
-        data: DataConfig | None = None,
-    ) -> None:
-        self._task = task
+    def __init__(self, source: PromptSource, seed: int, environments: dict[str, EnvironmentSpec] | None = None, *,
+                 shuffle: bool = True) -> None:
+        self._source = source
         self._seed = seed
         environments = environments or {"calc": EnvironmentSpec()}
         self._env_names = sorted(environments)
         self._env_weights = [environments[name].weight for name in self._env_names]
-        data = data or DataConfig()
-        self._prompts_file = data.train
-        self._shuffle = data.shuffle
-        self._records: list[PromptRecord] | None = None
-        self._digest: str | None = None
-        if data.train is not None:
-            self._records = load_prompt_file(data.train, env_names=self._env_names)
-            self._digest = records_digest(self._records)
+        self._shuffle = shuffle
         self._order: list[int] = []
         self._order_epoch: int | None = None
         self.next_index = 0
@@ -47,17 +36,13 @@ class PromptDataloader:
     @property
     def epoch(self) -> int:
         """Whole passes over the prompts file so far (the epoch the next group comes from); 0 for generated problems."""
-        if self._records is None:
-            return 0
-        return self.next_index // len(self._records)
+        size = self._source.size
+        return 0 if size is None else self.next_index // size
 
     def next_group(self) -> tuple[str, Problem]:
         index = self.next_index
         self.next_index += 1
         self.journal.record(CURSOR, self.state_dict())
-        if self._records is None:
-            problem = sample_problem(self._task, random.Random(f"{self._seed}:{index}"))
-            return f"g{index:07d}", problem.model_copy(update={"env": self._weighted_env(index)})
         record = self._record_at(index)
         problem = Problem(question=record.prompt, answer=record.answer, env=record.env or self._weighted_env(index),
                           metadata=record.metadata)
@@ -70,8 +55,8 @@ class PromptDataloader:
 
     def state_dict(self) -> dict:
         return {"seed": self._seed, "next_index": self.next_index, "epoch": self.epoch,
-                "prompts_file": None if self._prompts_file is None else str(self._prompts_file),
-                "prompts_digest": self._digest}
+                "prompts_file": None if self._source.path is None else str(self._source.path),
+                "prompts_digest": self._source.digest}
 
     def load_state_dict(self, state: dict) -> None:
         if state["seed"] != self._seed:
@@ -85,30 +70,33 @@ class PromptDataloader:
 
     def _check_same_prompts(self, saved_file: str | None, saved_digest: str | None) -> None:
         """The position means nothing over other prompts: refuse rather than silently train on a different order."""
-        if saved_digest == self._digest:
+        digest, path = self._source.digest, self._source.path
+        if saved_digest == digest:
             return
         if saved_digest is None:
             raise ValueError(f"dataloader state was saved with generated problems ([task]), this run reads prompts "
-                             f"from {self._prompts_file}; unset data.train to continue that run, or use a new run_dir")
-        if self._digest is None:
+                             f"from {path}; unset data.train to continue that run, or use a new run_dir")
+        if digest is None:
             raise ValueError(f"dataloader state was saved reading prompts from {saved_file}, this run uses generated "
                              f"problems; set data.train = \"{saved_file}\" to continue that run, or use a new run_dir")
         raise ValueError(f"dataloader state was saved reading prompts from {saved_file} (records sha256 "
-                         f"{saved_digest[:12]}), this run reads {self._prompts_file} whose records differ (sha256 "
-                         f"{self._digest[:12]}); point data.train at the original file to continue, "
+                         f"{saved_digest[:12]}), this run reads {path} whose records differ (sha256 "
+                         f"{digest[:12]}); point data.train at the original file to continue, "
                          "or use a new run_dir")
 
     def _record_at(self, index: int) -> PromptRecord:
-        assert self._records is not None
-        epoch, position = divmod(index, len(self._records))
+        size = self._source.size
+        if size is None:
+            return self._source.record(index)
+        epoch, position = divmod(index, size)
         if self._shuffle:
-            position = self._epoch_order(epoch)[position]
-        return self._records[position]
+            position = self._epoch_order(epoch, size)[position]
+        return self._source.record(position)
 
-    def _epoch_order(self, epoch: int) -> list[int]:
+    def _epoch_order(self, epoch: int, size: int) -> list[int]:
         # Groups are drawn in order, so caching the current epoch's permutation makes a draw O(1).
         if self._order_epoch != epoch:
-            order = list(range(len(self._records or ())))
+            order = list(range(size))
             random.Random(f"{self._seed}:epoch:{epoch}").shuffle(order)
             self._order, self._order_epoch = order, epoch
         return self._order

@@ -18,10 +18,9 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from controller.config_file import ConfigError
 from schemas.config import TurnkeepConfig
+from schemas.rollout import PromptRecord
 
 PROMPT_FILE_SUFFIXES = (".jsonl", ".parquet")
 _RESERVED_FIELDS = ("prompt", "answer", "env")
@@ -29,21 +28,6 @@ _RESERVED_FIELDS = ("prompt", "answer", "env")
 
 class PromptFileError(ConfigError):
     """A prompts file that cannot be used; the one-line message names the file, the line or row, and the fix."""
-
-
-class PromptRecord(BaseModel):
-    """One checked record of a prompts file."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    prompt: str
-    """Text the environment shows (`Problem.question`)."""
-    answer: int | float | str | None = None
-    """The verifier's expected answer (None: the environment judges without one)."""
-    env: str | None = None
-    """The `[environments]` entry that runs this prompt (None: chosen by weight)."""
-    metadata: dict[str, Any] = {}
-    """Every other field of the record."""
 
 
 def load_prompt_file(path: Path, env_names: Collection[str]) -> list[PromptRecord]:
@@ -73,6 +57,22 @@ def records_digest(records: list[PromptRecord]) -> str:
     canonical = json.dumps([record.model_dump() for record in records], sort_keys=True, separators=(",", ":"),
                            ensure_ascii=False, allow_nan=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class PromptFile:
+    """A prompts file as the dataloader's prompt source: its checked records, one pass after another."""
+
+    def __init__(self, path: Path, env_names: Collection[str]) -> None:
+        self.path = Path(path)
+        self._records = load_prompt_file(self.path, env_names)
+        self.digest = records_digest(self._records)
+
+    @property
+    def size(self) -> int:
+        return len(self._records)
+
+    def record(self, position: int) -> PromptRecord:
+        return self._records[position]
 
 
 def check_prompt_file(cfg: TurnkeepConfig) -> None:

@@ -1,15 +1,15 @@
 """Make the made-up tiny policy model once and cache it as a Hugging Face directory.
 
 No model can be downloaded here, so the project makes its own: a tokenizer trained on
-calc transcripts (or on an environment's demonstrations, `[model.tiny] demonstrations`;
-see `transcripts.py`), a small Llama (`LlamaForCausalLM`, so vLLM and transformers both
+the conversations of the transcript source it is handed (the default task's, or an
+environment's demonstrations, `[model.tiny] demonstrations`; see `transcripts.py`), a small Llama (`LlamaForCausalLM`, so vLLM and transformers both
 load it), a supervised warm start, saved as config.json + model.safetensors +
 generation_config.json + tokenizer files.
 
 The cache directory is keyed by a hash of everything that shapes the weights (the tiny
-model's config, the task config, the seed and `FORMAT_VERSION`; for demonstrations, the
-environment's entry, its options and a digest of its conversations instead of the task
-config), so the same inputs always give the same directory, and the same bit-identical
+model's config, the seed, `FORMAT_VERSION` and the source's own recipe: the task config
+for the default task; for demonstrations, the environment's entry, its options and a
+digest of its conversations), so the same inputs always give the same directory, and the same bit-identical
 weights. The model is built
 into a staging directory, fsynced, then renamed into place (`primitives.atomic_files`)
 under a file lock: a crash leaves at most a stale staging directory (removed by the
@@ -35,10 +35,10 @@ from tokenizers import Tokenizer
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from gpu_workers.tiny_model.tokenizer import save_tokenizer, special_ids, train_tokenizer
-from gpu_workers.tiny_model.transcripts import DemoSource, TranscriptSource, source_for
+from gpu_workers.tiny_model.transcripts import TOKENIZER_CORPUS, TranscriptSource
 from gpu_workers.tiny_model.warm_start import rollout_reward, warm_start
 from primitives.atomic_files import STAGING_PREFIX, publish_dir, staging_dir
-from schemas.config import ModelConfig, TaskConfig, TinyModelConfig
+from schemas.config import ModelConfig, TinyModelConfig
 
 log = logging.getLogger("turnkeep.model")
 
@@ -55,66 +55,37 @@ class Recipe:
     """Everything that shapes the tiny model's bytes."""
 
     tiny: TinyModelConfig
-    task: TaskConfig
+    source: TranscriptSource
     seed: int
-    demonstrations: DemoSource | None = None
-
-    @property
-    def source(self) -> TranscriptSource:
-        return source_for(self.task, self.demonstrations)
 
     def as_json(self) -> dict:
         tiny = self.tiny.model_dump(mode="json")
         if tiny["num_kv_heads"] is None:
             # Added later: an unset one keeps the keys (and so the caches) of models made before it existed.
             del tiny["num_kv_heads"]
-        # The name of the environment does not shape the weights; its entry, options and content do (below).
+        # The name of the environment does not shape the weights; its entry, options and content do (its recipe).
         del tiny["demonstrations"]
-        if self.demonstrations is None:
-            return {
-                "format": FORMAT_VERSION,
-                "tiny": tiny,
-                "task": self.task.model_dump(mode="json"),
-                "seed": self.seed,
-            }
-        # [task] does not reach a model made from demonstrations, nor does the calculator's error rate.
-        del tiny["warm_start_error_rate"]
-        return {
-            "format": FORMAT_VERSION,
-            "tiny": tiny,
-            "demonstrations": self.demonstrations.recipe(self.seed),
-            "seed": self.seed,
-        }
+        if not self.source.error_rate_applies:
+            del tiny["warm_start_error_rate"]
+        return {"format": FORMAT_VERSION, "tiny": tiny, **self.source.recipe(self.seed), "seed": self.seed}
 
     def key(self) -> str:
         return hashlib.sha256(json.dumps(self.as_json(), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def ensure_tiny_model(
-    model_cfg: ModelConfig,
-    task_cfg: TaskConfig,
-    seed: int,
-    *,
-    eval_rollouts: int = EVAL_ROLLOUTS,
-    demonstrations: DemoSource | None = None,
+    model_cfg: ModelConfig, source: TranscriptSource, seed: int, *, eval_rollouts: int = EVAL_ROLLOUTS
 ) -> Path:
-    """The model directory to use: `model_cfg.path` if set, else the cached tiny model.
+    """The model directory to use: `model_cfg.path` if set, else the cached tiny model made from `source`'s
+    conversations (`workers.model_maker` picks it from the config).
 
-    `demonstrations`: the environment the tiny model learns from
-    (`transcripts.demonstration_source(cfg)`); required when `model.tiny.demonstrations`
-    is set, None for the calculator's transcripts.
     `eval_rollouts` rollouts measure the starting reward once, when the model is made
-    (logged and stored in turnkeep_tiny.json); 0 skips that. Only the calculator has
-    this evaluation: a model made from demonstrations skips it.
+    (logged and stored in turnkeep_tiny.json); 0 skips that, and so does a source that
+    cannot be played (`source.episodes` is None).
     """
     if model_cfg.path is not None:
         return _validated(model_cfg.path.expanduser())
-    if model_cfg.tiny.demonstrations is not None and demonstrations is None:
-        raise ValueError(
-            f"model.tiny.demonstrations = {model_cfg.tiny.demonstrations!r}, but no demonstrations were given to "
-            "make the model from; pass demonstrations=gpu_workers.tiny_model.transcripts.demonstration_source(cfg)"
-        )
-    recipe = Recipe(model_cfg.tiny, task_cfg, seed, demonstrations)
+    recipe = Recipe(model_cfg.tiny, source, seed)
     cache = model_cfg.cache_dir.expanduser()
     final = cache / f"tiny-{recipe.key()}"
     if final.is_dir():
@@ -127,9 +98,9 @@ def ensure_tiny_model(
     return final
 
 
-def cache_key(tiny: TinyModelConfig, task: TaskConfig, seed: int, demonstrations: DemoSource | None = None) -> str:
+def cache_key(tiny: TinyModelConfig, source: TranscriptSource, seed: int) -> str:
     """The hash that names the cached directory (`tiny-<key>`)."""
-    return Recipe(tiny, task, seed, demonstrations).key()
+    return Recipe(tiny, source, seed).key()
 
 
 class ModelUnusable(ValueError):
@@ -175,19 +146,18 @@ def _make_model_dir(out: Path, recipe: Recipe, eval_rollouts: int) -> None:
     started = time.monotonic()
     source = recipe.source
     log.info("making the tiny model (seed %d) from %s conversations in %s", recipe.seed, source.name, out)
-    tok = train_tokenizer(source.tokenizer_corpus(recipe.seed), source.alphabet(recipe.seed))
+    tok = train_tokenizer(source.tokenizer_corpus(recipe.seed, TOKENIZER_CORPUS), source.alphabet(recipe.seed))
     model = _init_model(recipe.tiny, tok, recipe.seed)
     warm_start(model, tok, recipe.tiny, source, recipe.seed)
     model.save_pretrained(out)
-    save_tokenizer(tok, out, recipe.tiny.max_position_embeddings)
+    save_tokenizer(tok, out, recipe.tiny.max_position_embeddings, source.chat_template)
     reward = None
-    if not source.calc_eval:
+    if source.episodes is None:
         if eval_rollouts:
-            log.info("starting reward not measured: the built-in evaluation plays the calculator, and this model "
-                     "learned %s's demonstrations", source.name)
+            log.info("starting reward not measured: %s's conversations come with no rules to play them", source.name)
         eval_rollouts = 0
     elif eval_rollouts:
-        reward = rollout_reward(model, tok, recipe.task, eval_rollouts, recipe.seed)
+        reward = rollout_reward(model, tok, source.episodes, eval_rollouts, recipe.seed)
     seconds = time.monotonic() - started
     log.info("tiny model made in %.1f s; starting reward %s (%d rollouts)", seconds, reward, eval_rollouts)
     summary = {"starting_reward": reward, "starting_reward_rollouts": eval_rollouts}

@@ -15,8 +15,8 @@ Conventions (the environment, the warm start and the trainer all rely on them):
 Saved as a Hugging Face tokenizer (tokenizer.json + tokenizer_config.json) so both
 `transformers.AutoTokenizer` and vLLM load it; with no post-processor, they add no
 special tokens either. Its `chat_template` is the one-line protocol
-(`envs.codec.LINE_TEMPLATE`: bos, then each message's content as is, an assistant turn
-ended by "\\n", an empty generation prompt), so the agent loop renders conversations of
+(handed in by the transcript source: `envs.codec.LINE_TEMPLATE` writes bos, then each
+message's content as is, an assistant turn ended by "\\n", an empty generation prompt), so the agent loop renders conversations of
 this model as of any chat model, and its end-of-turn token (what the template writes after
 an assistant's content) is the newline.
 """
@@ -29,9 +29,6 @@ from typing import Iterable
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from envs.calc_task import ALPHABET
-from envs.codec import LINE_TEMPLATE
-
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 SPECIAL_TOKENS = [PAD, BOS, EOS]  # ids 0, 1, 2
 NEWLINE = "\n"
@@ -43,10 +40,10 @@ VOCAB_LIMIT = 64
 _PIECE = Regex(r"\d|\n|[A-Z]+ ?|[^\dA-Z\n]")
 
 
-def train_tokenizer(texts: Iterable[str], alphabet: str = ALPHABET) -> Tokenizer:
+def train_tokenizer(texts: Iterable[str], alphabet: str) -> Tokenizer:
     """Train the BPE on transcripts; the tokenizers BPE trainer is deterministic.
 
-    `alphabet`: the base characters, each its own token (default: the calculator's). The
+    `alphabet`: the base characters, each its own token (the source's). The
     vocabulary holds VOCAB_LIMIT tokens, or more for a large alphabet (room for its tags).
     """
     tok = Tokenizer(models.BPE())
@@ -88,8 +85,8 @@ def special_ids(tok: Tokenizer) -> dict[str, int]:
     }
 
 
-def save_tokenizer(tok: Tokenizer, directory: Path, model_max_length: int) -> None:
-    """Write tokenizer.json and tokenizer_config.json (with the line protocol's chat template) into `directory`."""
+def save_tokenizer(tok: Tokenizer, directory: Path, model_max_length: int, chat_template: str) -> None:
+    """Write tokenizer.json and tokenizer_config.json (with the conversations' chat template) into `directory`."""
     tok.save(str(directory / "tokenizer.json"))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -102,7 +99,7 @@ def save_tokenizer(tok: Tokenizer, directory: Path, model_max_length: int) -> No
         # an exact round trip.
         "clean_up_tokenization_spaces": False,
         "model_max_length": model_max_length,
-        "chat_template": LINE_TEMPLATE,
+        "chat_template": chat_template,
     }
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 

@@ -8,10 +8,11 @@ context, never targets, exactly as in RL where only policy segments are trained 
 first learn to copy operands, which takes several hundred steps at this size; the
 imperfect transcripts then keep it often wrong, so RL has something to learn.
 
-`evaluate_policy` samples whole multi-turn rollouts at temperature 1.0 the way the
+`rollout_reward` samples whole multi-turn rollouts at temperature 1.0 the way the
 environment does (bos, question line, then turn by turn: generate until the newline
-token, feed the tool reply back) and returns the mean reward: the starting point to
-report before RL. It plays the calculator only.
+token, feed the observation back) and returns the mean reward: the starting point to
+report before RL. The source's `episodes` say how to play (the calculator's, for the
+default task).
 """
 
 from __future__ import annotations
@@ -21,18 +22,15 @@ import math
 import random
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterator
 
 import torch
 from tokenizers import Tokenizer
 from transformers import LlamaForCausalLM
 
-from envs.calc_task import FinalAnswer, parse_action, run_tool, sample_problem, score
-from gpu_workers.tiny_model.tokenizer import encode, load_tokenizer, newline_id, special_ids
-from gpu_workers.tiny_model.transcripts import TranscriptSource
-from schemas.config import TaskConfig, TinyModelConfig
-from schemas.rollout import Problem
+from gpu_workers.tiny_model.tokenizer import encode, newline_id, special_ids
+from gpu_workers.tiny_model.transcripts import Episodes, TranscriptSource
+from schemas.config import TinyModelConfig
 
 log = logging.getLogger("turnkeep.model")
 
@@ -65,32 +63,23 @@ def warm_start(
     model.eval()
 
 
-def evaluate_policy(
-    model_dir: Path, task_cfg: TaskConfig, n: int, seed: int, max_turns: int = 6
-) -> float:
-    """Mean reward of `n` sampled rollouts (temperature 1.0) of the model in `model_dir`."""
-    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    tok = load_tokenizer(Path(model_dir))
-    return rollout_reward(model, tok, task_cfg, n, seed, max_turns)
-
-
 def rollout_reward(
-    model: LlamaForCausalLM, tok: Tokenizer, task: TaskConfig, n: int, seed: int, max_turns: int = 6
+    model: LlamaForCausalLM, tok: Tokenizer, episodes: Episodes, n: int, seed: int, max_turns: int = 6
 ) -> float:
-    """Mean reward of `n` rollouts, sampled in lockstep as one batch."""
+    """Mean reward of `n` rollouts of `episodes`, sampled in lockstep as one batch."""
     if n == 0:
         return 0.0
     rng = random.Random(f"turnkeep-eval-{seed}")
     gen = torch.Generator().manual_seed(seed)
     bos = special_ids(tok)["bos_token_id"]
-    problems = [sample_problem(task, rng) for _ in range(n)]
-    rollouts = [_Rollout(p, [bos] + encode(tok, p.question + "\n")) for p in problems]
+    rollouts = [_Rollout(problem, [bos] + encode(tok, first_line + "\n"))
+                for first_line, problem in episodes.prompts(rng, n)]
     max_len = model.config.max_position_embeddings
     with torch_threads(WARM_START_THREADS), torch.inference_mode():
         while active := [r for r in rollouts if not r.done]:
             for r, token in zip(active, _sample_next(model, [r.ids for r in active], gen)):
-                _advance(r, token, tok, max_turns, max_len)
-    return sum(score(r.problem, r.turns) for r in rollouts) / n
+                _advance(r, token, tok, episodes, max_turns, max_len)
+    return sum(episodes.score(r.problem, r.turns) for r in rollouts) / n
 
 
 @contextmanager
@@ -156,7 +145,7 @@ def _pad(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torc
 
 @dataclass
 class _Rollout:
-    problem: Problem
+    problem: object
     ids: list[int]
     turn: list[int] = field(default_factory=list)
     turns: list[str] = field(default_factory=list)
@@ -175,7 +164,7 @@ def _sample_next(model: LlamaForCausalLM, seqs: list[list[int]], gen: torch.Gene
     return torch.multinomial(probs, 1, generator=gen).squeeze(1).tolist()
 
 
-def _advance(r: _Rollout, token: int, tok: Tokenizer, max_turns: int, max_len: int) -> None:
+def _advance(r: _Rollout, token: int, tok: Tokenizer, episodes: Episodes, max_turns: int, max_len: int) -> None:
     r.ids.append(token)
     r.turn.append(token)
     ended = token == newline_id(tok)
@@ -184,9 +173,9 @@ def _advance(r: _Rollout, token: int, tok: Tokenizer, max_turns: int, max_len: i
     text = tok.decode(r.turn, skip_special_tokens=False)
     r.turns.append(text)
     r.turn = []
-    action = parse_action(text)
-    if not ended or isinstance(action, FinalAnswer) or len(r.turns) >= max_turns:
+    reply = episodes.reply(text)
+    if not ended or reply is None or len(r.turns) >= max_turns:
         r.done = True  # a turn cut off without its newline ends the rollout
         return
-    r.ids += encode(tok, run_tool(action))
+    r.ids += encode(tok, reply)
     r.done = len(r.ids) >= max_len

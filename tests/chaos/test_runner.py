@@ -17,6 +17,7 @@ from controller.state.dataloader import PromptDataloader
 from primitives.audit_log import AUDIT_FILE, read_audit
 from schemas.config import TurnkeepConfig
 from tests.run_command import short_run_dir, small_run_settings, turnkeep
+from workers.prompts import prompt_source
 
 # Nine starts of the whole stack (eight kills and the last run): each start of Ray, vLLM and Temporal takes
 # 40 to 90 s on a 2-core machine, more than the suite's 600 s per test in all.
@@ -107,7 +108,7 @@ def _env_of_every_group(run_dir, events) -> dict[str, str]:
     kept open may lack its `group_admitted` line: a kill inside the audit log's flush interval took it while the
     controller journal kept the admission. Every line that is there must agree."""
     cfg = TurnkeepConfig.model_validate_json((run_dir / "config.json").read_bytes())
-    dataloader = PromptDataloader(cfg.task, cfg.run.seed, cfg.environments, data=cfg.data)
+    dataloader = PromptDataloader(prompt_source(cfg), cfg.run.seed, cfg.environments, shuffle=cfg.data.shuffle)
     named = {getattr(e, "group_id", None) for e in events} | {g for e in events for g in getattr(e, "group_ids", ())}
     named |= {g for e in events if e.event == "restored" for g in e.unfinished_groups}
     env_of = {}

@@ -12,13 +12,14 @@ import pytest
 
 from controller.runtime import Controller
 from controller.stores.trainer_checkpoint import published_steps
+from tests.controller_inputs import controller_inputs
 
 pytestmark = pytest.mark.integration
 
 
 async def _train(cfg, processes, start: int, steps: int) -> Controller:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        controller = Controller(cfg, processes, session, start + steps)
+        controller = Controller(cfg, processes, session, start + steps, **controller_inputs(cfg))
         controller.training.continue_from(start, policy_version=start)  # the shared trainer: one version per step
         controller.start_journal("test-runtime", 1)  # as a run's start does, fresh or restored
         await controller.run(start + steps)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from envs.calc_task import sample_problem, synthetic_transcript
+from envs.calc_task import ALPHABET, sample_problem, synthetic_transcript
 from envs.codec import LINE_SOURCE, LINE_TEMPLATE, ChatTemplateError, TurnCodec
 from gpu_workers.tiny_model.tokenizer import encode, save_tokenizer, special_ids, train_tokenizer
 from schemas.config import TaskConfig
@@ -40,13 +40,14 @@ def hf(chat_dir: Path):
 def tiny_tokenizer() -> Tokenizer:
     rng = random.Random(0)
     return train_tokenizer(
-        [synthetic_transcript(sample_problem(TaskConfig(), rng), rng, 0.5) for _ in range(300)] + ["R ERR\n"] * 4)
+        [synthetic_transcript(sample_problem(TaskConfig(), rng), rng, 0.5) for _ in range(300)] + ["R ERR\n"] * 4,
+        ALPHABET)
 
 
 def save_tiny_dir(out: Path, tok: Tokenizer) -> Path:
     """The tiny model's tokenizer files as `build.py` writes them (config.json and generation_config.json ids)."""
     out.mkdir(parents=True, exist_ok=True)
-    save_tokenizer(tok, out, model_max_length=256)
+    save_tokenizer(tok, out, model_max_length=256, chat_template=LINE_TEMPLATE)
     for name in ("config.json", "generation_config.json"):
         (out / name).write_text(json.dumps(special_ids(tok)))
     return out

@@ -19,15 +19,18 @@ import pytest
 import torch
 
 from controller.config_file import load_config
+from envs.calc_task import ALPHABET, synthetic_transcript
 from envs.calc_task import sample_problem as calc_problem
-from envs.calc_task import synthetic_transcript
+from envs.calc_transcripts import CalcTranscripts
+from envs.codec import LINE_TEMPLATE
 from envs.environment import EnvContext, Environment, StepResult
 from gpu_workers.tiny_model import build, warm_start
 from gpu_workers.tiny_model.build import ensure_tiny_model
 from gpu_workers.tiny_model.tokenizer import decode, encode, load_tokenizer, newline_id, special_ids, train_tokenizer
-from gpu_workers.tiny_model.transcripts import CalcTranscripts, DemonstrationsError, DemoSource, demonstration_source
+from gpu_workers.tiny_model.transcripts import TOKENIZER_CORPUS, DemonstrationsError, DemoSource
 from schemas.config import ModelConfig, TaskConfig, TinyModelConfig, TurnkeepConfig
 from schemas.rollout import Problem
+from workers.model_maker import transcript_source
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "lookup"
@@ -219,47 +222,41 @@ def test_the_example_configs_load() -> None:
     cfg = load_config(EXAMPLE / "config.toml")
     assert cfg.environments["lookup"].entry == ENTRY and cfg.model.tiny.demonstrations == "lookup"
     assert cfg.data.train == Path("examples/lookup/prompts.jsonl")
-    source = demonstration_source(cfg)
+    source = transcript_source(cfg)
     assert source.cls is LookupEnvironment and source.options == LookupOptions(**cfg.environments["lookup"].options)
     remote = load_config(EXAMPLE / "remote.toml")
     spec = remote.environments["lookup"]
     assert spec.kind == "remote" and spec.url == "http://127.0.0.1:8765"
     # The remote config names the class by import path: the same demonstrations, the same model as config.toml's.
-    remote_source = demonstration_source(remote)
+    remote_source = transcript_source(remote)
     assert remote_source.cls is LookupEnvironment and remote_source.options == source.options
 
 
 def test_demonstration_source_names_each_problem() -> None:
-    assert demonstration_source(TurnkeepConfig()) is None
+    assert isinstance(transcript_source(TurnkeepConfig()), CalcTranscripts)
     cfg = _config()
     with pytest.raises(DemonstrationsError, match=r"no \[environments.other\].*configured: lookup"):
-        demonstration_source(cfg.model_copy(update={"model": cfg.model.model_copy(
+        transcript_source(cfg.model_copy(update={"model": cfg.model.model_copy(
             update={"tiny": cfg.model.tiny.model_copy(update={"demonstrations": "other"})})}))
     with pytest.raises(DemonstrationsError, match="offers no demonstrations"):
-        demonstration_source(TurnkeepConfig.model_validate({
+        transcript_source(TurnkeepConfig.model_validate({
             "model": {"tiny": {"demonstrations": "mine"}},
             "environments": {"mine": {"kind": "python", "entry": "envs.calc_env:CalcEnvironment"}}}))
     with pytest.raises(DemonstrationsError, match='kind = "python"'):
-        demonstration_source(TurnkeepConfig.model_validate({
+        transcript_source(TurnkeepConfig.model_validate({
             "model": {"tiny": {"demonstrations": "calc"}}, "environments": {"calc": {"kind": "calc"}}}))
     with pytest.raises(DemonstrationsError, match="refuses its options"):
-        demonstration_source(_config({"table_size": 0}))
+        transcript_source(_config({"table_size": 0}))
     with pytest.raises(DemonstrationsError, match="does not import"):
-        demonstration_source(TurnkeepConfig.model_validate({
+        transcript_source(TurnkeepConfig.model_validate({
             "model": {"tiny": {"demonstrations": "x"}},
             "environments": {"x": {"kind": "python", "entry": "no_such_module_here:Env"}}}))
-
-
-def test_a_demonstrations_config_without_its_source_is_refused(tmp_path: Path) -> None:
-    cfg = _config()
-    with pytest.raises(ValueError, match="demonstration_source"):
-        ensure_tiny_model(cfg.model.model_copy(update={"cache_dir": tmp_path}), cfg.task, 0)
 
 
 # The calculator's model is unchanged by sources.
 
 def test_calc_cache_keys_are_those_of_models_made_before_demonstrations_existed() -> None:
-    recipe = build.Recipe(TinyModelConfig(), TaskConfig(), 0)
+    recipe = build.Recipe(TinyModelConfig(), CalcTranscripts(TaskConfig()), 0)
     tiny = TinyModelConfig().model_dump(mode="json")
     del tiny["num_kv_heads"], tiny["demonstrations"]
     assert recipe.as_json() == {"format": build.FORMAT_VERSION, "tiny": tiny,
@@ -267,8 +264,8 @@ def test_calc_cache_keys_are_those_of_models_made_before_demonstrations_existed(
     # Format 1: the directories made before `demonstrations` existed; 2 (the chat template): the same recipe.
     known = {1: ("7ae3387c0ea89c8e", "aa08130763002d72"), 2: ("7cda35e08e6525d6", "13329b6e30718384")}
     if build.FORMAT_VERSION in known:
-        assert (build.cache_key(TinyModelConfig(), TaskConfig(), 0),
-                build.cache_key(SMALL, TaskConfig(), 0)) == known[build.FORMAT_VERSION]
+        assert (build.cache_key(TinyModelConfig(), CalcTranscripts(TaskConfig()), 0),
+                build.cache_key(SMALL, CalcTranscripts(TaskConfig()), 0)) == known[build.FORMAT_VERSION]
 
 
 def _old_calc_corpus(task: TaskConfig, seed: int) -> list[str]:
@@ -280,9 +277,9 @@ def _old_calc_corpus(task: TaskConfig, seed: int) -> list[str]:
 
 def test_calc_tokenizer_is_unchanged() -> None:
     source = CalcTranscripts(TaskConfig())
-    assert source.tokenizer_corpus(0) == _old_calc_corpus(TaskConfig(), 0)
-    tok = train_tokenizer(source.tokenizer_corpus(0), source.alphabet(0))
-    assert tok.to_str() == train_tokenizer(_old_calc_corpus(TaskConfig(), 0)).to_str()
+    assert source.tokenizer_corpus(0, TOKENIZER_CORPUS) == _old_calc_corpus(TaskConfig(), 0)
+    tok = train_tokenizer(source.tokenizer_corpus(0, TOKENIZER_CORPUS), source.alphabet(0))
+    assert tok.to_str() == train_tokenizer(_old_calc_corpus(TaskConfig(), 0), ALPHABET).to_str()
     digest = hashlib.sha256(tok.to_str(pretty=True).encode()).hexdigest()
     assert digest.startswith("09852cf7411d9ef6")  # tokenizer.json of the models made so far
 
@@ -290,7 +287,7 @@ def test_calc_tokenizer_is_unchanged() -> None:
 def test_calc_warm_start_batches_are_unchanged() -> None:
     """The same rows, labels and random draws as before sources (so the same weights)."""
     task, tiny = TaskConfig(), TinyModelConfig(warm_start_batch_size=8)
-    tok = train_tokenizer(_old_calc_corpus(task, 0))
+    tok = train_tokenizer(_old_calc_corpus(task, 0), ALPHABET)
     bos, pad = special_ids(tok)["bos_token_id"], special_ids(tok)["pad_token_id"]
     new_rng, old_rng = random.Random("w"), random.Random("w")
     for _ in range(3):
@@ -314,10 +311,10 @@ def test_calc_warm_start_batches_are_unchanged() -> None:
 @pytest.fixture(scope="module")
 def demo_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, DemoSource]:
     cfg = _config()
-    source = demonstration_source(cfg)
+    source = transcript_source(cfg)
     tiny = SMALL.model_copy(update={"demonstrations": "lookup"})
     model = ModelConfig(cache_dir=tmp_path_factory.mktemp("cache"), tiny=tiny)
-    return ensure_tiny_model(model, cfg.task, 0, eval_rollouts=4, demonstrations=source), source
+    return ensure_tiny_model(model, source, 0, eval_rollouts=4), source
 
 
 def test_the_demonstrations_tokenizer_covers_the_example(demo_model: tuple[Path, DemoSource]) -> None:
@@ -342,20 +339,19 @@ def test_the_demonstrations_recipe_names_entry_options_and_content(demo_model: t
     assert recipe["demonstrations"]["entry"] == ENTRY
     assert recipe["demonstrations"]["options"] == LookupOptions().model_dump()
     assert len(recipe["demonstrations"]["digest"]) == 64 and "task" not in recipe
-    assert recipe["starting_reward"] is None and recipe["starting_reward_rollouts"] == 0  # calc-only evaluation
-    key = build.cache_key(SMALL, TaskConfig(), 0, source)
+    assert recipe["starting_reward"] is None and recipe["starting_reward_rollouts"] == 0  # no rules to play demonstrations
+    key = build.cache_key(SMALL, source, 0)
     assert model_dir.name == f"tiny-{key}"
-    assert key == build.cache_key(SMALL, TaskConfig(num_operands=5), 0, source)  # [task] does not reach it
-    other_options = DemoSource("lookup", ENTRY, LookupEnvironment, LookupOptions(table_size=6))
-    assert build.cache_key(SMALL, TaskConfig(), 0, other_options) != key
+    other_options = DemoSource("lookup", ENTRY, LookupEnvironment, LookupOptions(table_size=6), LINE_TEMPLATE)
+    assert build.cache_key(SMALL, other_options, 0) != key
 
     class Changed(LookupEnvironment):  # the same entry and options, other conversations
         @classmethod
         def demonstrations(cls, rng, count, options):
             return [t.replace("K ", "K  ") for t in super().demonstrations(rng, count, options)]
 
-    changed = DemoSource("lookup", ENTRY, Changed, LookupOptions())
-    assert build.cache_key(SMALL, TaskConfig(), 0, changed) != key
+    changed = DemoSource("lookup", ENTRY, Changed, LookupOptions(), LINE_TEMPLATE)
+    assert build.cache_key(SMALL, changed, 0) != key
 
 
 def test_demonstrations_are_checked_before_training() -> None:
@@ -365,8 +361,8 @@ def test_demonstrations_are_checked_before_training() -> None:
             return ["K ab"] * count  # one line, no newline
 
     with pytest.raises(DemonstrationsError, match="not a whole conversation"):
-        DemoSource("lookup", ENTRY, Broken, LookupOptions()).tokenizer_corpus(0)
-    source = DemoSource("lookup", ENTRY, LookupEnvironment, LookupOptions())
+        DemoSource("lookup", ENTRY, Broken, LookupOptions(), LINE_TEMPLATE).tokenizer_corpus(0)
+    source = DemoSource("lookup", ENTRY, LookupEnvironment, LookupOptions(), LINE_TEMPLATE)
     with pytest.raises(DemonstrationsError, match="'Z'"):
         source.check_covered(["K aZ\nA 1\n"], 0)
 
@@ -439,7 +435,7 @@ def test_the_small_model_plays_the_environment(demo_model: tuple[Path, DemoSourc
 def test_the_example_config_starts_rl_often_right_but_not_always(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The model config.toml makes: it follows the format and is right for some of the prompts (measured)."""
     cfg = load_config(EXAMPLE / "config.toml", {"model.cache_dir": str(tmp_path_factory.mktemp("cache"))})
-    model_dir = ensure_tiny_model(cfg.model, cfg.task, cfg.run.seed, demonstrations=demonstration_source(cfg))
+    model_dir = ensure_tiny_model(cfg.model, transcript_source(cfg), cfg.run.seed)
     reward, texts = sampled_reward(model_dir, LookupEnvironment, _prompt_problems(128))
     assert 0.2 <= reward <= 0.7, (reward, texts[:8])
 
@@ -464,8 +460,7 @@ def _run_settings(cache: Path) -> list[str]:
 def example_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The model config.toml makes, in a cache the runs below share."""
     cfg = load_config(EXAMPLE / "config.toml", {"model.cache_dir": str(tmp_path_factory.mktemp("example-cache"))})
-    return ensure_tiny_model(cfg.model, cfg.task, cfg.run.seed, eval_rollouts=0,
-                             demonstrations=demonstration_source(cfg))
+    return ensure_tiny_model(cfg.model, transcript_source(cfg), cfg.run.seed, eval_rollouts=0)
 
 
 @pytest.mark.integration

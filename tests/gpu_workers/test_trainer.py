@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from envs.calc_transcripts import CalcTranscripts
 from gpu_workers.grpo import build_batch
 from gpu_workers.tiny_model.build import ensure_tiny_model
 from gpu_workers.trainer import Trainer, resolve_device
@@ -23,7 +24,7 @@ TINY = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     cfg = ModelConfig(cache_dir=tmp_path_factory.mktemp("models"), tiny=TINY)
-    return ensure_tiny_model(cfg, TaskConfig(), seed=0, eval_rollouts=0)
+    return ensure_tiny_model(cfg, CalcTranscripts(TaskConfig()), seed=0, eval_rollouts=0)
 
 
 def _trainer(model_dir, **train) -> Trainer:

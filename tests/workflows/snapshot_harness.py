@@ -17,6 +17,7 @@ import orjson
 from controller.runtime import Controller, RunStopped
 from schemas.config import TurnkeepConfig
 from schemas.participant import FaultPlan
+from tests.controller_inputs import controller_inputs
 from workers.temporal.controller_worker import SnapshotRuntime, participant_clients, start_snapshots, stop_snapshots
 
 HISTORY_DIR = Path(__file__).parent / "histories"
@@ -56,7 +57,7 @@ async def run_scenario(
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         start = await stack.trainer.version.remote()
         max_steps = None if steps is None else start + steps
-        controller = Controller(cfg, stack, session, max_steps)
+        controller = Controller(cfg, stack, session, max_steps, **controller_inputs(cfg))
         controller.training.continue_from(start, policy_version=start)  # the shared trainer: one version per step
         controller.start_journal(run_id, 1)  # as a run's start does, fresh or restored
         (env,), policy = participant_clients(stack, session, 30)

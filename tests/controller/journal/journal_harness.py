@@ -16,6 +16,7 @@ from controller.state.cut_state import capture_cut
 from controller.state.data_plane import DataPlane
 from controller.state.dataloader import PromptDataloader
 from controller.state.group_ledger import GroupLedger, SiblingState
+from envs.calc_task import CalcProblems
 from schemas.config import TaskConfig
 from schemas.rollout import RolloutRow, Segment
 
@@ -39,7 +40,7 @@ class JournaledState:
     def __init__(self) -> None:
         self.data_plane = DataPlane()
         self.ledger = GroupLedger()
-        self.dataloader = PromptDataloader(TaskConfig(), seed=3)
+        self.dataloader = PromptDataloader(CalcProblems(TaskConfig(), 3), seed=3)
         self.claims = ClaimLedger()
         self.training = SimpleNamespace(step=0)
         self.journal: StateJournal | None = None

@@ -13,6 +13,7 @@ from controller.state.data_plane import DataPlane
 from controller.state.dataloader import PromptDataloader
 from controller.state.group_ledger import GroupLedger
 from controller.state.run_stats import RunStats
+from envs.calc_task import CalcProblems
 from primitives.deadlines import DeadlineRegistry
 from primitives.holds import HoldSet
 from schemas.config import RolloutConfig, TaskConfig
@@ -77,7 +78,7 @@ def run_one_group(script, *, timeout_s: float, max_attempts: int, hold_for_s: fl
         cfg = RolloutConfig(group_size=group_size, rollout_timeout_s=timeout_s, max_attempts=max_attempts)
         stats, plane, ledger = RunStats(), DataPlane(), GroupLedger()
         pump = RolloutPump(
-            cfg, 1, PromptDataloader(TaskConfig(), seed=0), ledger, plane, env, admission,
+            cfg, 1, PromptDataloader(CalcProblems(TaskConfig(), 0), seed=0), ledger, plane, env, admission,
             DeadlineRegistry(admission), stats, on_group_settled=lambda gid, ok: settled.append((gid, ok)),
             plans={"calc": plan},
         )
@@ -201,7 +202,7 @@ def restore_one_group(plan: RolloutLevelPlan):
         plane.put(RolloutRow(group_id="g1", sibling=0, attempt=0, reward=1.0, num_turns=1,
                              segments=[Segment(kind="policy", token_ids=[5], logprobs=[-1.0], policy_version=0)]))
         pump = RolloutPump(
-            cfg, 1, PromptDataloader(TaskConfig(), seed=0), ledger, plane, env, admission,
+            cfg, 1, PromptDataloader(CalcProblems(TaskConfig(), 0), seed=0), ledger, plane, env, admission,
             DeadlineRegistry(admission), stats, on_group_settled=lambda gid, ok: settled.append((gid, ok)),
             plans={"calc": plan},
         )
@@ -266,7 +267,7 @@ def test_the_ack_goes_out_after_the_barrier_opens_and_a_flush_waits_for_it():
         env.ack = slow_ack
         ledger = GroupLedger()
         pump = RolloutPump(
-            RolloutConfig(group_size=2, rollout_timeout_s=5, max_attempts=1), 1, PromptDataloader(TaskConfig(), seed=0),
+            RolloutConfig(group_size=2, rollout_timeout_s=5, max_attempts=1), 1, PromptDataloader(CalcProblems(TaskConfig(), 0), seed=0),
             ledger, plane, env, HoldSet("admission"), DeadlineRegistry(HoldSet("deadlines")), RunStats(),
             on_group_settled=lambda gid, ok: None, plans={"calc": CALC},
         )

@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 
 from controller.state.dataloader import PromptDataloader
-from envs.calc_task import sample_problem
-from schemas.config import DataConfig, EnvironmentSpec, TaskConfig
+from controller.state.prompt_files import PromptFile
+from envs.calc_task import CalcProblems, sample_problem
+from schemas.config import EnvironmentSpec, TaskConfig
 
 ENVS = {"calc": EnvironmentSpec(weight=3), "judge": EnvironmentSpec(kind="judge", weight=1)}
 
@@ -19,7 +20,12 @@ def prompts_file(tmp_path: Path, count: int, name: str = "p.jsonl") -> Path:
 
 
 def file_loader(path: Path, seed: int = 0, shuffle: bool = True, environments=None) -> PromptDataloader:
-    return PromptDataloader(TaskConfig(), seed, environments, data=DataConfig(train=path, shuffle=shuffle))
+    return PromptDataloader(PromptFile(path, (environments or {"calc": None}).keys()), seed, environments,
+                            shuffle=shuffle)
+
+
+def generated(task: TaskConfig, seed: int) -> PromptDataloader:
+    return PromptDataloader(CalcProblems(task, seed), seed)
 
 
 def draw(loader: PromptDataloader, count: int) -> list:
@@ -28,7 +34,7 @@ def draw(loader: PromptDataloader, count: int) -> list:
 
 def test_generated_problems_are_unchanged_without_a_prompts_file():
     task = TaskConfig(num_operands=4, operators="+-*")
-    for loader in (PromptDataloader(task, 7), PromptDataloader(task, 7, data=DataConfig())):
+    for loader in (generated(task, 7),):
         groups = [loader.next_group() for _ in range(5)]
         for index, (group_id, problem) in enumerate(groups):
             expected = sample_problem(task, random.Random(f"7:{index}"))
@@ -38,12 +44,12 @@ def test_generated_problems_are_unchanged_without_a_prompts_file():
 
 
 def test_generated_state_loads_old_checkpoints_and_keeps_their_keys():
-    loader = PromptDataloader(TaskConfig(), seed=3)
+    loader = generated(TaskConfig(), 3)
     draw(loader, 4)
     state = loader.state_dict()
     assert state["seed"] == 3 and state["next_index"] == 4 and state["prompts_digest"] is None
     json.dumps(state)  # it goes into controller_state.json
-    old = PromptDataloader(TaskConfig(), seed=3)
+    old = generated(TaskConfig(), 3)
     old.load_state_dict({"seed": 3, "next_index": 4})  # a state written before prompts files existed
     assert old.next_group() == loader.next_group()
 
@@ -111,11 +117,11 @@ def test_a_state_from_other_prompts_is_refused_with_the_fix(tmp_path):
     with pytest.raises(ValueError, match="whose records differ") as err:
         other.load_state_dict(saved)
     assert "\n" not in str(err.value) and "p.jsonl" in str(err.value) and "data.train" in str(err.value)
-    generated = PromptDataloader(TaskConfig(), seed=0)
+    from_task = generated(TaskConfig(), 0)
     with pytest.raises(ValueError, match="this run uses generated problems; set data.train"):
-        generated.load_state_dict(saved)
+        from_task.load_state_dict(saved)
     with pytest.raises(ValueError, match=r"saved with generated problems \(\[task\]\).*unset data.train"):
-        other.load_state_dict(generated.state_dict())
+        other.load_state_dict(from_task.state_dict())
     with pytest.raises(ValueError, match=r"saved with generated problems"):
         other.load_state_dict({"seed": 0, "next_index": 3})  # an old state
     with pytest.raises(ValueError, match="set run.seed back"):

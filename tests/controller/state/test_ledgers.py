@@ -145,18 +145,19 @@ def test_groups_go_to_environments_by_weight_and_the_same_index_always_gets_the_
     from collections import Counter
 
     from controller.state.dataloader import PromptDataloader
+    from envs.calc_task import CalcProblems
     from schemas.config import EnvironmentSpec, TaskConfig
 
     envs = {"calc": EnvironmentSpec(weight=3), "judge": EnvironmentSpec(kind="judge", weight=1)}
-    first = PromptDataloader(TaskConfig(), seed=5, environments=envs)
+    first = PromptDataloader(CalcProblems(TaskConfig(), 5), seed=5, environments=envs)
     problems = [first.next_group()[1] for _ in range(400)]
     shares = Counter(p.env for p in problems)
     assert 240 < shares["calc"] < 360 and shares["calc"] + shares["judge"] == 400
-    again = PromptDataloader(TaskConfig(), seed=5, environments=envs)
+    again = PromptDataloader(CalcProblems(TaskConfig(), 5), seed=5, environments=envs)
     again.load_state_dict({"seed": 5, "next_index": 123})
     assert again.next_group()[1] == problems[123]
     # One environment: the same problems as before environments existed.
-    plain = PromptDataloader(TaskConfig(), seed=5)
+    plain = PromptDataloader(CalcProblems(TaskConfig(), 5), seed=5)
     assert plain.next_group()[1].question == problems[0].question
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from envs.calc_transcripts import CalcTranscripts
 from gpu_workers.tiny_model import build
 from gpu_workers.tiny_model.build import ensure_tiny_model
 from gpu_workers.tiny_model.tokenizer import encode, load_tokenizer, newline_id
@@ -24,7 +25,7 @@ TASK = TaskConfig()
 
 
 def _ensure(cache: Path, seed: int = 0) -> Path:
-    return ensure_tiny_model(ModelConfig(cache_dir=cache, tiny=TINY), TASK, seed, eval_rollouts=4)
+    return ensure_tiny_model(ModelConfig(cache_dir=cache, tiny=TINY), CalcTranscripts(TASK), seed, eval_rollouts=4)
 
 
 @pytest.fixture(scope="module")
@@ -82,19 +83,19 @@ def test_a_failed_build_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_cache_key_depends_on_every_input() -> None:
-    key = build.cache_key(TINY, TASK, 0)
-    assert key != build.cache_key(TINY, TASK, 1)
-    assert key != build.cache_key(TINY, TaskConfig(num_operands=4), 0)
-    assert key != build.cache_key(TINY.model_copy(update={"warm_start_steps": 6}), TASK, 0)
+    key = build.cache_key(TINY, CalcTranscripts(TASK), 0)
+    assert key != build.cache_key(TINY, CalcTranscripts(TASK), 1)
+    assert key != build.cache_key(TINY, CalcTranscripts(TaskConfig(num_operands=4)), 0)
+    assert key != build.cache_key(TINY.model_copy(update={"warm_start_steps": 6}), CalcTranscripts(TASK), 0)
 
 
 def test_a_set_path_is_validated(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
-    assert ensure_tiny_model(ModelConfig(path=tmp_path), TASK, 0) == tmp_path
+    assert ensure_tiny_model(ModelConfig(path=tmp_path), CalcTranscripts(TASK), 0) == tmp_path
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(ValueError, match="config.json") as err:
-        ensure_tiny_model(ModelConfig(path=empty), TASK, 0)
+        ensure_tiny_model(ModelConfig(path=empty), CalcTranscripts(TASK), 0)
     assert str(empty) in str(err.value) and "model.path" in str(err.value)
 
 

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from envs.calc_task import sample_problem, synthetic_transcript
+from envs.calc_task import ALPHABET, sample_problem, synthetic_transcript
+from envs.codec import LINE_TEMPLATE
 from gpu_workers.tiny_model.tokenizer import (
     decode,
     encode,
@@ -27,7 +28,7 @@ def _transcripts(n: int, seed: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def tok() -> Tokenizer:
-    return train_tokenizer(_transcripts(300, 0) + ["R ERR\n"] * 4)
+    return train_tokenizer(_transcripts(300, 0) + ["R ERR\n"] * 4, ALPHABET)
 
 
 def test_vocabulary_is_small_with_specials_first(tok: Tokenizer) -> None:
@@ -60,14 +61,14 @@ def test_encoding_lines_separately_equals_encoding_the_transcript(tok: Tokenizer
 
 
 def test_training_is_deterministic(tok: Tokenizer) -> None:
-    again = train_tokenizer(_transcripts(300, 0) + ["R ERR\n"] * 4)
+    again = train_tokenizer(_transcripts(300, 0) + ["R ERR\n"] * 4, ALPHABET)
     assert again.to_str() == tok.to_str()
 
 
 def test_saved_files_load_in_transformers(tok: Tokenizer, tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
-    save_tokenizer(tok, tmp_path, model_max_length=256)
+    save_tokenizer(tok, tmp_path, model_max_length=256, chat_template=LINE_TEMPLATE)
     text = _transcripts(1, 3)[0]
     assert load_tokenizer(tmp_path).to_str() == tok.to_str()
     hf = AutoTokenizer.from_pretrained(tmp_path)
