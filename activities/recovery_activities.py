@@ -23,7 +23,8 @@ from temporalio.service import RPCError
 from activities.errors import stale_incarnation
 from activities.input_checks import check_int, check_run_id, refused, resolved_inside
 from controller.restore.crash_restore import CrashRestore, CrashRestoreError
-from controller.restore.restore_source import SNAPSHOT_CONTROLLER_STATE, UnusableRunDir
+from controller.restore.unusable import UnusableRunDir
+from controller.restore.verify import SNAPSHOT_CONTROLLER_STATE
 from controller.stores import snapshot_store
 from controller.stores.trainer_checkpoint import CONTROLLER_STATE, checkpoint_root
 from schemas import search_attributes as sa

@@ -29,10 +29,10 @@ def run_run(args: argparse.Namespace) -> int:
 
     # Before anything imports Ray: it reads its address and authentication settings at import.
     apply_ray_environment(cfg)
+    from controller.errors import RunStopped
     from controller.restore.crash_restore import CrashRestoreError
-    from controller.restore.restore_source import UnusableRunDir
-    from controller.runtime import RunStopped
-    from controller.stores.run_dir import RunDirError
+    from controller.restore.run_identity import RunDirError
+    from controller.restore.unusable import UnusableRunDir
     from workers.run_session import run_training
     from workers.temporal.controller_worker import RecoveryFailed
 

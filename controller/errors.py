@@ -33,3 +33,8 @@ class AcksInFlight(Exception):
     def __init__(self, receipts: list[str]) -> None:
         super().__init__(f"{len(receipts)} ACKs still in flight at the cut ({', '.join(receipts[:3])}); this "
                          "attempt fails, the previous snapshot stays the restore point")
+
+
+class RunStopped(RuntimeError):
+    """The run stopped before its last step: the run workflow stopped it (failed snapshots in a row, a broken
+    invariant), a process died, or a pump failed; the message is the one-line reason."""

@@ -8,7 +8,6 @@ work can reach each piece without going through a god class.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from controller.processes import EnvServerEndpoint, Processes
 from controller.pumps.env_client import EnvClient
 from controller.pumps.env_router import EnvRouter, EnvServerLink
 from controller.pumps.rollout_pump import RolloutPump
+from controller.pumps.supervision import supervise_pumps
 from controller.pumps.train_pump import StepReport, TrainPump
 from controller.rollout_levels import RolloutLevelPlan
 from controller.state.claim_ledger import ClaimLedger
@@ -46,8 +46,6 @@ from primitives.holds import HoldSet
 from schemas.audit import CutTaken, HoldChanged, SnapshotPublished
 from schemas.config import TurnkeepConfig
 
-log = logging.getLogger("turnkeep.run")
-
 
 @dataclass
 class RunSummary:
@@ -58,14 +56,6 @@ class RunSummary:
     peak_rss_mib: float
     preempted: str | None = None
     """What a preemption's final save left (None when the run was not preempted)."""
-
-
-WATCH_GRACE_S = 5.0
-"""How long a failed pump waits for the run's watch to name the death that caused it."""
-
-
-class RunStopped(RuntimeError):
-    """The run workflow stopped the run (failed snapshots in a row, a broken invariant)."""
 
 
 class Controller:
@@ -145,15 +135,52 @@ class Controller:
             REPLAY_BATCHES: [list(batch) for batch in self.training.replay_batches],
         }
 
-    def load_state_dict(self, state: dict, policy_version: int) -> None:
+    # -- what a restore needs of the run (controller.restore.restore_target.RestoreTarget) --
+
+    @property
+    def reused_processes(self) -> bool:
+        return self.processes.reused
+
+    @property
+    def next_group_index(self) -> int:
+        return self.dataloader.next_index
+
+    async def pause(self, holder: str) -> None:
+        self.admission.add(holder)
+        self.audit_hold("taken", holder, [self.admission.name])
+        await self.processes.policy.close_admission.remote(holder)
+
+    async def resume(self, holder: str) -> None:
+        await self.processes.policy.open_admission.remote(holder)
+        self.admission.release(holder)
+        self.audit_hold("released", holder, [self.admission.name])
+
+    async def load_trainer_checkpoint(self, directory: str, step: int) -> int:
+        return await self.processes.trainer.load_checkpoint.remote(directory, step)
+
+    async def load_policy_weights(self, version: int) -> None:
+        await self.processes.policy.load_weights.remote(self.processes.trainer.weights_blob.remote(), version)
+
+    def load_state(self, state: dict, policy_version: int, *, checkpointed: bool) -> None:
         """Restore the dataloader, data plane and ledgers; claims are dropped so their groups are offered again."""
         self.dataloader.load_state_dict(state["dataloader"])
         self.data_plane.load_state_dict(state["data_plane"])
         self.ledger.load_state_dict(state["group_ledger"])
         self.claims.load_state_dict({"claims": {}})
         self.training.restore(int(state["step"]), policy_version)
+        if not checkpointed:
+            self.training.checkpointed_step = None
         self.training.replay_batches = deque(list(batch) for batch in state.get(REPLAY_BATCHES, []))
         self.training.hold_generation_during_replay()
+
+    def level_plan(self, group_id: str) -> RolloutLevelPlan:
+        return self.rollouts.groups.plan(group_id)
+
+    def redispatch(self, continuations: dict) -> int:
+        queued, settled = self.rollouts.restore(continuations)
+        for group_id in settled:
+            self.training.group_settled(group_id, bool(self.rollouts.settle(group_id)))
+        return queued
 
     def audit_snapshot(self, checkpoint_id: str, step: int, snapshot_dir: str, cut_unix_s: float) -> None:
         if self.audit is not None:
@@ -210,56 +237,10 @@ class Controller:
         stop_task = asyncio.create_task(self._stop_requested.wait(), name="stop-request")
         flush_task = asyncio.create_task(flush_journal_forever(lambda: self.data_plane.journal), name="journal-flush")
         try:
-            await self._run_pumps(rollout_task, train_task, stop_task, watch)
+            await supervise_pumps(rollout_task, train_task, stop_task, watch)
         finally:
             flush_task.cancel()
             await asyncio.gather(flush_task, return_exceptions=True)
-
-    async def _run_pumps(self, rollout_task: asyncio.Task, train_task: asyncio.Task, stop_task: asyncio.Task,
-                         watch: Awaitable[str] | None) -> None:
-        tasks = {rollout_task, train_task, stop_task}
-        watch_task = asyncio.ensure_future(watch) if watch is not None else None
-        if watch_task is not None:
-            tasks.add(watch_task)
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        if watch_task is not None and watch_task not in done and any(_failed(task) for task in done):
-            # A pump that failed because a process died: the watch names that death in a moment, and a
-            # reason beats the pump's raw error.
-            done |= (await asyncio.wait({watch_task}, timeout=WATCH_GRACE_S))[0]
-        if watch_task is not None and watch_task in done and not watch_task.cancelled() \
-                and watch_task.exception() is None:
-            for task in tasks - {watch_task}:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise RunStopped(watch_task.result())
-        if failed := [task for task in (rollout_task, train_task) if task in done and _failed(task)]:
-            # Either pump alone would wait for the other for good (the train pump for rows that never come).
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            err = failed[0].exception()
-            log.error("the %s failed", failed[0].get_name(), exc_info=err)
-            raise RunStopped(f"the {failed[0].get_name()} failed: {type(err).__name__}: {err} (the log has the "
-                             "details); the last snapshot stays the restore point: run the same command again (same "
-                             "--run-dir) once the cause is fixed") from err
-        for task in (rollout_task, watch_task, stop_task):
-            if task is not None and task not in done:
-                task.cancel()
-        if (watch_task in done or stop_task in done) and train_task not in done:
-            train_task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for task in done:
-            if task is stop_task:
-                continue
-            if not task.cancelled() and task.exception() is not None:
-                raise task.exception()
-        if watch_task is not None and watch_task in done and not watch_task.cancelled():
-            raise RunStopped(watch_task.result())
-
-
-def _failed(task: asyncio.Task) -> bool:
-    return task.done() and not task.cancelled() and task.exception() is not None
-
 
 def _reviver(processes: Processes, endpoint: EnvServerEndpoint):
     """The run's own environment server is started again when it dies; a stand-alone one is its operator's."""

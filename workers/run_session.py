@@ -24,10 +24,10 @@ from controller.fingerprint import fingerprint_fields, process_digest
 from controller.processes import Processes
 from controller.restore.crash_restore import CrashRestore
 from controller.restore.restore_source import has_trainer_checkpoint
+from controller.restore.run_identity import RunIdentity, open_run_dir
 from controller.rollout_levels import RolloutLevelPlan, plan_levels, unjournaled_turns_warning
 from controller.runtime import Controller, RunSummary
 from controller.snapshot.agents_mode import AgentsMode, resolve_agents_mode
-from controller.stores.run_dir import RunIdentity, open_run_dir
 from controller.stores.trainer_checkpoint import CheckpointIdentity
 from primitives.atomic_files import append_jsonl
 from primitives.audit_log import AUDIT_FILE, AuditLog

@@ -20,12 +20,12 @@ from controller.journal.replay import PastCut, resolve_state, resolve_state_past
 from controller.journal.state_journal import START_FILE, incarnation_dir
 from controller.pumps.rollout_pump import Continuation
 from controller.restore.restore_source import choose_source
-from controller.runtime import Controller
+from controller.restore.restore_target import RestoreTarget
+from controller.restore.run_identity import RunIdentity
 from controller.snapshot.cut import AGENTS_FROM
 from controller.state.continuations import read_saved_agents
 from controller.state.group_ledger import SiblingState
 from controller.state.sealing import seal_stored_rows
-from controller.stores.run_dir import RunIdentity
 from participants.client import ParticipantClient
 from participants.errors import ParticipantRefused
 from primitives.atomic_files import remove_stale_staging
@@ -47,11 +47,11 @@ class CrashRestoreError(RuntimeError):
 
 class CrashRestore:
     def __init__(
-        self, cfg: TurnkeepConfig, controller: Controller, identity: RunIdentity,
+        self, cfg: TurnkeepConfig, target: RestoreTarget, identity: RunIdentity,
         environments: list[ParticipantClient],
     ) -> None:
         self._cfg = cfg
-        self._controller = controller
+        self._target = target
         self._identity = identity
         self._environments = {env.name: env for env in environments}
         self.holder = recovery_holder(identity.incarnation)
@@ -62,22 +62,21 @@ class CrashRestore:
         return choose_source(self._cfg.run.run_dir, self._identity.run_id, fingerprint_fields(self._cfg))
 
     async def restore(self, source: RecoverySource) -> RestoreResult:
-        c = self._controller
+        target = self._target
         for skipped in source.skipped:
             log.warning("not restoring from %s: %s: %s", skipped.path, skipped.problem, skipped.detail)
-        self._pause()
-        await c.processes.policy.close_admission.remote(self.holder)
+        await self._pause()
         _remove_partial_staging(self._cfg.run.run_dir)
         _set_aside_rejected(self._cfg.run.run_dir, source, self._identity.incarnation)
         if source.kind is SourceKind.FRESH:
-            if c.processes.reused:
+            if target.reused_processes:
                 raise CrashRestoreError(
                     f"no trainer checkpoint could be restored ({source.reason}), and the processes kept from the "
                     "crashed controller hold trained weights; run the same command again: they are stopped now "
                     "and a fresh start follows")
             first = self._first_journal(source)
             if first is None:
-                c.start_journal(self._identity.run_id, self._identity.incarnation)
+                target.start_journal(self._identity.run_id, self._identity.incarnation)
                 self._audit(source, None, {})
                 return RestoreResult(step=0, policy_version=0, data_plane_rows=0, unfinished_groups=0,
                                      continuations=0, restarted_siblings=0)
@@ -86,7 +85,7 @@ class CrashRestore:
             state, past = self._restored_state(source, first)
             return await self._restore_state(source, 0, state, past)
         trainer_dir = Path(source.checkpoint_dir or "") / "trainer"
-        version = await c.processes.trainer.load_checkpoint.remote(str(trainer_dir), source.step)
+        version = await target.load_trainer_checkpoint(str(trainer_dir), source.step)
         if version != source.policy_version:
             raise CrashRestoreError(f"{trainer_dir} holds policy version {version}, its manifest says "
                                 f"{source.policy_version}")
@@ -96,14 +95,13 @@ class CrashRestore:
 
     async def _restore_state(self, source: RecoverySource, version: int, state: dict,
                              past: PastCut | None) -> RestoreResult:
-        c = self._controller
-        c.load_state_dict(state, version)
-        if source.kind is SourceKind.FRESH:
-            c.training.checkpointed_step = None  # step 0 has no checkpoint of its own yet
+        target = self._target
+        # Step 0 of a fresh restart has no checkpoint of its own yet.
+        target.load_state(state, version, checkpointed=source.kind is not SourceKind.FRESH)
         # The restored state is the new journal's base; every change from here on (the reruns below) is journaled.
-        c.start_journal(self._identity.run_id, self._identity.incarnation,
+        target.start_journal(self._identity.run_id, self._identity.incarnation,
                         restored_from=past.restored_from if past else None)
-        if sealed := seal_stored_rows(c.data_plane, c.ledger):
+        if sealed := seal_stored_rows(target.data_plane, target.ledger):
             # The cut fell between their rows' store and their seal: the rows are in, they are never continued.
             log.info("%d siblings had their rows stored at the cut and are sealed now", len(sealed))
         if source.snapshot_dir and state.get(AGENTS_FROM) != "journal":
@@ -115,14 +113,11 @@ class CrashRestore:
             newest = max(version, past.newest_policy_version) if past else version
             continuations, started_over = await self._continue_journaled_agents(newest)
             self._audit(source, state, continuations, started_over, agents_from="journal", past=past)
-        queued, settled = c.rollouts.restore(continuations)
-        for group_id in settled:
-            c.training.group_settled(group_id, bool(c.rollouts.settle(group_id)))
-        restarted = queued - len(continuations)
+        restarted = target.redispatch(continuations) - len(continuations)
         log.info("restored step %d (policy version %d) from %s: %s", source.step, version, source.kind, source.reason)
         return RestoreResult(
-            step=source.step, policy_version=version, data_plane_rows=c.data_plane.num_rows(),
-            unfinished_groups=c.ledger.inflight(), continuations=len(continuations), restarted_siblings=restarted,
+            step=source.step, policy_version=version, data_plane_rows=target.data_plane.num_rows(),
+            unfinished_groups=target.ledger.inflight(), continuations=len(continuations), restarted_siblings=restarted,
             kept_after_cut_records=past.records if past else 0,
             undone_steps=[step["step"] for step in past.lost_steps] if past else [],
         )
@@ -159,12 +154,11 @@ class CrashRestore:
 
     async def _continue_saved_agents(self, source: RecoverySource, state: dict) -> dict:
         """The snapshot's parked agents, held again by their environment servers."""
-        c = self._controller
         saved = read_saved_agents(Path(source.snapshot_dir or ""))
         # Only environments at the `turn` level continue saved agents; the others rerun those siblings.
         every = self._continuations(saved)
         continuations = {key: cont for key, cont in every.items()
-                         if c.rollouts.groups.plan(key[0]).continues_saved_turns}
+                         if self._target.level_plan(key[0]).continues_saved_turns}
         rerun = [cont.rollout_id for key, cont in every.items() if key not in continuations]
         self._audit(source, state, continuations, rerun)
         for path in source.agents_files:
@@ -181,13 +175,13 @@ class CrashRestore:
         rule: README, "Journal snapshots"). Returns the continuations, and the rollouts that start over because
         their level does not continue saved turns (restart_only environments are lowered to such a level), which
         the audit names."""
-        ledger, plans = self._controller.ledger, self._controller.rollouts.groups
+        ledger = self._target.ledger
         running = {rollout_id: (group_id, incarnation) for group_id in ledger.group_ids()
                    for rollout_id, incarnation in ledger.continuable_attempts(group_id).items()
                    if rollout_id not in ledger.abandoned(group_id)}
         wanted = {rollout_id: RunningAgent(max_version=version, incarnation=incarnation)
                   for rollout_id, (group_id, incarnation) in running.items()
-                  if plans.plan(group_id).continues_saved_turns}
+                  if self._target.level_plan(group_id).continues_saved_turns}
         started_over = [rollout_id for rollout_id in running if rollout_id not in wanted]
         continuations: dict[tuple[str, int], Continuation] = {}
         if not wanted:
@@ -214,27 +208,22 @@ class CrashRestore:
     async def load_policy_weights(self, version: int) -> None:
         """The restored trainer's weights into the policy server, through Ray (a run without Temporal;
         with it, the recovery workflow's `policy.load_weights` does this in the policy server's process)."""
-        c = self._controller
-        await c.processes.policy.load_weights.remote(c.processes.trainer.weights_blob.remote(), version)
+        await self._target.load_policy_weights(version)
 
     async def resume(self) -> float:
         """Policy first, then agents (the controller's admission gate); seconds the run was paused."""
-        c = self._controller
-        await c.processes.policy.open_admission.remote(self.holder)
-        c.admission.release(self.holder)
-        c.audit_hold("released", self.holder, [c.admission.name])
+        await self._target.resume(self.holder)
         paused_s = 0.0 if self._paused_at is None else time.monotonic() - self._paused_at
         self._paused_at = None
         return round(paused_s, 3)
 
-    def _pause(self) -> None:
-        self._controller.admission.add(self.holder)
-        self._controller.audit_hold("taken", self.holder, [self._controller.admission.name])
+    async def _pause(self) -> None:
+        await self._target.pause(self.holder)
         if self._paused_at is None:
             self._paused_at = time.monotonic()
 
     def _continuations(self, saved: list[SavedAgent]) -> dict[tuple[str, int], Continuation]:
-        ledger = self._controller.ledger
+        ledger = self._target.ledger
         continuations = {}
         for agent in saved:
             req = agent.request
@@ -256,33 +245,32 @@ class CrashRestore:
         self, source: RecoverySource, state: dict | None, continuations: dict, rerun_agents: Sequence[str] = (),
         agents_from: str = "snapshot", past: PastCut | None = None,
     ) -> None:
-        audit = self._controller.audit
-        if audit is None:
+        target = self._target
+        if target.audit is None:
             return
-        c = self._controller
         rows = [RowRef(group_id=gid, sibling=row.sibling, rollout_id=f"{gid}.{row.sibling}.{row.attempt}")
-                for gid in c.data_plane.group_ids() for row in c.data_plane.rows(gid)]
+                for gid in target.data_plane.group_ids() for row in target.data_plane.rows(gid)]
         refs = [
             ContinuationRef(
                 rollout_id=cont.rollout_id, next_rollout_id=f"{gid}.{sib}.{_attempt_of(cont.rollout_id) + 1}",
                 group_id=gid, sibling=sib, turn_index=cont.turn_index, boundary_sha=cont.boundary_sha,
-                started_by=_started_by(c.ledger, gid, sib),
+                started_by=_started_by(target.ledger, gid, sib),
             )
             for (gid, sib), cont in sorted(continuations.items())
         ]
         unfinished = [g["group_id"] for g in state["group_ledger"]["groups"]] if state else []
-        audit.emit(
+        target.audit.emit(
             Restored, source=source.kind, step=source.step, policy_version=source.policy_version,
             snapshot_dir=source.snapshot_dir, checkpoint_dir=source.checkpoint_dir, reason=source.reason,
             skipped=source.skipped, cut_unix_s=state.get("cut_unix_s") if state else None, rows=rows,
-            continuations=refs, unfinished_groups=unfinished, next_group_index=c.dataloader.next_index,
+            continuations=refs, unfinished_groups=unfinished, next_group_index=target.next_group_index,
             agents_not_continued=sorted(rerun_agents), agents_from=agents_from,
             kept_after_cut=None if past is None else KeptAfterCut(
                 records=past.records, undone_steps=[step["step"] for step in past.lost_steps],
                 newest_policy_version=max(source.policy_version, past.newest_policy_version),
                 journal=past.journal, stopped=past.stopped),
         )
-        audit.flush()
+        target.audit.flush()
 
 
 def _started_by(ledger, group_id: str, sibling: int) -> int:

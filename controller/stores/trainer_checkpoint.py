@@ -64,10 +64,11 @@ def checkpoint_root(run_dir: Path) -> Path:
 
 
 def published_steps(run_dir: Path) -> list[int]:
+    """Published trainer checkpoint steps, oldest first (staging directories never match)."""
     root = checkpoint_root(run_dir)
-    if not root.exists():
+    if not root.is_dir():
         return []
-    return sorted(int(m.group(1)) for p in root.iterdir() if (m := STEP_DIR.match(p.name)))
+    return sorted(int(m.group(1)) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and p.is_dir())
 
 
 def fingerprint_of(fields: dict[str, Any]) -> str:

@@ -4,7 +4,7 @@ from pathlib import Path
 from bench import scaling
 from bench.phase_growth import EXPECTED_GROWTH
 from bench.timed_attempt import FINGERPRINT, RUN_ID
-from controller.restore.restore_source import verify_snapshot
+from controller.restore.verify import verify_snapshot
 
 PHASES = ("prepare_s", "commit_s", "cut_s", "barrier_s", "publish_s")
 

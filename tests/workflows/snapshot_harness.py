@@ -14,7 +14,8 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from controller.runtime import Controller, RunStopped
+from controller.errors import RunStopped
+from controller.runtime import Controller
 from schemas.config import TurnkeepConfig
 from schemas.participant import FaultPlan
 from tests.controller_inputs import controller_inputs

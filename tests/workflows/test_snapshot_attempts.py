@@ -220,7 +220,7 @@ async def _forever(snapshots, controller):
 
 
 def test_failed_attempts_in_a_row_stop_the_run_with_a_clear_message(stack, stack_config, temporal_address):
-    from controller.runtime import RunStopped
+    from controller.errors import RunStopped
 
     cfg = scenario_config(stack_config, attempt_interval_s=0.5, max_consecutive_failures=2)
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"save_period": 1000})})

@@ -4,10 +4,11 @@ and the saved (or journaled) agents it continues apart from those its level reru
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
+from types import MethodType, SimpleNamespace
 
 from controller.pumps.rollout_pump import Continuation
 from controller.restore.crash_restore import CrashRestore
+from controller.runtime import Controller
 from controller.state.data_plane import DataPlane
 from controller.state.group_ledger import GroupLedger
 from primitives.audit_log import AUDIT_FILE, AuditLog, read_audit
@@ -19,25 +20,37 @@ from schemas.rollout import Problem
 
 
 class _Gate:
-    @staticmethod
-    async def remote(holder: str) -> bool:
-        return True
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def __getattr__(self, name: str):
+        calls = self.calls
+
+        class _Remote:
+            @staticmethod
+            async def remote(holder: str) -> bool:
+                calls.append((name, holder))
+                return True
+
+        return _Remote
 
 
-def _restore(controller) -> CrashRestore:
-    return CrashRestore(None, controller, SimpleNamespace(incarnation=4, run_id="r"), [])
+def _restore(target) -> CrashRestore:
+    return CrashRestore(None, target, SimpleNamespace(incarnation=4, run_id="r"), [])
 
 
-def test_the_restore_pause_is_a_hold_taken_and_released():
-    changes = []
+def test_the_restore_pause_is_a_hold_taken_and_released_on_admission_and_the_policy_gate():
+    changes, gate = [], []
     controller = SimpleNamespace(admission=HoldSet("admission"), audit_hold=lambda *args: changes.append(args),
-                                 processes=SimpleNamespace(policy=SimpleNamespace(open_admission=_Gate)))
+                                 processes=SimpleNamespace(policy=_Gate(gate)))
+    controller.pause = MethodType(Controller.pause, controller)
+    controller.resume = MethodType(Controller.resume, controller)
     restore = _restore(controller)
-    restore._pause()
-    assert not controller.admission.is_clear()
+    asyncio.run(restore._pause())
+    assert not controller.admission.is_clear() and gate == [("close_admission", "recovery:4")]
     asyncio.run(restore.resume())
     assert changes == [("taken", "recovery:4", ["admission"]), ("released", "recovery:4", ["admission"])]
-    assert controller.admission.is_clear()
+    assert controller.admission.is_clear() and gate[-1] == ("open_admission", "recovery:4")
 
 
 def test_the_restored_event_names_the_saved_agents_rerun_from_scratch(tmp_path):
@@ -46,14 +59,13 @@ def test_the_restored_event_names_the_saved_agents_rerun_from_scratch(tmp_path):
     ledger.incarnation = 3
     ledger.admit("g0000007", Problem(question="Q 1+1", answer=2), 4)
     ledger.start_attempt("g0000007", 1)
-    controller = SimpleNamespace(audit=audit, data_plane=DataPlane(), dataloader=SimpleNamespace(next_index=9),
-                                 ledger=ledger)
+    target = SimpleNamespace(audit=audit, data_plane=DataPlane(), next_group_index=9, ledger=ledger)
     source = RecoverySource(kind=SourceKind.SNAPSHOT, step=3, policy_version=3, checkpoint_dir="c", snapshot_dir="s",
                             reason="newest")
     state = {"cut_unix_s": 12.5, "group_ledger": {"groups": [{"group_id": "g0000007"}, {"group_id": "g0000008"}]}}
     continued = {("g0000007", 1): Continuation(rollout_id="g0000007.1.0", turn_index=2, segments=5,
                                                boundary_sha="abc")}
-    _restore(controller)._audit(source, state, continued, ["g0000008.1.0", "g0000008.0.2"])
+    _restore(target)._audit(source, state, continued, ["g0000008.1.0", "g0000008.0.2"])
     [event] = list(read_audit(tmp_path))
     assert isinstance(event, Restored) and event.cut_unix_s == 12.5 and event.next_group_index == 9
     assert [c.next_rollout_id for c in event.continuations] == ["g0000007.1.1"]
@@ -106,10 +118,10 @@ def test_a_journal_restore_names_the_running_agents_its_level_starts_over():
         ledger.admit(group_id, Problem(question="Q 1+1", answer=2), 2)
         ledger.start_attempt(group_id, 0)
     levels = {"g0000001": True, "g0000002": False}
-    plans = SimpleNamespace(plan=lambda group_id: SimpleNamespace(continues_saved_turns=levels[group_id]))
-    controller = SimpleNamespace(ledger=ledger, rollouts=SimpleNamespace(groups=plans))
+    target = SimpleNamespace(ledger=ledger,
+                             level_plan=lambda group_id: SimpleNamespace(continues_saved_turns=levels[group_id]))
     server = _JournalServer()
-    restore = CrashRestore(None, controller, SimpleNamespace(incarnation=4, run_id="r"), [server])
+    restore = CrashRestore(None, target, SimpleNamespace(incarnation=4, run_id="r"), [server])
 
     continuations, started_over = asyncio.run(restore._continue_journaled_agents(7))
 

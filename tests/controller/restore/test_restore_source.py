@@ -11,13 +11,9 @@ import pytest
 
 from controller.config_file import load_config
 from controller.fingerprint import fingerprint_fields
-from controller.restore.restore_source import (
-    UnusableRunDir,
-    choose_source,
-    newest_published_problem,
-    verify_snapshot,
-    verify_trainer_checkpoint,
-)
+from controller.restore.restore_source import choose_source, newest_published_problem
+from controller.restore.unusable import UnusableRunDir
+from controller.restore.verify import verify_snapshot, verify_trainer_checkpoint
 from controller.stores import snapshot_store
 from controller.stores.trainer_checkpoint import CheckpointIdentity, fingerprint_of, write_checkpoint_manifest
 from primitives.atomic_files import atomic_write_json

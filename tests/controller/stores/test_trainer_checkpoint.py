@@ -13,7 +13,7 @@ import pytest
 
 from controller.config_file import load_config
 from controller.fingerprint import config_fingerprint, fingerprint_fields
-from controller.restore.restore_source import verify_trainer_checkpoint
+from controller.restore.verify import verify_trainer_checkpoint
 from controller.stores import trainer_checkpoint
 from controller.stores.trainer_checkpoint import (
     CheckpointDiskFull,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.restore.restore_source import verify_trainer_checkpoint
+from controller.restore.verify import verify_trainer_checkpoint
 from controller.stores.trainer_checkpoint import checkpoint_root, fingerprint_of, published_steps
 from primitives.atomic_files import is_staging_name, remove_stale_staging
 from primitives.chaos_points import ENV_POINT, ENV_WAIT, marker_path

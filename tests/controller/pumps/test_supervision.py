@@ -4,12 +4,13 @@ cancelled rather than waited for (the train pump would wait for rows for good)."
 from __future__ import annotations
 
 import asyncio
-from types import MethodType, SimpleNamespace
+from types import SimpleNamespace
 
 import pytest
 
+from controller.errors import RunStopped
 from controller.journal.state_journal import NO_JOURNAL
-from controller.runtime import Controller, RunStopped
+from controller.runtime import Controller
 
 
 class FailingRollouts:
@@ -35,7 +36,6 @@ def test_a_failed_rollout_pump_stops_the_run_in_one_line_and_cancels_training():
     training = WaitingTraining()
     stand_in = SimpleNamespace(rollouts=FailingRollouts(), training=training,
                                data_plane=SimpleNamespace(journal=NO_JOURNAL))
-    stand_in._run_pumps = MethodType(Controller._run_pumps, stand_in)
 
     async def scenario() -> None:
         stand_in._stop_requested = asyncio.Event()

@@ -8,8 +8,8 @@ import orjson
 import pytest
 
 from controller.fingerprint import fingerprint_fields
-from controller.restore.restore_source import UnusableRunDir
-from controller.stores.run_dir import RunDirError, open_run_dir
+from controller.restore.run_identity import RunDirError, open_run_dir
+from controller.restore.unusable import UnusableRunDir
 from controller.stores.trainer_checkpoint import CheckpointIdentity, write_checkpoint_manifest
 from schemas.config import TurnkeepConfig
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import orjson
 
 from controller.fingerprint import fingerprint_fields
-from controller.restore.restore_source import refuse_config_change
+from controller.restore.unusable import refuse_config_change
 from primitives.atomic_files import atomic_write_json
 from schemas.config import TurnkeepConfig
 
