@@ -28,6 +28,7 @@ from controller.snapshot.cut import cut_data_plane
 from controller.snapshot.publish import publish_snapshot
 from controller.stores import snapshot_store
 from primitives.chaos_points import reached, reached_sync
+from schemas.choices import Trigger
 from schemas.names import Activity, checkpoint_holder
 from schemas.participant import JournalMark
 from schemas.snapshot import (
@@ -46,7 +47,6 @@ from schemas.snapshot import (
     RecordResult,
     StagingInput,
     StagingResult,
-    Trigger,
 )
 
 log = logging.getLogger("turnkeep.snapshot")

@@ -20,6 +20,7 @@ from bench.attempt_history import HistoryTimes, add_local_clocks, history_times
 from bench.report import BenchResult, markdown_table
 from bench.runs import run_id_of
 from schemas import search_attributes as sa
+from schemas.choices import MetricsKind
 from schemas.names import WorkflowType
 
 ATTEMPT_TYPE = WorkflowType.SNAPSHOT_ATTEMPT
@@ -122,7 +123,7 @@ def local_clocks_of(run_dir: Path) -> dict[tuple[str, str], list[dict]]:
     clocks: dict[tuple[str, str], list[dict]] = {}
     path = run_dir / "metrics.jsonl"
     for line in read_jsonl(path) if path.exists() else []:
-        if line.get("kind") == "local_activity":
+        if line.get("kind") == MetricsKind.LOCAL_ACTIVITY:
             clocks.setdefault((line["workflow_id"], line["workflow_run_id"]), []).append(line)
     return clocks
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from schemas.choices import HoldChange
+
 SNAPSHOT_PREFIX = "snapshot:"
 
 
@@ -45,9 +47,9 @@ def turn_bounds(events) -> dict[str, TurnBound]:
             running.discard(event.rollout_id)
         elif kind == "hold_changed" and event.holder.startswith(SNAPSHOT_PREFIX) and "admission" in event.holds:
             attempt = event.holder.removeprefix(SNAPSHOT_PREFIX)
-            if event.change == "taken" and attempt not in closures:
+            if event.change == HoldChange.TAKEN and attempt not in closures:
                 closures[attempt] = _Closure(event.t, frozenset(running))
-            elif event.change == "released" and attempt in closures:
+            elif event.change == HoldChange.RELEASED and attempt in closures:
                 closures[attempt].released_t = closures[attempt].released_t or event.t
         elif kind == "turn_committed":
             for closure in closures.values():

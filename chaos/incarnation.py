@@ -17,6 +17,7 @@ from chaos.schedule import RANDOM, RANDOM_MIN_DELAY_S, TRAINING
 from chaos.targets import REPAIRED_BY_THE_RUN, STOPS_THE_RUN, kill_everything, kill_target, repaired, stop_reason
 from primitives.chaos_points import ENV_POINT, ENV_WAIT, POINTS, marker_path
 from primitives.process_tree import kill_tree
+from schemas.choices import MetricsKind
 
 HOOK_WAIT_S = "120"
 """How long a hooked run sits at its point; far longer than the kill takes, so it never moves on."""
@@ -36,7 +37,7 @@ def count_train_steps(metrics_path: Path) -> int:
     for line in data.splitlines(keepends=True):
         if line.endswith(b"\n") and b'"train_step"' in line:
             try:
-                steps += orjson.loads(line).get("kind") == "train_step"
+                steps += orjson.loads(line).get("kind") == MetricsKind.TRAIN_STEP
             except orjson.JSONDecodeError:
                 continue
     return steps

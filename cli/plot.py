@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from cli.plot_data import PlotData, gather_plot_data
+from schemas.choices import Outcome
 
 RESTORE_COLOURS = {"snapshot": "tab:green", "older_snapshot": "tab:olive", "trainer_checkpoint": "tab:orange",
                    "fresh": "tab:gray"}
@@ -81,7 +82,7 @@ def _segments(data: PlotData) -> list[list[tuple[float, int, float, float]]]:
 
 def _draw_attempts(ax, data: PlotData, minutes) -> None:
     for i, attempt in enumerate(data.attempts):
-        failed = attempt["outcome"] not in ("published", "published_release_pending", "skipped")
+        failed = attempt["outcome"] not in (Outcome.PUBLISHED, Outcome.PUBLISHED_RELEASE_PENDING, Outcome.SKIPPED)
         ax.axvspan(minutes(attempt["start"]), minutes(attempt["end"]), color="tab:red" if failed else "0.85",
                    alpha=0.35, lw=0, label="snapshot attempt" if i == 0 else None)
         if attempt["admission"] is not None:

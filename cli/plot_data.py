@@ -17,8 +17,9 @@ from pathlib import Path
 import orjson
 
 from primitives.audit_log import read_audit
+from schemas.choices import MetricsKind
 
-RESTART_KINDS = {"env_restart": "env", "temporal_restart": "temporal"}
+RESTART_KINDS = {MetricsKind.ENV_RESTART: "env", MetricsKind.TEMPORAL_RESTART: "temporal"}
 
 
 @dataclass
@@ -47,14 +48,14 @@ def gather_plot_data(run_dir: Path) -> PlotData:
             published_at[event.checkpoint_id] = event.t
     data = PlotData()
     for line in _metrics_lines(run_dir / "metrics.jsonl"):
-        if line.get("kind") == "train_step":
+        if line.get("kind") == MetricsKind.TRAIN_STEP:
             when = trained_at[line["step"]].popleft() if trained_at[line["step"]] else None
             t = line.get("t", when)
             if t is not None:
                 data.steps.append((t, line["step"], line.get("reward_mean", 0.0), line.get("rollout_tokens_per_s", 0.0)))
         elif line.get("kind") in RESTART_KINDS and (t := line.get("t", line.get("unix_s"))) is not None:
             data.restarts.append((float(t), RESTART_KINDS[line["kind"]]))
-        elif line.get("kind") == "snapshot":
+        elif line.get("kind") == MetricsKind.SNAPSHOT:
             t = line.get("t", published_at.get(line.get("checkpoint_id")))
             if t is not None:
                 data.attempts.append(_attempt_span({**line, "t": t}))

@@ -19,6 +19,7 @@ from controller.live_status import LIVE_STATUS_FILE
 from controller.stores import snapshot_store
 from controller.stores.trainer_checkpoint import published_steps
 from primitives.pid_files import PIDS_DIR, live_pid
+from schemas.choices import MetricsKind
 
 TAIL_BYTES = 1 << 20
 """How much of the end of metrics.jsonl is read for the last line of each kind."""
@@ -36,7 +37,7 @@ def gather(run_dir: Path, now: float | None = None) -> dict:
         raise NotARunDir(f"{run_dir} is not a run directory (no run.json); pass the --run-dir of a `turnkeep run`")
     roles = sorted(p.stem for p in (run_dir / PIDS_DIR).glob("*.json")) if (run_dir / PIDS_DIR).is_dir() else []
     processes = {role: live_pid(run_dir, role) for role in roles}
-    last = _last_metrics(run_dir / "metrics.jsonl", ("train_step", "snapshot", "recovery"))
+    last = _last_metrics(run_dir / "metrics.jsonl", (MetricsKind.TRAIN_STEP, MetricsKind.SNAPSHOT, MetricsKind.RECOVERY))
     return {
         "run_id": run.get("run_id"), "incarnation": run.get("incarnation"), "run_dir": str(run_dir),
         "up": processes.get("controller") is not None,

@@ -13,18 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from controller.config_file import ConfigError
+from schemas.choices import RecoveryLevel, RecoveryMode
 from schemas.config import TurnkeepConfig
-from schemas.environments import (
-    FINEST_LEVEL,
-    EnvironmentCapabilities,
-    RecoveryLevel,
-    RecoveryMode,
-    coarser,
-)
+from schemas.environments import FINEST_LEVEL, EnvironmentCapabilities, coarser
 from schemas.participant import Capabilities
 
 _WHY_LOWERED = {
-    "restart_only": "its state cannot be saved, so a saved turn cannot be continued; unfinished siblings rerun "
+    RecoveryMode.RESTART_ONLY: "its state cannot be saved, so a saved turn cannot be continued; unfinished siblings rerun "
                     "from scratch",
 }
 
@@ -43,16 +38,16 @@ class RolloutLevelPlan:
 
     @property
     def continues_saved_turns(self) -> bool:
-        return self.level == "turn"
+        return self.level == RecoveryLevel.TURN
 
     @property
     def keeps_sealed_siblings(self) -> bool:
-        return self.level != "prompt_group"
+        return self.level != RecoveryLevel.PROMPT_GROUP
 
     @property
     def retries_whole_group(self) -> bool:
         """A live failure of one sibling reruns the whole group (its reward needs every sibling, or the level says so)."""
-        return self.group_scored or self.level == "prompt_group"
+        return self.group_scored or self.level == RecoveryLevel.PROMPT_GROUP
 
 
 def check_rollout_levels(cfg: TurnkeepConfig) -> None:
@@ -66,11 +61,11 @@ def check_rollout_levels(cfg: TurnkeepConfig) -> None:
             )
         if coarser(level, target) != level:
             raise RolloutLevelError(
-                f"rollout_recovery.overrides.{name} = {level!r} is finer than rollout_recovery.target_level = "
-                f"{target!r}; an override only forces a coarser level: remove it, or lower target_level and "
+                f"rollout_recovery.overrides.{name} = '{level}' is finer than rollout_recovery.target_level = "
+                f"'{target}'; an override only forces a coarser level: remove it, or lower target_level and "
                 "override the other environments instead"
             )
-    wants_turns = [name for name in cfg.environments if _configured_level(cfg, name) == "turn"]
+    wants_turns = [name for name in cfg.environments if _configured_level(cfg, name) == RecoveryLevel.TURN]
     # A restore continues turns from a parked snapshot or from the environment servers' turn journals (which
     # every trainer checkpoint restore reads); with neither there is nothing to continue.
     if wants_turns and not cfg.snapshot.enabled and not cfg.env.journal_turns:
@@ -107,7 +102,7 @@ def plan_levels(
         if level != wanted:
             warnings.append(
                 f"environment {name!r} ({caps.kind}, {caps.recovery_mode}): recovery level lowered from "
-                f"{wanted!r} to {level!r}: {_WHY_LOWERED.get(caps.recovery_mode, 'its recovery mode')}"
+                f"'{wanted}' to '{level}': {_WHY_LOWERED.get(caps.recovery_mode, 'its recovery mode')}"
             )
         plans[name] = RolloutLevelPlan(name, caps.kind, caps.recovery_mode, level, caps.group_scored)
     return plans, warnings

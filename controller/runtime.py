@@ -44,6 +44,7 @@ from primitives.audit_log import AuditLog
 from primitives.deadlines import DeadlineRegistry
 from primitives.holds import HoldSet
 from schemas.audit import CutTaken, HoldChanged, SnapshotPublished
+from schemas.choices import CutKind
 from schemas.config import TurnkeepConfig
 
 
@@ -212,7 +213,7 @@ class Controller:
         async with self.data_plane.barrier:
             capture = capture_cut(self, [])
             if self.audit is not None:
-                self.audit.emit(CutTaken, kind="trainer_checkpoint", **capture.summary)
+                self.audit.emit(CutTaken, kind=CutKind.TRAINER_CHECKPOINT, **capture.summary)
         journal = self.data_plane.journal
         await journal.durable(capture.position.seq)
         ref = JournalRef.model_validate(capture.state["journal_ref"])

@@ -64,7 +64,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from schemas.environments import RecoveryMode
+from schemas.choices import RecoveryMode
 from schemas.rollout import Problem
 
 __all__ = ["EnvContext", "Environment", "NoOptions", "Problem", "RecoveryMode", "StepResult"]
@@ -139,7 +139,7 @@ class Environment(ABC):
 
     async def replay(self, turns: list[str]) -> list[str | None]:
         """Rebuild a fresh environment by stepping the saved policy turns again; returns each turn's observation."""
-        if self.recovery_mode != "stateless":
+        if self.recovery_mode != RecoveryMode.STATELESS:
             raise NotImplementedError(f"{self.kind} environments ({self.recovery_mode}) cannot be replayed")
         return [(await self.step(turn)).observation for turn in turns]
 

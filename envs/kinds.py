@@ -15,6 +15,7 @@ from envs.judge_env import JudgeEnvironment
 from envs.lab_env import LabEnvironment
 from envs.loading import LoadedEnvironment, check_options, load_environment
 from envs.workspace_env import WorkspaceEnvironment
+from schemas.choices import EnvironmentKind
 from schemas.config import EnvironmentSpec
 from schemas.environments import EnvironmentCapabilities
 from schemas.rollout import Problem
@@ -26,7 +27,7 @@ ENV_KINDS: dict[str, type[Environment]] = {
 
 def resolve(name: str, spec: EnvironmentSpec) -> LoadedEnvironment:
     """The class and options of one local environment; EnvironmentLoadError names what is wrong."""
-    if spec.kind == "python":
+    if spec.kind == EnvironmentKind.PYTHON:
         assert spec.entry is not None  # the config refuses a python environment without one
         return load_environment(spec.entry, spec.options, where=f"environments.{name}.entry")
     cls = ENV_KINDS[spec.kind]
@@ -35,7 +36,7 @@ def resolve(name: str, spec: EnvironmentSpec) -> LoadedEnvironment:
 
 def local_environments(environments: dict[str, EnvironmentSpec]) -> dict[str, EnvironmentSpec]:
     """The environments the run's own environment server runs (every kind but `remote`)."""
-    return {name: spec for name, spec in environments.items() if spec.kind != "remote"}
+    return {name: spec for name, spec in environments.items() if spec.kind != EnvironmentKind.REMOTE}
 
 
 def capabilities_of(name: str, loaded: LoadedEnvironment, group_size: int | None) -> EnvironmentCapabilities:

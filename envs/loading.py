@@ -13,14 +13,14 @@ from __future__ import annotations
 import importlib
 import inspect
 from dataclasses import dataclass
-from typing import Any, get_args
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from envs.environment import Environment
-from schemas.environments import RecoveryMode
+from schemas.choices import RecoveryMode
 
-RECOVERY_MODES = get_args(RecoveryMode)
+RECOVERY_MODES = tuple(mode.value for mode in RecoveryMode)
 
 
 class EnvironmentLoadError(ValueError):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from envs.env_participant import AGENTS_FILE
 from envs.kinds import EnvironmentFactory
+from schemas.choices import RecoveryMode
 from schemas.participant import SavedAgent
 
 
@@ -64,9 +65,9 @@ class RestoredAgents:
 
     async def _restorable(self, saved: SavedAgent) -> bool:
         kind = self._factory.kind_of(saved.request.problem.env)
-        if kind.recovery_mode == "restart_only":
+        if kind.recovery_mode == RecoveryMode.RESTART_ONLY:
             return False
-        if kind.recovery_mode == "exported":
+        if kind.recovery_mode == RecoveryMode.EXPORTED:
             if saved.env_state is None:
                 raise ValueError(f"{kind.kind} environments export their state, but env_state is null")
             env = self._factory.make(saved.request.problem)

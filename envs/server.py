@@ -45,6 +45,7 @@ from primitives.audit_log import AuditLog
 from primitives.holds import HoldSet
 from primitives.segment_format import JournalCorrupt
 from schemas.audit import TurnCommitted
+from schemas.choices import RecoveryMode
 from schemas.config import EnvServerConfig
 from schemas.environments import (
     AttachReply,
@@ -346,7 +347,7 @@ class EnvServer:
     async def _continue(self, env: Environment, saved: SavedAgent, request: RolloutRequest) -> TurnBoundary:
         """Bring a fresh environment to the saved boundary: restore its exported state, or replay its turns."""
         boundary = saved.boundary
-        if env.recovery_mode == "exported":
+        if env.recovery_mode == RecoveryMode.EXPORTED:
             env.restore_state(saved.env_state or {})
         else:
             # The turns as the environment saw them, then the template glue each observation must give back.

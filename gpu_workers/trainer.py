@@ -33,6 +33,7 @@ from gpu_workers.weights_blob import OPTIONAL_NAMES, pack_state_dict
 from primitives.atomic_files import atomic_write_bytes, atomic_write_json, fsync_tree
 from primitives.hold_wait_clock import HoldWaitClock
 from primitives.holds import HoldSet
+from schemas.choices import Device
 from schemas.config import TrainConfig
 from schemas.rollout import RolloutRow
 
@@ -42,9 +43,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def resolve_device(wanted: str) -> torch.device:
     """`train.device` as a torch device; refuses CUDA where this process sees no GPU."""
-    if wanted == "auto":
+    if wanted == Device.AUTO:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if wanted == "cuda" and not torch.cuda.is_available():
+    if wanted == Device.CUDA and not torch.cuda.is_available():
         raise RuntimeError('train.device = "cuda" but the trainer\'s process sees no GPU (CUDA_VISIBLE_DEVICES='
                            f'{os.environ.get("CUDA_VISIBLE_DEVICES")!r}); reserve one with placement.trainer_gpus')
     return torch.device(wanted)

@@ -13,6 +13,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import Field, TypeAdapter
 
+from schemas.choices import AgentsFrom, CutKind, HoldChange
 from schemas.recovery import SkippedCandidate, SourceKind
 from schemas.wire import Wire
 
@@ -94,7 +95,7 @@ class Restored(_Event):
     kept_after_cut: KeptAfterCut | None = None
     """None: the restore brought back exactly its cut (a fresh start, a parked snapshot, keep_after_cut off, or a
     log from before it)."""
-    agents_from: Literal["snapshot", "journal"] = "snapshot"
+    agents_from: AgentsFrom = AgentsFrom.SNAPSHOT
     """Where the continued agents came from: the snapshot's saved agents (checked against its cut), or the
     environment servers' turn journals (a trainer checkpoint without a snapshot)."""
 
@@ -215,7 +216,7 @@ class CutTaken(_Event):
     however many rows the data plane holds. A restore of this state reports the same `cut_unix_s`."""
 
     event: Literal["cut_taken"] = "cut_taken"
-    kind: Literal["snapshot", "trainer_checkpoint"]
+    kind: CutKind
     step: int
     cut_unix_s: float
     """The `cut_unix_s` saved in the state."""
@@ -237,7 +238,7 @@ class HoldChanged(_Event):
     the policy server's as sampled by `controller.remote_holds`."""
 
     event: Literal["hold_changed"] = "hold_changed"
-    change: Literal["taken", "renewed", "released"]
+    change: HoldChange
     holder: str
     holds: list[str]
     """Hold sets by name: `admission`, `deadlines` (as in `run_ended`), `trainer`, `policy_admission`."""

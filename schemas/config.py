@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from schemas.choices import AgentsMode, Device, EnvironmentKind, RecoveryLevel
 from schemas.participant import FaultPlan
 
 CALC_OPERATORS = "+-*"
@@ -116,14 +117,12 @@ class TaskConfig(StrictModel):
         return operators
 
 
-EnvironmentKind = Literal["calc", "workspace", "lab", "judge", "python", "remote"]
-BUILT_IN_KINDS = ("calc", "workspace", "lab", "judge")
 RESERVED_ENVIRONMENT_NAMES = ("env", "policy", "trainer")
 """Participant names of the run's own processes: a remote environment server is a participant under its name."""
 
 
 class EnvironmentSpec(StrictModel):
-    kind: EnvironmentKind = "calc"
+    kind: EnvironmentKind = EnvironmentKind.CALC
     """calc: the stateless calculator task; workspace: a calculator that keeps a tape file in a workspace folder
     (its state is exported and restored); lab: a calculator in a live subprocess whose state cannot be saved
     (restart_only); judge: the calculator scored by a pairwise judge over all siblings of a group (group-scored);
@@ -146,18 +145,19 @@ class EnvironmentSpec(StrictModel):
 
     @model_validator(mode="after")
     def _fields_fit_kind(self) -> "EnvironmentSpec":
-        if self.group_size is not None and self.kind not in ("judge", "python", "remote"):
+        if self.group_size is not None and self.kind not in (EnvironmentKind.JUDGE, EnvironmentKind.PYTHON,
+                                                             EnvironmentKind.REMOTE):
             raise ValueError(f"group_size applies to group-scored environments (kind = \"judge\", or your own), "
-                             f"not {self.kind!r}")
-        if self.kind == "python" and not self.entry:
+                             f"not '{self.kind}'")
+        if self.kind == EnvironmentKind.PYTHON and not self.entry:
             raise ValueError('kind = "python" needs entry = "package.module:ClassName"')
-        if self.kind != "python" and (self.entry is not None or self.options):
-            raise ValueError(f"entry and options apply to kind = \"python\", not {self.kind!r}")
-        if self.kind == "remote" and (not self.url or self.token_file is None):
+        if self.kind != EnvironmentKind.PYTHON and (self.entry is not None or self.options):
+            raise ValueError(f"entry and options apply to kind = \"python\", not '{self.kind}'")
+        if self.kind == EnvironmentKind.REMOTE and (not self.url or self.token_file is None):
             raise ValueError('kind = "remote" needs url = "http://host:port" and token_file = "<the token the '
                              'server was started with>"')
-        if self.kind != "remote" and (self.url is not None or self.token_file is not None):
-            raise ValueError(f"url and token_file apply to kind = \"remote\", not {self.kind!r}")
+        if self.kind != EnvironmentKind.REMOTE and (self.url is not None or self.token_file is not None):
+            raise ValueError(f"url and token_file apply to kind = \"remote\", not '{self.kind}'")
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"url = {self.url!r}: use http://host:port")
         return self
@@ -173,11 +173,11 @@ class DataConfig(StrictModel):
 
 
 class RolloutRecoveryConfig(StrictModel):
-    target_level: Literal["turn", "sibling", "prompt_group"] = "turn"
+    target_level: RecoveryLevel = RecoveryLevel.TURN
     """What a restore (and a live failure) keeps: turn = sealed siblings and every saved turn; sibling = sealed
     siblings, unfinished ones rerun from scratch; prompt_group = nothing of an unfinished group, it reruns whole.
     Each environment gets the finest level at or below this that it supports (a warning names each lowered one)."""
-    overrides: dict[str, Literal["turn", "sibling", "prompt_group"]] = {}
+    overrides: dict[str, RecoveryLevel] = {}
     """Environment name -> a coarser level for that environment only. Naming an environment that is not in
     [environments], or a level finer than target_level, is refused at start-up."""
     keep_after_cut: bool = True
@@ -225,7 +225,7 @@ class TrainConfig(StrictModel):
     """Trainer checkpoints kept on disk (oldest pruned)."""
     torch_threads: int = Field(default=1, ge=1)
     """torch intra-op threads in the trainer (the policy server needs the other cores)."""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Device = Device.AUTO
     """Where the trainer computes: auto = CUDA when the trainer's process sees a GPU (placement.trainer_gpus),
     else the CPU. cuda without a visible GPU is refused at start."""
     autocast_bf16: bool = True
@@ -399,7 +399,7 @@ class SnapshotConfig(StrictModel):
     """Published snapshots kept per trainer checkpoint."""
     trainer_hold: bool = True
     """Hold the optimizer step from before the Gym phase until the cut (off: the peer's behaviour, for benchmarks)."""
-    agents: Literal["auto", "parked", "journal"] = "auto"
+    agents: AgentsMode = AgentsMode.AUTO
     """Where a snapshot keeps its running agents. `journal`: nothing stops; the snapshot records the
     environment servers' turn journal positions and a restore continues each running agent from its newest
     journaled boundary (needs `env.journal_turns`, and `--journal-dir` on a remote env-server). `parked`:
@@ -480,7 +480,7 @@ class TurnkeepConfig(StrictModel):
 
     @model_validator(mode="after")
     def _journal_snapshots_have_journals(self) -> "TurnkeepConfig":
-        if self.snapshot.agents == "journal" and not self.env.journal_turns:
+        if self.snapshot.agents == AgentsMode.JOURNAL and not self.env.journal_turns:
             raise ValueError('snapshot.agents = "journal" keeps the running agents in the environment servers\' turn '
                              'journals, but env.journal_turns = false; turn it on, or set snapshot.agents = "parked"')
         return self
@@ -488,7 +488,7 @@ class TurnkeepConfig(StrictModel):
     @model_validator(mode="after")
     def _environment_names(self) -> "TurnkeepConfig":
         for name, spec in self.environments.items():
-            if spec.kind == "remote" and name in RESERVED_ENVIRONMENT_NAMES:
+            if spec.kind == EnvironmentKind.REMOTE and name in RESERVED_ENVIRONMENT_NAMES:
                 raise ValueError(f"[environments.{name}]: a remote environment may not be called {name!r} (the run's "
                                  f"own processes use {list(RESERVED_ENVIRONMENT_NAMES)}); rename it")
             if not name.replace("_", "").replace("-", "").isalnum():
@@ -498,7 +498,7 @@ class TurnkeepConfig(StrictModel):
     @model_validator(mode="after")
     def _gpus_fit(self) -> "TurnkeepConfig":
         placement = self.placement
-        if self.train.device == "cuda" and placement.trainer_gpus == 0:
+        if self.train.device == Device.CUDA and placement.trainer_gpus == 0:
             raise ValueError('train.device = "cuda" needs placement.trainer_gpus >= 1 (Ray hides GPUs from an actor '
                              'that reserved none); set placement.trainer_gpus or train.device = "auto"')
         if placement.policy_gpus and self.policy.tensor_parallel_size > placement.policy_gpus:

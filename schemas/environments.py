@@ -7,26 +7,22 @@ from that report (`controller/rollout_levels.py`).
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field
 
+from schemas.choices import RecoveryLevel, RecoveryMode
 from schemas.rollout import Problem
 from schemas.wire import Wire
 
-RecoveryMode = Literal["stateless", "exported", "restart_only"]
-"""stateless: replaying the saved policy turns rebuilds the environment; exported: it exports and
-restores its own state; restart_only: its state cannot be saved, so an episode can only start over."""
-RecoveryLevel = Literal["turn", "sibling", "prompt_group"]
-"""turn: keep sealed siblings, resume unfinished ones from their saved turn; sibling: keep sealed
-siblings, rerun unfinished ones from scratch; prompt_group: rerun the whole group."""
-LEVELS_FINE_TO_COARSE: tuple[RecoveryLevel, ...] = ("turn", "sibling", "prompt_group")
-FINEST_LEVEL: dict[str, RecoveryLevel] = {"stateless": "turn", "exported": "turn", "restart_only": "sibling"}
+LEVELS_FINE_TO_COARSE: tuple[RecoveryLevel, ...] = tuple(RecoveryLevel)
+FINEST_LEVEL: dict[RecoveryMode, RecoveryLevel] = {
+    RecoveryMode.STATELESS: RecoveryLevel.TURN, RecoveryMode.EXPORTED: RecoveryLevel.TURN,
+    RecoveryMode.RESTART_ONLY: RecoveryLevel.SIBLING,
+}
 """The finest level each recovery mode supports."""
 
 
 def coarser(a: RecoveryLevel, b: RecoveryLevel) -> RecoveryLevel:
-    return max(a, b, key=LEVELS_FINE_TO_COARSE.index)
+    return RecoveryLevel(max(a, b, key=LEVELS_FINE_TO_COARSE.index))
 
 
 class EnvironmentCapabilities(Wire):

@@ -5,33 +5,15 @@ Workflows carry only ids, paths, digests and counts; rows and tensors never ente
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Literal
 
 from pydantic import Field
 
+from schemas.choices import AgentsMode, Outcome, Trigger
 from schemas.participant import Artifact, JournalMark
 from schemas.wire import Wire
 
 MANIFEST_SCHEMA_VERSION = 1
-
-
-class Trigger(StrEnum):
-    PERIODIC = "periodic"
-    TRAINER_CHECKPOINT = "trainer_checkpoint"
-    OPERATOR = "operator"
-    PREEMPTION = "preemption"
-
-
-class Outcome(StrEnum):
-    PUBLISHED = "published"
-    PUBLISHED_RELEASE_PENDING = "published_release_pending"
-    SKIPPED = "skipped"
-    FAILED = "failed"
-    ABORTED = "aborted"
-
-    def counts_as_failure(self) -> bool:
-        return self is Outcome.FAILED
 
 
 class SnapshotTimeouts(Wire):
@@ -65,7 +47,7 @@ class SnapshotAttemptInput(Wire):
     """Published snapshots kept per trainer checkpoint."""
     checkpoint_hold: str | None = None
     """The train pump's hold on the next optimizer step, which this attempt takes over (tied attempts)."""
-    agents: Literal["parked", "journal"] = "parked"
+    agents: Literal[AgentsMode.PARKED, AgentsMode.JOURNAL] = AgentsMode.PARKED
     """`parked`: close admission and park every agent (gym.prepare, gym.commit, resume). `journal`: stop
     nothing; mark the environment servers' turn journals (gym.mark) and cut."""
     timeouts: SnapshotTimeouts
@@ -316,7 +298,7 @@ class RunWorkflowInput(Wire):
     trainer_hold: bool = True
     checkpoint_on_demand: bool = True
     """Periodic and operator attempts ask the train pump for a checkpoint at the current step."""
-    agents: Literal["parked", "journal"] = "parked"
+    agents: Literal[AgentsMode.PARKED, AgentsMode.JOURNAL] = AgentsMode.PARKED
     """`snapshot.agents`: how every attempt keeps the running agents."""
     timeouts: SnapshotTimeouts
     carried: "RunCarryOver | None" = None

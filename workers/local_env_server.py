@@ -19,6 +19,7 @@ import ray
 
 from primitives.atomic_files import append_jsonl
 from primitives.pid_files import write_pid_file
+from schemas.choices import MetricsKind
 from schemas.config import TurnkeepConfig
 
 log = logging.getLogger("turnkeep.env")
@@ -66,7 +67,7 @@ class LocalEnvServer:
             raise RuntimeError(f"the restarted environment server answers at {url}, not {self.url}")
         log.info("the run's environment server is running again at %s", url)
         append_jsonl(self._cfg.run.run_dir / "metrics.jsonl", {
-            "kind": "env_restart", "t": round(time.time(), 3), "restarts": self.restarts, "url": url,
+            "kind": MetricsKind.ENV_RESTART, "t": round(time.time(), 3), "restarts": self.restarts, "url": url,
             "seconds": round(time.monotonic() - began, 3)}, durable=False)
 
     async def stop(self) -> None:

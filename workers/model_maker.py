@@ -19,6 +19,7 @@ from envs.environment import Environment
 from envs.loading import EnvironmentLoadError, load_environment
 from gpu_workers.tiny_model.build import EVAL_ROLLOUTS, ensure_tiny_model
 from gpu_workers.tiny_model.transcripts import DemonstrationsError, DemoSource, TranscriptSource
+from schemas.choices import EnvironmentKind
 from schemas.config import TurnkeepConfig
 
 
@@ -55,9 +56,9 @@ def _entry_and_options(cfg: TurnkeepConfig, name: str, where: str) -> tuple[str,
     if spec is None:
         raise DemonstrationsError(f"{where}: there is no [environments.{name}] (configured: "
                                   f"{', '.join(sorted(cfg.environments))}); name one of them")
-    if spec.kind != "python" or spec.entry is None:
+    if spec.kind != EnvironmentKind.PYTHON or spec.entry is None:
         raise DemonstrationsError(
-            f"{where}: [environments.{name}] is kind = {spec.kind!r}; demonstrations come from a class loaded by "
+            f"{where}: [environments.{name}] is kind = '{spec.kind}'; demonstrations come from a class loaded by "
             'entry (kind = "python"). For a remote server, name its class instead: demonstrations = '
             '"package.module:ClassName" (installed where the model is made)'
         )

@@ -20,7 +20,8 @@ import psutil
 from controller.runtime import Controller
 from primitives.pid_files import live_pids
 from primitives.process_tree import kill_tree
-from schemas.snapshot import Outcome, SnapshotNowSignal
+from schemas.choices import Outcome
+from schemas.snapshot import SnapshotNowSignal
 from workers.temporal.controller_worker import SnapshotRuntime
 
 log = logging.getLogger("turnkeep.preemption")

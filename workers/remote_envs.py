@@ -17,6 +17,7 @@ from controller.config_file import ConfigError
 from controller.processes import EnvServerEndpoint, Processes
 from controller.pumps.env_client import EnvClient, EnvServerError
 from primitives.control_token import ControlTokenError, read_token_file
+from schemas.choices import EnvironmentKind
 from schemas.config import TurnkeepConfig
 from schemas.environments import AttachRequest, EnvironmentCapabilities, RolloutLimits
 
@@ -45,7 +46,7 @@ async def attach_remote_servers(
     cfg: TurnkeepConfig, processes: Processes, session: aiohttp.ClientSession, run_id: str, incarnation: int
 ) -> list[EnvironmentCapabilities]:
     """Attach every remote environment (all at once) and add it to `processes.env_servers`."""
-    remotes = sorted((name, spec) for name, spec in cfg.environments.items() if spec.kind == "remote")
+    remotes = sorted((name, spec) for name, spec in cfg.environments.items() if spec.kind == EnvironmentKind.REMOTE)
     if not remotes:
         return []
     files = await asyncio.to_thread(model_files, processes.model_dir)
@@ -67,7 +68,7 @@ async def attach_remote_servers(
 
 async def probe_remote_servers(cfg: TurnkeepConfig) -> None:
     """Before anything is written: every remote environment server answers its /health."""
-    remotes = sorted((name, spec) for name, spec in cfg.environments.items() if spec.kind == "remote")
+    remotes = sorted((name, spec) for name, spec in cfg.environments.items() if spec.kind == EnvironmentKind.REMOTE)
     if not remotes:
         return
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:

@@ -27,12 +27,13 @@ from controller.restore.restore_source import has_trainer_checkpoint
 from controller.restore.run_identity import RunIdentity, open_run_dir
 from controller.rollout_levels import RolloutLevelPlan, plan_levels, unjournaled_turns_warning
 from controller.runtime import Controller, RunSummary
-from controller.snapshot.agents_mode import AgentsMode, resolve_agents_mode
+from controller.snapshot.agents_mode import resolve_agents_mode
 from controller.stores.trainer_checkpoint import CheckpointIdentity
 from primitives.atomic_files import append_jsonl
 from primitives.audit_log import AUDIT_FILE, AuditLog
 from primitives.pid_files import write_pid_file
 from schemas.audit import RunEnded, RunStarted
+from schemas.choices import AgentsMode, MetricsKind
 from schemas.config import TurnkeepConfig
 from schemas.names import ray_namespace
 from schemas.participant import Capabilities
@@ -212,7 +213,7 @@ async def _recover_without_temporal(recovery: CrashRestore) -> RecoveryResult:
 def _report_recovery(run_dir: Path, identity: RunIdentity, result: RecoveryResult) -> None:
     source, restored = result.source, result.restore
     print(f"turnkeep: restored from {source.kind} (step {source.step}): {source.reason}", flush=True)
-    line = {"kind": "recovery", "incarnation": identity.incarnation, **result.model_dump(mode="json")}
+    line = {"kind": MetricsKind.RECOVERY, "incarnation": identity.incarnation, **result.model_dump(mode="json")}
     append_jsonl(run_dir / "metrics.jsonl", line, durable=True)
     if restored is not None:
         log.info("restore: %d rows, %d agents continue from their saved turn, %d siblings start over; %d journal "

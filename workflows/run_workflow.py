@@ -21,6 +21,7 @@ from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from schemas import search_attributes as sa
+    from schemas.choices import Outcome, Trigger
     from schemas.names import (
         ATTEMPT_CANCELLED_SIGNAL,
         Activity,
@@ -38,7 +39,6 @@ with workflow.unsafe.imports_passed_through():
         CheckpointRequestResult,
         GymInput,
         GymReleaseResult,
-        Outcome,
         RecordResult,
         RunCarryOver,
         RunStatus,
@@ -50,7 +50,6 @@ with workflow.unsafe.imports_passed_through():
         TrainerCheckpointSignal,
         TrainerReleaseInput,
         TrainerReleaseResult,
-        Trigger,
     )
 
 from workflows.retry_policies import RUN_QUICK, RUN_UNTIL_IT_WORKS

@@ -27,6 +27,7 @@ from workflows.timed_activity import timed_activity
 
 with workflow.unsafe.imports_passed_through():
     from schemas import search_attributes as sa
+    from schemas.choices import AgentsMode, Outcome
     from schemas.names import (
         ATTEMPT_CANCELLED_SIGNAL,
         LOCAL_ACTIVITIES,
@@ -46,7 +47,6 @@ with workflow.unsafe.imports_passed_through():
         GymMarkResult,
         GymPrepareResult,
         GymReleaseResult,
-        Outcome,
         PolicyPrepareResult,
         PreflightInput,
         PreflightResult,
@@ -107,7 +107,7 @@ class SnapshotAttemptWorkflow:
     @workflow.run
     async def run(self, inp: SnapshotAttemptInput) -> SnapshotAttemptResult:
         started = workflow.time()
-        self._journal = inp.agents == "journal"
+        self._journal = inp.agents == AgentsMode.JOURNAL
         progress = AttemptProgress(holder=snapshot_holder(inp.checkpoint_id))
         try:
             result = await self._attempt(inp, progress)
@@ -168,7 +168,7 @@ class SnapshotAttemptWorkflow:
         progress.staging_dir = staging.staging_dir
         gym = GymInput(run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
                        lease_s=budget.lease_s, staging_dir=staging.staging_dir)
-        if inp.agents == "journal":
+        if inp.agents == AgentsMode.JOURNAL:
             return await self._journal_attempt(inp, progress, gym, hold)
 
         progress.gym_started = True
@@ -260,7 +260,7 @@ class SnapshotAttemptWorkflow:
 
     @staticmethod
     def _keeps_checkpoint_hold(inp: SnapshotAttemptInput) -> bool:
-        return (inp.agents == "journal" and inp.trainer_hold and inp.checkpoint_hold is not None
+        return (inp.agents == AgentsMode.JOURNAL and inp.trainer_hold and inp.checkpoint_hold is not None
                 and workflow.patched(JOURNAL_KEEPS_CHECKPOINT_HOLD))
 
     async def _release_trainer(self, inp: SnapshotAttemptInput, progress: AttemptProgress,

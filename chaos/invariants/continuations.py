@@ -33,6 +33,7 @@ from schemas.audit import (
     TurnCommitted,
     ids_digest,
 )
+from schemas.choices import AgentsFrom
 
 CONTINUE_GRACE_S = 5.0
 """Restored siblings all start the moment admission opens; an incarnation that lived this long
@@ -101,7 +102,7 @@ def saved_agents_continued(events: list, grace_s: float = CONTINUE_GRACE_S) -> I
         if restored_nothing(restored):
             continue
         cut = cut_of(restored, cuts)
-        if restored.agents_from == "journal":
+        if restored.agents_from == AgentsFrom.JOURNAL:
             pass  # its agents come from the turn journals, not the cut: `journaled_agents_were_committed` checks them
         elif cut is None:
             unmatched += 1
@@ -160,7 +161,7 @@ def journaled_agents_were_committed(events: list) -> InvariantResult:
     for event in events:
         if isinstance(event, StepTrained):
             trained[event.inc].append((event.t, event.policy_version))
-        elif isinstance(event, Restored) and event.agents_from == "journal":
+        elif isinstance(event, Restored) and event.agents_from == AgentsFrom.JOURNAL:
             cut = cut_of(event, cuts)
             if cut is not None and event.kept_after_cut is not None:
                 went_on[cut.cut_unix_s].append((event.inc, event.t))

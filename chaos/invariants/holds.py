@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from chaos.invariants.results import InvariantResult, not_checked
 from chaos.invariants.timeline import last_heard
 from schemas.audit import HoldChanged, Restored, RunEnded, StepTrained
+from schemas.choices import HoldChange
 
 STALL_AFTER_RESTORE_S = 90.0
 """A restored incarnation that lives this long without a single step has a hold left behind."""
@@ -63,18 +64,18 @@ def hold_spans(events: list, slack_s: float = LEASE_SLACK_S) -> list[HoldSpan]:
         for hold in event.holds:
             key = (event.inc, hold, event.holder)
             span = holding.get(key)
-            if event.change == "released":
+            if event.change == HoldChange.RELEASED:
                 if span is not None:
                     span.released_at = event.t  # perhaps after its lease ran out: that span lapsed
                     del holding[key]
                 continue
             if span is not None and span.lease_end is not None and event.t > span.lease_end + slack_s:
                 # The hold set dropped it when its lease ran out: this change meets a holder that is gone.
-                span.retaken_at = event.t if event.change == "taken" else None
+                span.retaken_at = event.t if event.change == HoldChange.TAKEN else None
                 del holding[key]
                 span = None
             if span is None:
-                if event.change == "taken":  # a renewal of a holder that is gone renews nothing
+                if event.change == HoldChange.TAKEN:  # a renewal of a holder that is gone renews nothing
                     lease_end = None if event.lease_s is None else event.t + event.lease_s
                     span = HoldSpan(event.inc, hold, event.holder, event.t, lease_end)
                     holding[key] = span

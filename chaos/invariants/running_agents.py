@@ -28,6 +28,7 @@ from schemas.audit import (
     StepTrained,
     TurnCommitted,
 )
+from schemas.choices import AgentsFrom
 
 JOURNAL_GRACE_S = 0.5
 """An environment server flushes its turn journal every `journal_flush_s` (50 ms), after its audit lines; under a
@@ -59,7 +60,7 @@ def running_agents_continued(events: list, counts: AuditCounts | None = None,
     checked = owing = 0
     for restored in (e for e in events if isinstance(e, Restored)):
         kept = restored.kept_after_cut
-        if restored.agents_from != "journal" or kept is None or kept.stopped is not None:
+        if restored.agents_from != AgentsFrom.JOURNAL or kept is None or kept.stopped is not None:
             continue  # it brought back exactly its cut (or a damaged journal's part of it): nothing to hold it to
         killed = _journal_incarnation(kept.journal)
         life = lives.get(killed)

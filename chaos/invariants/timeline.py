@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterator
 
 from schemas.audit import CutTaken, Restored, RunStarted, ids_digest
+from schemas.choices import CutKind
 from schemas.recovery import SourceKind
 
 _GROUP_INDEX = re.compile(r"g(\d+)")
@@ -84,7 +85,7 @@ def cuts_by_time(events: list) -> dict[float, CutTaken]:
 
 def run_start_cut(started: RunStarted) -> CutTaken:
     """The run's start as a cut: nothing held, the dataloader at 0."""
-    return CutTaken(t=started.t, inc=started.inc, kind="trainer_checkpoint", step=0, cut_unix_s=RUN_START, rows=0,
+    return CutTaken(t=started.t, inc=started.inc, kind=CutKind.TRAINER_CHECKPOINT, step=0, cut_unix_s=RUN_START, rows=0,
                     rows_digest=ids_digest([]), groups=0, groups_digest=ids_digest([]), next_group_index=0)
 
 

@@ -33,6 +33,7 @@ from primitives.audit_log import segments_digest
 from primitives.chaos_points import reached
 from primitives.segment_format import JournalCorrupt
 from schemas.audit import ContinuationRef, KeptAfterCut, Restored, RowRef
+from schemas.choices import AgentsFrom
 from schemas.config import TurnkeepConfig
 from schemas.names import recovery_holder, recovery_workflow_id
 from schemas.participant import RunningAgent, SavedAgent
@@ -104,7 +105,7 @@ class CrashRestore:
         if sealed := seal_stored_rows(target.data_plane, target.ledger):
             # The cut fell between their rows' store and their seal: the rows are in, they are never continued.
             log.info("%d siblings had their rows stored at the cut and are sealed now", len(sealed))
-        if source.snapshot_dir and state.get(AGENTS_FROM) != "journal":
+        if source.snapshot_dir and state.get(AGENTS_FROM) != AgentsFrom.JOURNAL:
             continuations = await self._continue_saved_agents(source, state)
         else:
             # A trainer checkpoint or a journal snapshot saved no agents: the environment servers' turn journals
@@ -112,7 +113,7 @@ class CrashRestore:
             # Kept turns may come from the policies of the undone steps: the newest of those bounds them.
             newest = max(version, past.newest_policy_version) if past else version
             continuations, started_over = await self._continue_journaled_agents(newest)
-            self._audit(source, state, continuations, started_over, agents_from="journal", past=past)
+            self._audit(source, state, continuations, started_over, agents_from=AgentsFrom.JOURNAL, past=past)
         restarted = target.redispatch(continuations) - len(continuations)
         log.info("restored step %d (policy version %d) from %s: %s", source.step, version, source.kind, source.reason)
         return RestoreResult(
@@ -138,7 +139,7 @@ class CrashRestore:
         they are saved as of the cut)."""
         try:
             raw = orjson.loads(path.read_bytes())
-            parked = bool(source.snapshot_dir) and raw.get(AGENTS_FROM) != "journal"
+            parked = bool(source.snapshot_dir) and raw.get(AGENTS_FROM) != AgentsFrom.JOURNAL
             if not self._cfg.rollout_recovery.keep_after_cut or parked:
                 return resolve_state(self._cfg.run.run_dir, raw), None
             state, past = resolve_state_past_cut(self._cfg.run.run_dir, raw, self._identity.incarnation)
@@ -243,7 +244,7 @@ class CrashRestore:
 
     def _audit(
         self, source: RecoverySource, state: dict | None, continuations: dict, rerun_agents: Sequence[str] = (),
-        agents_from: str = "snapshot", past: PastCut | None = None,
+        agents_from: AgentsFrom = AgentsFrom.SNAPSHOT, past: PastCut | None = None,
     ) -> None:
         target = self._target
         if target.audit is None:

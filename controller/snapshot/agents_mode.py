@@ -9,12 +9,9 @@ once, naming the servers, when it cannot.
 
 from __future__ import annotations
 
-from typing import Literal
-
 from controller.config_file import ConfigError
+from schemas.choices import AgentsMode
 from schemas.participant import Capabilities
-
-AgentsMode = Literal["parked", "journal"]
 
 
 class AgentsModeError(ConfigError):
@@ -22,23 +19,23 @@ class AgentsModeError(ConfigError):
 
 
 def resolve_agents_mode(
-    configured: str, journal_turns: bool, servers: list[Capabilities],
+    configured: AgentsMode, journal_turns: bool, servers: list[Capabilities],
 ) -> tuple[AgentsMode, str | None]:
     """(the mode every attempt of this run uses, a warning to print once or None)."""
     without = sorted(caps.name for caps in servers if not caps.journals_turns)
-    if configured == "parked":
-        return "parked", None
-    if configured == "journal":
+    if configured == AgentsMode.PARKED:
+        return AgentsMode.PARKED, None
+    if configured == AgentsMode.JOURNAL:
         if without:
             raise AgentsModeError(
                 f'snapshot.agents = "journal", but environment server(s) {without} keep no turn journal; start them '
                 'with `turnkeep env-server --journal-dir DIR`, or set snapshot.agents = "auto" (parks when a server '
                 'keeps no journal)')
-        return "journal", None
+        return AgentsMode.JOURNAL, None
     if not journal_turns:  # the run's own choice: no journal, so nothing to warn about
-        return "parked", None
+        return AgentsMode.PARKED, None
     if without:
-        return "parked", (f"snapshots park the running agents (admission closes during each one): environment "
+        return AgentsMode.PARKED, (f"snapshots park the running agents (admission closes during each one): environment "
                           f"server(s) {without} keep no turn journal; start them with `turnkeep env-server "
                           f"--journal-dir DIR` so that snapshots stop nothing")
-    return "journal", None
+    return AgentsMode.JOURNAL, None

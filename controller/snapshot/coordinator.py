@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from participants.client import ParticipantClient
 from primitives.atomic_files import append_jsonl
+from schemas.choices import MetricsKind
 from schemas.names import snapshot_holder
 from schemas.snapshot import SnapshotAttemptResult
 
@@ -125,7 +126,7 @@ class SnapshotCoordinator:
                 "large share of the run. Raise snapshot.attempt_interval_s (or speed up the slow participant)."
             )
             log.warning(warning)
-        line = {"kind": "snapshot", "t": round(time.time(), 3), **result.model_dump(mode="json"),
+        line = {"kind": MetricsKind.SNAPSHOT, "t": round(time.time(), 3), **result.model_dump(mode="json"),
                 "consecutive_failures": consecutive_failures}
         if warning:
             line["warning"] = warning

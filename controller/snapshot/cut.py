@@ -34,6 +34,7 @@ from controller.state.cut_state import capture_cut
 from controller.stores import snapshot_store
 from primitives.atomic_files import atomic_write_bytes
 from schemas.audit import CutTaken
+from schemas.choices import AgentsFrom, CutKind
 from schemas.participant import Artifact, JournalMark, SavedAgent
 from schemas.snapshot import TrainerHoldResult
 
@@ -107,7 +108,7 @@ async def cut_under_barrier(
                    if marks is not None else 0)
         policy_version = training.policy_version
         if controller.audit is not None:
-            controller.audit.emit(CutTaken, kind="snapshot", **capture.summary)  # under the barrier: in row order
+            controller.audit.emit(CutTaken, kind=CutKind.SNAPSHOT, **capture.summary)  # under the barrier: in row order
             controller.audit.flush()  # every row the cut saves is in the audit log first
         if under_barrier is not None:
             await under_barrier()
@@ -118,7 +119,7 @@ async def cut_under_barrier(
     path.parent.mkdir(exist_ok=True)
     state = capture.state
     if marks is not None:
-        state[AGENTS_FROM] = "journal"
+        state[AGENTS_FROM] = AgentsFrom.JOURNAL
         state[TURN_JOURNALS] = [mark.model_dump() for mark in marks]
     atomic_write_bytes(path, orjson.dumps(state))
     return Cut(

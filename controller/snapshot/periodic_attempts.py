@@ -12,7 +12,7 @@ preemption and when an operator asks; setting the interval brings periodic attem
 
 from __future__ import annotations
 
-from controller.snapshot.agents_mode import AgentsMode
+from schemas.choices import AgentsMode
 
 PARKED_INTERVAL_S = 20.0
 
@@ -21,4 +21,4 @@ def periodic_interval_s(configured: float | None, agents: AgentsMode) -> float |
     """Seconds between periodic attempts, or None for attempts at trainer checkpoints (and on request) only."""
     if configured is not None:
         return configured
-    return PARKED_INTERVAL_S if agents == "parked" else None
+    return PARKED_INTERVAL_S if agents == AgentsMode.PARKED else None

@@ -11,6 +11,7 @@ from controller.pumps.train_pump import StepReport
 from controller.state.run_stats import RunStats
 from primitives.atomic_files import append_jsonl
 from primitives.process_roles import rss_mib_by_role
+from schemas.choices import MetricsKind, Outcome
 
 
 class MetricsSink:
@@ -28,7 +29,7 @@ class MetricsSink:
         """`epoch`: whole passes over a prompts file so far (0 for generated problems)."""
         now = time.monotonic()
         line = {
-            "kind": "train_step",
+            "kind": MetricsKind.TRAIN_STEP,
             "t": round(time.time(), 3),
             "step": report.step,
             "reward_mean": round(report.reward_mean, 4),
@@ -65,7 +66,7 @@ class MetricsSink:
     def finish(self) -> None:
         """The run's peak memory per process role, as one `"kind": "memory"` line."""
         peaks = {role: round(mib) for role, mib in sorted(self.peak_rss_mib_by_role.items())}
-        append_jsonl(self.path, {"kind": "memory", "peak_rss_mib_by_role": peaks,
+        append_jsonl(self.path, {"kind": MetricsKind.MEMORY, "peak_rss_mib_by_role": peaks,
                                  "peak_rss_tree_mib": round(self.peak_rss_mib)}, durable=False)
 
     def snapshot(self, result) -> None:
@@ -73,7 +74,7 @@ class MetricsSink:
         closed = f", admission closed {result.admission_closed_s:.2f}s" if result.admission_closed_s else ""
         waited = f", trainer waited {result.trainer_wait_s:.2f}s" if result.trainer_wait_s else ""
         text = f"snapshot {result.checkpoint_id}: {result.outcome} in {result.wall_s:.2f}s{closed}{waited}"
-        if result.outcome != "published":
+        if result.outcome != Outcome.PUBLISHED:
             text += f" ({result.reason})"
         if self._out.isatty():
             text = "\r" + text.ljust(100) + "\n"

@@ -18,6 +18,7 @@ from pathlib import Path
 import orjson
 
 from primitives.atomic_files import atomic_write_text
+from schemas.choices import MetricsKind
 
 log = logging.getLogger("turnkeep.metrics")
 
@@ -65,19 +66,19 @@ class TensorBoardMirror:
 
     def _write(self, record: dict) -> None:
         kind = record.get("kind")
-        if kind == "train_step":
+        if kind == MetricsKind.TRAIN_STEP:
             step = int(record.get("step", 0))
             for key, value in _numbers(record):
                 if key not in NOT_SCALARS:
                     self._writer.add_scalar(f"train/{key}", value, step)
-        elif kind == "snapshot":
+        elif kind == MetricsKind.SNAPSHOT:
             step = int(record.get("anchor_step", 0))
             for key, value in _numbers(record):
                 if key not in NOT_SCALARS:
                     self._writer.add_scalar(f"snapshot/{key}", value, step)
             self._writer.add_text("snapshot/outcome", f"{record.get('checkpoint_id')}: {record.get('outcome')} "
                                                       f"({record.get('reason')})", step)
-        elif kind == "recovery":
+        elif kind == MetricsKind.RECOVERY:
             source = record.get("source") or {}
             self._writer.add_text("recovery", f"incarnation {record.get('incarnation')} restored from "
                                               f"{source.get('kind')} (step {source.get('step')}): "

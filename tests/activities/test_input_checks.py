@@ -19,6 +19,7 @@ from controller.snapshot.coordinator import SnapshotCoordinator
 from controller.state.run_stats import RunStats
 from controller.stores import snapshot_store
 from controller.stores.metrics import MetricsSink
+from schemas.choices import Outcome, Trigger
 from schemas.names import ErrorType, checkpoint_id
 from schemas.participant import Artifact
 from schemas.recovery import (
@@ -33,11 +34,9 @@ from schemas.snapshot import (
     AttemptRecord,
     CutInput,
     DiscardStagingInput,
-    Outcome,
     PublishInput,
     SnapshotAttemptResult,
     StagingInput,
-    Trigger,
 )
 
 RUN = "run"

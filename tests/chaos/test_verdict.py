@@ -17,6 +17,7 @@ from schemas.audit import (
     StepTrained,
     TurnCommitted,
 )
+from schemas.choices import AgentsFrom
 from schemas.recovery import SkippedCandidate, SourceKind
 from tests.chaos.invariants.history import healthy_with_a_journal_restore
 
@@ -365,7 +366,7 @@ def _journal_restore(policy_versions_of_turns: list[int], restored_version: int,
                            turn_index=saved_turn, boundary_sha="abc")
     restore = restored(2000.0, 2, restored_version, CUT_1, continuations=[cont], unfinished=["g1"],
                        source=SourceKind.TRAINER_CHECKPOINT)
-    return events + [started(1999.0, 2, True), restore.model_copy(update={"agents_from": "journal",
+    return events + [started(1999.0, 2, True), restore.model_copy(update={"agents_from": AgentsFrom.JOURNAL,
                                                                           "policy_version": restored_version})]
 
 

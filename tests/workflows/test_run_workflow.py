@@ -14,6 +14,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from schemas import search_attributes as sa
+from schemas.choices import Outcome, Trigger
 from schemas.names import Activity, WorkflowType
 from schemas.snapshot import (
     AnchorQuery,
@@ -21,14 +22,12 @@ from schemas.snapshot import (
     AttemptRecord,
     CheckpointRequest,
     CheckpointRequestResult,
-    Outcome,
     RecordResult,
     RunWorkflowInput,
     SnapshotAttemptInput,
     SnapshotAttemptResult,
     SnapshotNowSignal,
     SnapshotTimeouts,
-    Trigger,
 )
 from workers.temporal.dev_server import UNTHROTTLED, temporal_binary
 from workflows.run_workflow import RunWorkflow
@@ -129,7 +128,8 @@ def _run_workflow_state() -> RunWorkflow:
 
 
 def test_a_checkpoint_announced_again_for_a_waiting_request_upgrades_the_queued_attempt():
-    from schemas.snapshot import TrainerCheckpointSignal, Trigger
+    from schemas.choices import Trigger
+    from schemas.snapshot import TrainerCheckpointSignal
 
     run = _run_workflow_state()
     run._requested = Trigger.PREEMPTION  # the preemption attempt asked for a checkpoint ...
@@ -139,7 +139,8 @@ def test_a_checkpoint_announced_again_for_a_waiting_request_upgrades_the_queued_
 
 
 def test_a_repeat_announcement_nobody_waits_for_starts_no_attempt():
-    from schemas.snapshot import TrainerCheckpointSignal, Trigger
+    from schemas.choices import Trigger
+    from schemas.snapshot import TrainerCheckpointSignal
 
     run = _run_workflow_state()
     run.trainer_checkpoint_saved(TrainerCheckpointSignal(step=7, trigger=Trigger.PERIODIC, repeat=True))

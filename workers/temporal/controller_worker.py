@@ -23,7 +23,6 @@ from activities.snapshot_activities import SnapshotActivities
 from controller.fingerprint import config_fingerprint
 from controller.restore.crash_restore import CrashRestore
 from controller.runtime import Controller
-from controller.snapshot.agents_mode import AgentsMode
 from controller.snapshot.coordinator import SnapshotCoordinator
 from controller.snapshot.periodic_attempts import periodic_interval_s
 from controller.stores import snapshot_store
@@ -32,6 +31,7 @@ from participants.client import ParticipantClient
 from primitives.atomic_files import append_jsonl
 from primitives.temporal_client import connect, start_worker
 from schemas import search_attributes as sa
+from schemas.choices import AgentsMode, MetricsKind, Trigger
 from schemas.config import TurnkeepConfig
 from schemas.names import (
     CHECKPOINT_HOLDER_PREFIX,
@@ -42,13 +42,7 @@ from schemas.names import (
     run_workflow_id,
 )
 from schemas.recovery import RecoveryInput, RecoveryResult
-from schemas.snapshot import (
-    RunCarryOver,
-    RunWorkflowInput,
-    SnapshotTimeouts,
-    TrainerCheckpointSignal,
-    Trigger,
-)
+from schemas.snapshot import RunCarryOver, RunWorkflowInput, SnapshotTimeouts, TrainerCheckpointSignal
 from workers.temporal.dev_server import register_search_attributes
 from workers.temporal.loop_bridge import BridgedRun, bridged_activities
 from workers.temporal.workflow_thread import WorkflowThread
@@ -154,7 +148,7 @@ def record_local_runs(run_dir: Path) -> Callable[[BridgedRun], None]:
     """Each local activity's own clocks as a `local_activity` line in metrics.jsonl, for `turnkeep bench
     orchestration` (its marker in the history cannot be trusted for them under load)."""
     def record(run: BridgedRun) -> None:
-        append_jsonl(run_dir / "metrics.jsonl", {"kind": "local_activity", "t": round(time.time(), 3),
+        append_jsonl(run_dir / "metrics.jsonl", {"kind": MetricsKind.LOCAL_ACTIVITY, "t": round(time.time(), 3),
                                                  **{k: round(v, 6) if isinstance(v, float) else v
                                                     for k, v in asdict(run).items()}})
     return record

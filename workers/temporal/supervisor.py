@@ -18,6 +18,7 @@ from collections import deque
 from contextlib import suppress
 
 from primitives.atomic_files import append_jsonl
+from schemas.choices import MetricsKind
 from workers.temporal.dev_server import LOG_FILE, TemporalEndpoint, TemporalStartError, restart_dev_server
 
 log = logging.getLogger("turnkeep.temporal")
@@ -102,7 +103,7 @@ class TemporalSupervisor:
                     "restart %d of this run)", endpoint.address, endpoint.pid, seconds, self.restarts)
         assert endpoint.run_dir is not None
         append_jsonl(endpoint.run_dir / "metrics.jsonl", {
-            "kind": "temporal_restart", "restarts": self.restarts, "old_pid": pid, "pid": endpoint.pid,
+            "kind": MetricsKind.TEMPORAL_RESTART, "restarts": self.restarts, "old_pid": pid, "pid": endpoint.pid,
             "exit": ended, "seconds": round(seconds, 3), "unix_s": round(time.time(), 3),
         })
         return True

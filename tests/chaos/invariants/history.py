@@ -38,6 +38,7 @@ from schemas.audit import (
     ids_digest,
     row_key,
 )
+from schemas.choices import AgentsFrom
 from schemas.recovery import SourceKind
 
 LEASE_S = 30.0
@@ -210,7 +211,7 @@ def incarnation_4() -> list:
                        continuations=[continuation(r(5, 0, 0), "b50")])
     restore = restore.model_copy(update={"source": SourceKind.TRAINER_CHECKPOINT, "snapshot_dir": None,
                                          "reason": "no published snapshot under checkpoints/step_4",
-                                         "agents_from": "journal", "kept_after_cut": KeptAfterCut(
+                                         "agents_from": AgentsFrom.JOURNAL, "kept_after_cut": KeptAfterCut(
                                              records=0, undone_steps=[], newest_policy_version=4,
                                              journal="journal/inc-000003")})
     return [

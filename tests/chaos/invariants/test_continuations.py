@@ -3,6 +3,7 @@ its level says), and a restore brings back exactly the saved agents its cut chec
 
 from chaos.verdict import check_invariants
 from schemas.audit import GroupRerun, Restored, RunEnded, SiblingStarted
+from schemas.choices import AgentsFrom
 from tests.chaos.invariants.history import (
     CUT_1,
     broken,
@@ -96,7 +97,7 @@ def _killed_right_after_its_restore_then_the_same_cut_again(drop: str | None) ->
     """Incarnation 2 restores CUT_1 from the turn journals and dies before it starts a sibling; incarnation 3
     restores the same cut (a chaos run's repeated kills), without `drop` when given."""
     def journal(event):
-        return event.model_copy(update={"agents_from": "journal"}) if isinstance(event, Restored) else event
+        return event.model_copy(update={"agents_from": AgentsFrom.JOURNAL}) if isinstance(event, Restored) else event
 
     inc2 = [journal(e) for e in incarnation_2()]
     killed = inc2[: next(i for i, e in enumerate(inc2) if isinstance(e, Restored)) + 1]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from chaos.verdict import check_invariants
 from schemas.audit import KeptAfterCut, Restored, RowRef, TurnCommitted
+from schemas.choices import AgentsFrom
 from schemas.recovery import SourceKind
 from tests.chaos.invariants.history import (
     admitted,
@@ -48,7 +49,7 @@ def kept_restore(**changes) -> Restored:
     restore = restored(1302, 4, 4, CUT_3, rows=[(5, 1), (6, 0), (6, 1)], unfinished=[5, 6, 7], next_index=8,
                        continuations=[continuation(r(5, 0, 0), "b52", turn_index=2)])
     restore = restore.model_copy(update={
-        "source": SourceKind.TRAINER_CHECKPOINT, "snapshot_dir": None, "agents_from": "journal",
+        "source": SourceKind.TRAINER_CHECKPOINT, "snapshot_dir": None, "agents_from": AgentsFrom.JOURNAL,
         "reason": "no published snapshot under checkpoints/step_4",
         "kept_after_cut": KeptAfterCut(records=40, undone_steps=[5], newest_policy_version=5)})
     return restore.model_copy(update=changes)
@@ -182,7 +183,7 @@ def fresh_kept_history(restore: Restored | None = None) -> list:
     keep = restore or restored(1102, 2, 0, None, rows=[(0, 0), (0, 1), (1, 1)], unfinished=[0, 1], next_index=2,
                                continuations=[continuation(r(1, 0, 0), "b10", turn_index=2)]).model_copy(update={
         "source": SourceKind.FRESH, "snapshot_dir": None, "checkpoint_dir": None, "policy_version": 0,
-        "agents_from": "journal",
+        "agents_from": AgentsFrom.JOURNAL,
         "kept_after_cut": KeptAfterCut(records=12, undone_steps=[1], newest_policy_version=1,
                                        journal="journal/inc-000001")})
     inc2 = [started(1100, 2, True), keep,
