@@ -28,14 +28,19 @@ from controller.snapshot.gym_phase import (
     release_participants,
 )
 from primitives.chaos_points import reached
-from schemas.names import Activity, ErrorType
-from schemas.snapshot import (
+from schemas.attempt_steps import (
+    GYM_ABORT,
+    GYM_COMMIT,
+    GYM_MARK,
+    GYM_PREPARE,
+    GYM_RESUME,
     GymCommitResult,
     GymInput,
     GymMarkResult,
     GymPrepareResult,
     GymReleaseResult,
 )
+from schemas.names import ErrorType
 
 ACK_FLUSH_S = 15.0
 """How long prepare waits for ACKs in flight; one still unanswered then is named by the server's readiness."""
@@ -64,7 +69,7 @@ class GymActivities:
     def __init__(self, snapshots: SnapshotCoordinator) -> None:
         self._snapshots = snapshots
 
-    @activity.defn(name=Activity.GYM_MARK)
+    @activity.defn(name=GYM_MARK)
     async def mark(self, inp: GymInput) -> GymMarkResult:
         """A journal snapshot's Gym phase: nothing closes or parks; each environment server makes its turn
         journal durable and says where it stands."""
@@ -77,7 +82,7 @@ class GymActivities:
         await reached("gym_prepare", snapshots.run_dir)  # the chaos point of the Gym phase, whichever kind
         return GymMarkResult(participant_s=participant_s, marks=marks)
 
-    @activity.defn(name=Activity.GYM_PREPARE)
+    @activity.defn(name=GYM_PREPARE)
     async def prepare(self, inp: GymInput) -> GymPrepareResult:
         snapshots = self._snapshots
         check_incarnation(inp.incarnation, snapshots.incarnation)
@@ -94,7 +99,7 @@ class GymActivities:
             )
         return GymPrepareResult(participant_s=prepared.participant_s, agents_parked_s=prepared.agents_parked_s)
 
-    @activity.defn(name=Activity.GYM_COMMIT)
+    @activity.defn(name=GYM_COMMIT)
     async def commit(self, inp: GymInput) -> GymCommitResult:
         snapshots = self._snapshots
         check_incarnation(inp.incarnation, snapshots.incarnation)
@@ -111,11 +116,11 @@ class GymActivities:
         return GymCommitResult(participant_s=committed.participant_s, artifacts=committed.artifacts,
                                counts=committed.counts)
 
-    @activity.defn(name=Activity.GYM_RESUME)
+    @activity.defn(name=GYM_RESUME)
     async def resume(self, inp: GymInput) -> GymReleaseResult:
         return await self._release(inp, abort=False)
 
-    @activity.defn(name=Activity.GYM_ABORT)
+    @activity.defn(name=GYM_ABORT)
     async def abort(self, inp: GymInput) -> GymReleaseResult:
         return await self._release(inp, abort=True)
 

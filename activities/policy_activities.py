@@ -31,9 +31,17 @@ from participants.core import ParticipantFault
 from participants.errors import ParticipantInvariantBroken, ParticipantRefused
 from participants.faults import FaultInjector
 from participants.in_process import InProcessParticipant
-from schemas.names import Activity
-from schemas.recovery import PolicyLoadInput, PolicyLoadResult
-from schemas.snapshot import GymCommitResult, GymInput, GymReleaseResult, PolicyPrepareResult
+from schemas.attempt_steps import (
+    POLICY_ABORT,
+    POLICY_COMMIT,
+    POLICY_PREPARE,
+    POLICY_RESUME,
+    GymCommitResult,
+    GymInput,
+    GymReleaseResult,
+    PolicyPrepareResult,
+)
+from schemas.recovery import POLICY_LOAD_WEIGHTS, PolicyLoadInput, PolicyLoadResult
 
 if TYPE_CHECKING:
     from gpu_workers.policy_server import PolicyServer
@@ -51,7 +59,7 @@ class PolicyActivities:
         self._incarnation = incarnation
         self._trainer_weights = trainer_weights
 
-    @activity.defn(name=Activity.POLICY_PREPARE)
+    @activity.defn(name=POLICY_PREPARE)
     async def prepare(self, inp: GymInput) -> PolicyPrepareResult:
         check_incarnation(inp.incarnation, self._incarnation)
         check_lease("lease_s", inp.lease_s)
@@ -63,7 +71,7 @@ class PolicyActivities:
             await self._delay("prepare")
         return PolicyPrepareResult(participant_s=round(time.monotonic() - started, 3), drained=drained)
 
-    @activity.defn(name=Activity.POLICY_COMMIT)
+    @activity.defn(name=POLICY_COMMIT)
     async def commit(self, inp: GymInput) -> GymCommitResult:
         check_incarnation(inp.incarnation, self._incarnation)
         check_lease("lease_s", inp.lease_s)
@@ -76,15 +84,15 @@ class PolicyActivities:
         return GymCommitResult(participant_s=round(time.monotonic() - started, 3), artifacts=result.artifacts,
                                counts=result.counts)
 
-    @activity.defn(name=Activity.POLICY_RESUME)
+    @activity.defn(name=POLICY_RESUME)
     async def resume(self, inp: GymInput) -> GymReleaseResult:
         return await self._release(inp, "resume", self._core.resume)
 
-    @activity.defn(name=Activity.POLICY_ABORT)
+    @activity.defn(name=POLICY_ABORT)
     async def abort(self, inp: GymInput) -> GymReleaseResult:
         return await self._release(inp, "abort", self._core.abort)
 
-    @activity.defn(name=Activity.POLICY_LOAD_WEIGHTS)
+    @activity.defn(name=POLICY_LOAD_WEIGHTS)
     async def load_weights(self, inp: PolicyLoadInput) -> PolicyLoadResult:
         check_incarnation(inp.incarnation, self._incarnation)
         check_int("policy_version", inp.policy_version, 0)

@@ -28,8 +28,12 @@ from controller.restore.verify import SNAPSHOT_CONTROLLER_STATE
 from controller.stores import snapshot_store
 from controller.stores.trainer_checkpoint import CONTROLLER_STATE, checkpoint_root
 from schemas import search_attributes as sa
-from schemas.names import Activity, ErrorType, WorkflowType
+from schemas.names import ErrorType, WorkflowType
 from schemas.recovery import (
+    RECOVERY_CANCEL_STALE,
+    RECOVERY_CHOOSE_SOURCE,
+    RECOVERY_RESTORE,
+    RECOVERY_RESUME,
     CancelStaleResult,
     ChooseSourceResult,
     RecoverySource,
@@ -69,7 +73,7 @@ class RecoveryActivities:
         except RPCError as err:
             log.info("could not reset the sticky queue of %s (%s); its cancel may wait a few seconds", workflow_id, err)
 
-    @activity.defn(name=Activity.RECOVERY_CANCEL_STALE)
+    @activity.defn(name=RECOVERY_CANCEL_STALE)
     async def cancel_stale(self, inp: RecoveryStepInput) -> CancelStaleResult:
         """Cancel the run workflow and attempts the previous incarnation left open; wait until they close."""
         self._check(inp.incarnation, inp.run_id)  # the run id goes into the query: only this run's workflows
@@ -106,7 +110,7 @@ class RecoveryActivities:
             await asyncio.sleep(0.25)
         return False
 
-    @activity.defn(name=Activity.RECOVERY_CHOOSE_SOURCE)
+    @activity.defn(name=RECOVERY_CHOOSE_SOURCE)
     async def choose_source(self, inp: RecoveryStepInput) -> ChooseSourceResult:
         self._check(inp.incarnation, inp.run_id)
         try:
@@ -115,7 +119,7 @@ class RecoveryActivities:
             raise ApplicationError(str(err), type=ErrorType.UNUSABLE_RUN_DIR, non_retryable=True) from None
         return ChooseSourceResult(source=source)
 
-    @activity.defn(name=Activity.RECOVERY_RESTORE)
+    @activity.defn(name=RECOVERY_RESTORE)
     async def restore(self, inp: RestoreInput) -> RestoreResult:
         self._check(inp.incarnation, inp.run_id)
         check_source(inp.source, self._run_dir)
@@ -124,7 +128,7 @@ class RecoveryActivities:
         except CrashRestoreError as err:
             raise ApplicationError(str(err), type=ErrorType.CRASH_RESTORE_FAILED, non_retryable=True) from None
 
-    @activity.defn(name=Activity.RECOVERY_RESUME)
+    @activity.defn(name=RECOVERY_RESUME)
     async def resume(self, inp: RecoveryStepInput) -> ResumeAfterRestoreResult:
         self._check(inp.incarnation, inp.run_id)
         return ResumeAfterRestoreResult(admission_closed_s=await self._recovery.resume())

@@ -28,10 +28,15 @@ from controller.snapshot.cut import cut_data_plane
 from controller.snapshot.publish import publish_snapshot
 from controller.stores import snapshot_store
 from primitives.chaos_points import reached, reached_sync
-from schemas.choices import Trigger
-from schemas.names import Activity, checkpoint_holder
-from schemas.participant import JournalMark
-from schemas.snapshot import (
+from schemas.attempt_steps import (
+    ANCHOR,
+    CUT,
+    DISCARD_STAGING,
+    OPEN_STAGING,
+    PREFLIGHT,
+    PUBLISH,
+    RECORD,
+    REQUEST_CHECKPOINT,
     AnchorQuery,
     AnchorResult,
     AttemptRecord,
@@ -48,6 +53,9 @@ from schemas.snapshot import (
     StagingInput,
     StagingResult,
 )
+from schemas.choices import Trigger
+from schemas.names import checkpoint_holder
+from schemas.participant import JournalMark
 
 log = logging.getLogger("turnkeep.snapshot")
 
@@ -71,13 +79,13 @@ class SnapshotActivities:
         check_attempt_id("checkpoint_id", attempt_id, own, step, number)
         return number
 
-    @activity.defn(name=Activity.ANCHOR)
+    @activity.defn(name=ANCHOR)
     async def anchor(self, inp: AnchorQuery) -> AnchorResult:
         self._check(inp.incarnation)
         training = self._snapshots.controller.training
         return AnchorResult(current_step=training.step, newest_checkpoint_step=training.checkpointed_step)
 
-    @activity.defn(name=Activity.REQUEST_CHECKPOINT)
+    @activity.defn(name=REQUEST_CHECKPOINT)
     async def request_checkpoint(self, inp: CheckpointRequest) -> CheckpointRequestResult:
         self._check(inp.incarnation)
         if inp.trigger not in set(Trigger):
@@ -85,12 +93,12 @@ class SnapshotActivities:
         self._snapshots.controller.training.request_checkpoint(str(inp.trigger))
         return CheckpointRequestResult()
 
-    @activity.defn(name=Activity.PREFLIGHT)
+    @activity.defn(name=PREFLIGHT)
     async def preflight(self, inp: PreflightInput) -> PreflightResult:
         self._check(inp.incarnation)
         return PreflightResult(skip_reason=await self._snapshots.skip_reason(inp.anchor_step))
 
-    @activity.defn(name=Activity.OPEN_STAGING)
+    @activity.defn(name=OPEN_STAGING)
     async def open_staging(self, inp: StagingInput) -> StagingResult:
         self._check(inp.incarnation)
         self._check_attempt(inp.run_id, inp.checkpoint_id, inp.anchor_step, inp.number)
@@ -98,7 +106,7 @@ class SnapshotActivities:
         staging = snapshot_store.open_staging(self._snapshots.run_dir, inp.anchor_step, inp.number)
         return StagingResult(staging_dir=str(staging))
 
-    @activity.defn(name=Activity.DISCARD_STAGING)
+    @activity.defn(name=DISCARD_STAGING)
     async def discard_staging(self, inp: DiscardStagingInput) -> None:
         snapshots = self._snapshots
         check_int("incarnation", inp.incarnation, 1)
@@ -110,7 +118,7 @@ class SnapshotActivities:
             staging = check_staging_dir("staging_dir", inp.staging_dir, snapshots.run_dir, step, number)
             shutil.rmtree(staging, ignore_errors=True)
 
-    @activity.defn(name=Activity.CUT)
+    @activity.defn(name=CUT)
     async def cut(self, inp: CutInput) -> CutResult:
         snapshots = self._snapshots
         self._check(inp.incarnation)
@@ -157,7 +165,7 @@ class SnapshotActivities:
             return False, 0.0
         return bool(released), float(waited_s)
 
-    @activity.defn(name=Activity.PUBLISH)
+    @activity.defn(name=PUBLISH)
     async def publish(self, inp: PublishInput) -> PublishResult:
         snapshots = self._snapshots
         self._check(inp.incarnation)
@@ -179,7 +187,7 @@ class SnapshotActivities:
         return PublishResult(snapshot_dir=str(published.snapshot_dir), bytes_written=published.bytes_written,
                              pruned=published.pruned)
 
-    @activity.defn(name=Activity.RECORD)
+    @activity.defn(name=RECORD)
     async def record(self, inp: AttemptRecord) -> RecordResult:
         result = inp.result
         step, _ = parse_attempt_id("result.checkpoint_id", result.checkpoint_id, self._snapshots.run_id)

@@ -12,8 +12,14 @@ from activities.errors import stale_incarnation
 from activities.input_checks import check_holder, check_lease
 from primitives.hold_wait_clock import HoldWaitClock
 from primitives.holds import HoldSet
-from schemas.names import Activity
-from schemas.snapshot import TrainerHoldInput, TrainerHoldResult, TrainerReleaseInput, TrainerReleaseResult
+from schemas.attempt_steps import (
+    TRAINER_HOLD,
+    TRAINER_RELEASE,
+    TrainerHoldInput,
+    TrainerHoldResult,
+    TrainerReleaseInput,
+    TrainerReleaseResult,
+)
 
 
 class TrainerPosition(Protocol):
@@ -29,7 +35,7 @@ class TrainerActivities:
         self._wait_clock = wait_clock
         self._incarnation = incarnation
 
-    @activity.defn(name=Activity.TRAINER_HOLD)
+    @activity.defn(name=TRAINER_HOLD)
     async def hold(self, inp: TrainerHoldInput) -> TrainerHoldResult:
         if inp.incarnation is not None and inp.incarnation != self._incarnation:
             # An attempt left open by a dead controller must not stall this one's trainer.
@@ -45,7 +51,7 @@ class TrainerActivities:
             self._wait_clock.added_at.pop(replaced, None)
         return TrainerHoldResult(step=self._trainer.step, policy_version=self._trainer.policy_version)
 
-    @activity.defn(name=Activity.TRAINER_RELEASE)
+    @activity.defn(name=TRAINER_RELEASE)
     async def release(self, inp: TrainerReleaseInput) -> TrainerReleaseResult:
         for i, holder in enumerate(inp.holders):
             check_holder(f"holders[{i}]", holder)

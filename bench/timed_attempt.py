@@ -24,8 +24,8 @@ from controller.snapshot.publish import publish_snapshot
 from controller.state.continuations import read_saved_agents
 from controller.stores import snapshot_store
 from participants.in_process import InProcessParticipant
+from schemas.attempt_steps import TrainerHoldResult
 from schemas.names import checkpoint_id as attempt_id
-from schemas.snapshot import TrainerHoldResult
 
 RUN_ID = "bench-scaling"
 FINGERPRINT = "bench-scaling"

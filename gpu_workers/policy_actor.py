@@ -63,15 +63,16 @@ class PolicyActor(RunMember):
     ) -> None:
         """The policy server's own worker on `<run_id>.policy`: its fence, drain, resume and weight loads."""
         from activities.policy_activities import PolicyActivities
-        from primitives.temporal_client import connect, start_worker
+        from primitives.temporal_client import connect, start_worker, step_activities
         from schemas.names import policy_queue
+        from schemas.steps import Runs
 
         client = await connect(address, namespace, security)
         trainer = ray.get_actor("trainer")
         acts = PolicyActivities(self._server, self._server.faults, incarnation, trainer.weights_blob.remote)
         self._worker, _task = start_worker(
             client, policy_queue(run_id),
-            activities=[acts.prepare, acts.commit, acts.resume, acts.abort, acts.load_weights],
+            activities=step_activities(acts, runs=[Runs.POLICY]),
         )
 
     async def stop_temporal_worker(self) -> None:

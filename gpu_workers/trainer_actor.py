@@ -81,13 +81,14 @@ class TrainerActor(RunMember):
         self, address: str, namespace: str, run_id: str, incarnation: int = 1, security=None
     ) -> None:
         from activities.trainer_activities import TrainerActivities
-        from primitives.temporal_client import connect, start_worker
+        from primitives.temporal_client import connect, start_worker, step_activities
         from schemas.names import trainer_queue
+        from schemas.steps import Runs
 
         client = await connect(address, namespace, security)
         acts = TrainerActivities(self.hold, self._trainer, self._trainer.hold_wait_clock, incarnation)
         self._worker, self._worker_task = start_worker(
-            client, trainer_queue(run_id), activities=[acts.hold, acts.release]
+            client, trainer_queue(run_id), activities=step_activities(acts, runs=[Runs.TRAINER])
         )
 
     async def stop_temporal_worker(self) -> None:

@@ -1,4 +1,5 @@
-"""A Temporal client and a worker, the same way in every process that runs one.
+"""A Temporal client and a worker, the same way in every process that runs one, and the activities a worker
+registers: every method of its activity classes that defines one, each checked against its step.
 
 Each process has its own task queue (`schemas.names`): the controller's runs the
 workflows and the control activities, the trainer's runs the hold. A server we did not
@@ -9,15 +10,19 @@ process reads the same files named by `[temporal]`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import inspect
+from collections.abc import Collection, Sequence
 from pathlib import Path
+from typing import Any, get_type_hints
 
+from temporalio import activity
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import TLSConfig
 from temporalio.worker import Worker
 
 from schemas.config import TemporalSecurity
+from schemas.steps import Runs, Step, declared_steps
 
 
 class TemporalSecurityError(ValueError):
@@ -65,3 +70,44 @@ def start_worker(client: Client, task_queue: str, *, activities: Sequence = (), 
         max_concurrent_activities=32,
     )
     return worker, asyncio.get_running_loop().create_task(worker.run(), name=f"worker:{task_queue}")
+
+
+class StepImplementationError(ValueError):
+    """An activity that does not match the step of its name; the message names both and the fix."""
+
+
+def step_activities(*implementations: object, runs: Collection[Runs]) -> list:
+    """Every activity method the objects define, checked against its step (`schemas.steps`): a declared step that
+    runs where this worker runs (`runs`), taking the step's input model and returning its result model. A new
+    method is registered by defining it; a mismatch stops the worker's start with one line."""
+    steps = declared_steps()
+    found = [method for obj in implementations for _, method in inspect.getmembers(obj, inspect.ismethod)
+             if activity_name(method) is not None]
+    for method in found:
+        _check_against_step(method, steps, runs)
+    return found
+
+
+def activity_name(fn: Any) -> str | None:
+    """The activity name `fn` is defined as, or None when it is no activity."""
+    definition = activity._Definition.from_callable(fn)  # noqa: SLF001 - the SDK's own record of @activity.defn
+    return None if definition is None else definition.name
+
+
+def _check_against_step(method: Any, steps: dict[str, Step], runs: Collection[Runs]) -> None:
+    name = activity_name(method)
+    where = f"{type(method.__self__).__name__}.{method.__name__} (activity {name!r})"
+    step = steps.get(name)
+    if step is None:
+        raise StepImplementationError(f"{where} implements no declared step; declare it with Step(...) beside its "
+                                      "models in schemas/")
+    if step.runs not in runs:
+        raise StepImplementationError(f"{where}: its step runs on the {step.runs} worker, this one serves "
+                                      f"{', '.join(sorted(runs))}; move the method to that process's activities")
+    hints = get_type_hints(method)
+    params = [p for p in inspect.signature(method).parameters if p in hints]
+    taken, returned = (hints[params[0]] if params else None), hints.get("return")
+    if taken is not step.input or returned is not step.result:
+        raise StepImplementationError(
+            f"{where} takes {getattr(taken, '__name__', taken)} and returns {getattr(returned, '__name__', returned)}; "
+            f"its step takes {step.input.__name__} and returns {step.result.__name__}")

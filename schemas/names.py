@@ -1,7 +1,7 @@
 """Every name that more than one process or module must spell the same way.
 
-Task queues, workflow types and ids, activity names, hold-set holders and the error
-types the workflows match on. Workflows import only `schemas/`, so these live here and
+Task queues, workflow types and ids, hold-set holders and the error types the workflows
+match on (activity names are the workflows' steps, `schemas/steps.py`). Workflows import only `schemas/`, so these live here and
 the workflows, the activities and the workers all read them from this one module: a
 rename cannot leave a stale copy behind, and a recorded history still names the same
 activities.
@@ -59,47 +59,6 @@ def checkpoint_id(run_id: str, anchor_step: int, number: int) -> str:
 def recovery_workflow_id(run_id: str, incarnation: int) -> str:
     return f"{run_id}.recovery.{incarnation}"
 
-
-# -- activities ------------------------------------------------------------------------
-
-
-class Activity(StrEnum):
-    # the controller's queue
-    ANCHOR = "snapshot.anchor"
-    REQUEST_CHECKPOINT = "snapshot.request_checkpoint"
-    PREFLIGHT = "snapshot.preflight"
-    OPEN_STAGING = "snapshot.open_staging"
-    DISCARD_STAGING = "snapshot.discard_staging"
-    CUT = "data_plane.cut"
-    PUBLISH = "snapshot.publish"
-    RECORD = "snapshot.record"
-    GYM_MARK = "gym.mark"
-    GYM_PREPARE = "gym.prepare"
-    GYM_COMMIT = "gym.commit"
-    GYM_RESUME = "gym.resume"
-    GYM_ABORT = "gym.abort"
-    RECOVERY_CANCEL_STALE = "recovery.cancel_stale"
-    RECOVERY_CHOOSE_SOURCE = "recovery.choose_source"
-    RECOVERY_RESTORE = "recovery.restore"
-    RECOVERY_RESUME = "recovery.resume"
-    # the trainer's queue
-    TRAINER_HOLD = "trainer.hold"
-    TRAINER_RELEASE = "trainer.release"
-    # the policy server's queue
-    POLICY_PREPARE = "policy.prepare"
-    POLICY_COMMIT = "policy.commit"
-    POLICY_RESUME = "policy.resume"
-    POLICY_ABORT = "policy.abort"
-    POLICY_LOAD_WEIGHTS = "policy.load_weights"
-
-
-LOCAL_ACTIVITIES = frozenset({
-    Activity.PREFLIGHT, Activity.OPEN_STAGING, Activity.DISCARD_STAGING, Activity.GYM_MARK, Activity.CUT,
-    Activity.PUBLISH, Activity.ANCHOR, Activity.REQUEST_CHECKPOINT, Activity.RECORD,
-})
-"""The controller's short calls that run as local activities on the workflow worker: no task-queue round trip
-and no workflow task of their own (a journal attempt at a trainer checkpoint runs its 5 activities in 1 workflow task). The
-controller also keeps them as ordinary activities, for histories recorded before."""
 
 # -- holders of the hold sets (admission, deadlines, the trainer hold, the policy gate) --
 

@@ -10,6 +10,7 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from schemas.participant import Artifact
+from schemas.steps import Runs, Step
 from schemas.wire import Wire
 
 TRAINER_CHECKPOINT_SCHEMA_VERSION = 1
@@ -113,6 +114,10 @@ class ChooseSourceResult(Wire):
     source: RecoverySource
 
 
+RECOVERY_CANCEL_STALE = Step("recovery.cancel_stale", RecoveryStepInput, CancelStaleResult, Runs.CONTROLLER)
+RECOVERY_CHOOSE_SOURCE = Step("recovery.choose_source", RecoveryStepInput, ChooseSourceResult, Runs.CONTROLLER)
+
+
 class RestoreInput(Wire):
     run_id: str
     incarnation: int
@@ -134,6 +139,9 @@ class RestoreResult(Wire):
     """Trainer steps after the cut, lost with the trainer: their groups train again first."""
 
 
+RECOVERY_RESTORE = Step("recovery.restore", RestoreInput, RestoreResult, Runs.CONTROLLER)
+
+
 class PolicyLoadInput(Wire):
     run_id: str
     incarnation: int
@@ -148,9 +156,15 @@ class PolicyLoadResult(Wire):
     """Fetching the weights from the trainer (through Ray) and loading them into the engine in place."""
 
 
+POLICY_LOAD_WEIGHTS = Step("policy.load_weights", PolicyLoadInput, PolicyLoadResult, Runs.POLICY)
+
+
 class ResumeAfterRestoreResult(Wire):
     admission_closed_s: float
     """Seconds new rollouts were held while the run was restored."""
+
+
+RECOVERY_RESUME = Step("recovery.resume", RecoveryStepInput, ResumeAfterRestoreResult, Runs.CONTROLLER)
 
 
 class RecoveryResult(Wire):

@@ -17,20 +17,21 @@ from workflows.timed_activity import timed_activity
 
 with workflow.unsafe.imports_passed_through():
     from schemas import search_attributes as sa
-    from schemas.names import Activity, ErrorType, WorkflowType, policy_queue
+    from schemas.names import ErrorType, WorkflowType
     from schemas.recovery import (
-        CancelStaleResult,
-        ChooseSourceResult,
+        POLICY_LOAD_WEIGHTS,
+        RECOVERY_CANCEL_STALE,
+        RECOVERY_CHOOSE_SOURCE,
+        RECOVERY_RESTORE,
+        RECOVERY_RESUME,
         PolicyLoadInput,
-        PolicyLoadResult,
         RecoveryInput,
         RecoveryResult,
         RecoveryStepInput,
         RestoreInput,
-        RestoreResult,
-        ResumeAfterRestoreResult,
         SourceKind,
     )
+    from schemas.steps import Step
 
 
 OUTCOME_IN_LIST = "recovery-outcome-in-list"
@@ -71,21 +72,21 @@ class RecoveryWorkflow:
 
     async def _recover(self, inp: RecoveryInput, seconds: dict[str, float]) -> RecoveryResult:
         step = RecoveryStepInput(run_id=inp.run_id, incarnation=inp.incarnation)
-        cancelled = await self._call("cancel_stale", Activity.RECOVERY_CANCEL_STALE, step, CancelStaleResult, inp, seconds,
+        cancelled = await self._call("cancel_stale", RECOVERY_CANCEL_STALE, step, inp, seconds,
                                      heartbeat_s=30)
-        chosen = await self._call("choose_source", Activity.RECOVERY_CHOOSE_SOURCE, step, ChooseSourceResult, inp, seconds)
+        chosen = await self._call("choose_source", RECOVERY_CHOOSE_SOURCE, step, inp, seconds)
         source = chosen.source
         if workflow.patched(OUTCOME_IN_LIST):
             workflow.upsert_search_attributes([sa.RESTORE_SOURCE.value_set(str(source.kind))])
         workflow.set_current_details(f"restoring from {source.kind} (step {source.step}): {source.reason}")
-        restored = await self._call("restore", Activity.RECOVERY_RESTORE,
+        restored = await self._call("restore", RECOVERY_RESTORE,
                                     RestoreInput(run_id=inp.run_id, incarnation=inp.incarnation, source=source),
-                                    RestoreResult, inp, seconds)
+                                    inp, seconds)
         if source.kind is not SourceKind.FRESH:
-            await self._call("load_weights", Activity.POLICY_LOAD_WEIGHTS, PolicyLoadInput(
+            await self._call("load_weights", POLICY_LOAD_WEIGHTS, PolicyLoadInput(
                 run_id=inp.run_id, incarnation=inp.incarnation, policy_version=restored.policy_version),
-                PolicyLoadResult, inp, seconds, heartbeat_s=30, task_queue=policy_queue(inp.run_id))
-        await self._call("resume", Activity.RECOVERY_RESUME, step, ResumeAfterRestoreResult, inp, seconds)
+                inp, seconds, heartbeat_s=30)
+        await self._call("resume", RECOVERY_RESUME, step, inp, seconds)
         workflow.set_current_details(
             f"restored from {source.kind} (step {source.step}, policy version {restored.policy_version}): "
             f"{restored.data_plane_rows} rows, {restored.continuations} agents continue from their saved turn, "
@@ -96,8 +97,8 @@ class RecoveryWorkflow:
         return RecoveryResult(source=source, restore=restored, cancelled=cancelled.cancelled + cancelled.terminated,
                               seconds=seconds)
 
-    async def _call(self, phase, activity, arg, result_type, inp: RecoveryInput, seconds, *, heartbeat_s=None,
-                    task_queue=None):
+    async def _call(self, phase: str, step: Step, arg, inp: RecoveryInput, seconds: dict[str, float], *,
+                    heartbeat_s: float | None = None):
         self._phase = phase
-        return await timed_activity(seconds, phase, activity, arg, result_type, inp.phase_timeout_s, RECOVERY_FEW_TRIES,
-                                    heartbeat_s=heartbeat_s, task_queue=task_queue)
+        return await timed_activity(seconds, phase, step, arg, inp.phase_timeout_s, RECOVERY_FEW_TRIES,
+                                    run_id=inp.run_id, heartbeat_s=heartbeat_s)

@@ -21,25 +21,27 @@ from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from schemas import search_attributes as sa
+    from schemas.attempt_steps import (
+        ANCHOR,
+        GYM_RESUME,
+        POLICY_RESUME,
+        RECORD,
+        REQUEST_CHECKPOINT,
+        TRAINER_RELEASE,
+        AnchorQuery,
+        AttemptRecord,
+        CheckpointRequest,
+        GymInput,
+        TrainerReleaseInput,
+    )
     from schemas.choices import Outcome, Trigger
     from schemas.names import (
         ATTEMPT_CANCELLED_SIGNAL,
-        Activity,
         WorkflowType,
         checkpoint_holder,
         checkpoint_id,
-        policy_queue,
-        trainer_queue,
     )
     from schemas.snapshot import (
-        AnchorQuery,
-        AnchorResult,
-        AttemptRecord,
-        CheckpointRequest,
-        CheckpointRequestResult,
-        GymInput,
-        GymReleaseResult,
-        RecordResult,
         RunCarryOver,
         RunStatus,
         RunWorkflowInput,
@@ -48,9 +50,8 @@ with workflow.unsafe.imports_passed_through():
         SnapshotAttemptResult,
         SnapshotNowSignal,
         TrainerCheckpointSignal,
-        TrainerReleaseInput,
-        TrainerReleaseResult,
     )
+    from schemas.steps import Step
 
 from workflows.retry_policies import RUN_QUICK, RUN_UNTIL_IT_WORKS
 from workflows.snapshot_attempt import SnapshotAttemptWorkflow
@@ -70,13 +71,13 @@ class PendingTrigger(NamedTuple):
     """Whether the train pump holds the trainer at `step` until the attempt takes over."""
 
 
-async def _controller_call(activity: Activity, arg, result_type):
+async def _controller_call(step: Step, arg):
     """A short call to the controller (anchor, checkpoint request, record): a local activity on the workflow's own
     worker, or an ordinary one in histories recorded before that."""
-    options = dict(result_type=result_type, start_to_close_timeout=timedelta(seconds=30), retry_policy=RUN_QUICK)
+    options = dict(result_type=step.result, start_to_close_timeout=timedelta(seconds=30), retry_policy=RUN_QUICK)
     if workflow.patched(LOCAL_CONTROLLER_CALLS):
-        return await workflow.execute_local_activity(activity, arg, summary=str(activity), **options)
-    return await workflow.execute_activity(activity, arg, **options)
+        return await workflow.execute_local_activity(step, arg, summary=str(step), **options)
+    return await workflow.execute_activity(step, arg, **options)
 
 
 def _more_urgent(a: Trigger, b: Trigger | None) -> Trigger:
@@ -185,8 +186,7 @@ class RunWorkflow:
             started_attempts += 1
             stop = self._account(inp, result)
             await _controller_call(
-                Activity.RECORD, AttemptRecord(result=result, consecutive_failures=self._state.consecutive_failures),
-                RecordResult)
+                RECORD, AttemptRecord(result=result, consecutive_failures=self._state.consecutive_failures))
             if stop:
                 return RunWorkflowResult(stopped_reason=stop, attempts_by_outcome=dict(self._state.counts))
             if (started_attempts >= ATTEMPTS_BEFORE_CONTINUE_AS_NEW and not self._triggers
@@ -217,8 +217,8 @@ class RunWorkflow:
             if pending.step is not None and pending.held:
                 # Nobody will take over the train pump's checkpoint hold: release it now.
                 await workflow.execute_activity(
-                    Activity.TRAINER_RELEASE, TrainerReleaseInput(holders=[checkpoint_holder(pending.step)]),
-                    result_type=TrainerReleaseResult, task_queue=trainer_queue(inp.run_id),
+                    TRAINER_RELEASE, TrainerReleaseInput(holders=[checkpoint_holder(pending.step)]),
+                    result_type=TRAINER_RELEASE.result, task_queue=TRAINER_RELEASE.task_queue(inp.run_id),
                     start_to_close_timeout=timedelta(seconds=30), retry_policy=RUN_QUICK,
                 )
             return None
@@ -229,12 +229,11 @@ class RunWorkflow:
         trigger, step, note = pending.trigger, pending.step, pending.note
         held = step is not None and pending.held
         if step is None:
-            anchor = await _controller_call(Activity.ANCHOR, AnchorQuery(incarnation=inp.incarnation), AnchorResult)
+            anchor = await _controller_call(ANCHOR, AnchorQuery(incarnation=inp.incarnation))
             if inp.checkpoint_on_demand and anchor.newest_checkpoint_step != anchor.current_step:
                 self._requested = _more_urgent(trigger, self._requested)
-                await _controller_call(Activity.REQUEST_CHECKPOINT,
-                                       CheckpointRequest(incarnation=inp.incarnation, trigger=trigger),
-                                       CheckpointRequestResult)
+                await _controller_call(REQUEST_CHECKPOINT,
+                                       CheckpointRequest(incarnation=inp.incarnation, trigger=trigger))
                 return None
             step = anchor.newest_checkpoint_step if anchor.newest_checkpoint_step is not None else 0
         number = self._state.numbers.get(str(step), 1)
@@ -306,9 +305,9 @@ class RunWorkflow:
             return
         gym = GymInput(run_id=inp.run_id, checkpoint_id=pending, incarnation=inp.incarnation,
                        lease_s=inp.timeouts.lease_s)
-        for activity, queue in ((Activity.POLICY_RESUME, policy_queue(inp.run_id)), (Activity.GYM_RESUME, None)):
+        for step in (POLICY_RESUME, GYM_RESUME):
             released = await workflow.execute_activity(
-                activity, gym, result_type=GymReleaseResult, task_queue=queue,
+                step, gym, result_type=step.result, task_queue=step.task_queue(inp.run_id),
                 start_to_close_timeout=timedelta(seconds=inp.timeouts.phase_s), retry_policy=RUN_UNTIL_IT_WORKS,
                 summary=f"finish the release of {pending}",
             )

@@ -27,47 +27,51 @@ from workflows.timed_activity import timed_activity
 
 with workflow.unsafe.imports_passed_through():
     from schemas import search_attributes as sa
-    from schemas.choices import AgentsMode, Outcome
-    from schemas.names import (
-        ATTEMPT_CANCELLED_SIGNAL,
-        LOCAL_ACTIVITIES,
-        Activity,
-        ErrorType,
-        WorkflowType,
-        policy_queue,
-        snapshot_holder,
-        trainer_queue,
-    )
-    from schemas.snapshot import (
+    from schemas.attempt_steps import (
+        CUT,
+        DISCARD_STAGING,
+        GYM_ABORT,
+        GYM_COMMIT,
+        GYM_MARK,
+        GYM_PREPARE,
+        GYM_RESUME,
+        OPEN_STAGING,
+        POLICY_ABORT,
+        POLICY_COMMIT,
+        POLICY_PREPARE,
+        POLICY_RESUME,
+        PREFLIGHT,
+        PUBLISH,
+        TRAINER_HOLD,
+        TRAINER_RELEASE,
         CutInput,
         CutResult,
         DiscardStagingInput,
-        GymCommitResult,
         GymInput,
-        GymMarkResult,
-        GymPrepareResult,
-        GymReleaseResult,
-        PolicyPrepareResult,
         PreflightInput,
-        PreflightResult,
         PublishInput,
         PublishResult,
-        SnapshotAttemptInput,
-        SnapshotAttemptResult,
         StagingInput,
-        StagingResult,
         TrainerHoldInput,
         TrainerHoldResult,
         TrainerReleaseInput,
-        TrainerReleaseResult,
     )
+    from schemas.choices import AgentsMode, Outcome
+    from schemas.names import (
+        ATTEMPT_CANCELLED_SIGNAL,
+        ErrorType,
+        WorkflowType,
+        snapshot_holder,
+    )
+    from schemas.snapshot import SnapshotAttemptInput, SnapshotAttemptResult
+    from schemas.steps import Runs, Step
 
 from workflows.retry_policies import ATTEMPT_FEW_TRIES, ATTEMPT_PERSISTENT, ATTEMPT_TRANSIENT
 
 CANCEL_ENDS_CANCELED = "cancelled-attempt-ends-canceled"
 """Patch id: a cancelled attempt compensates, then ends as Canceled (histories from before it completed)."""
 LOCAL_CONTROLLER_PHASES = "controller-phases-local"
-"""Patch id: the controller's short phases (`LOCAL_ACTIVITIES`) run as local activities (histories from before it
+"""Patch id: the controller's short phases (the steps that run `Runs.LOCAL`) run as local activities (histories from before it
 schedule them on the controller's task queue)."""
 JOURNAL_KEEPS_CHECKPOINT_HOLD = "journal-attempt-keeps-checkpoint-hold"
 """Patch id: a journal attempt at a trainer checkpoint keeps the train pump's hold instead of taking its own on the
@@ -80,6 +84,7 @@ MIN_PREPARE_LEFT_S = 2.0
 class AttemptProgress:
     """What the compensation needs to know about how far the attempt got."""
 
+    run_id: str
     holder: str
     trainer_held: bool = False
     checkpoint_hold_kept: bool = False
@@ -108,7 +113,7 @@ class SnapshotAttemptWorkflow:
     async def run(self, inp: SnapshotAttemptInput) -> SnapshotAttemptResult:
         started = workflow.time()
         self._journal = inp.agents == AgentsMode.JOURNAL
-        progress = AttemptProgress(holder=snapshot_holder(inp.checkpoint_id))
+        progress = AttemptProgress(run_id=inp.run_id, holder=snapshot_holder(inp.checkpoint_id))
         try:
             result = await self._attempt(inp, progress)
         except (ActivityError, ApplicationError, asyncio.CancelledError) as err:
@@ -140,9 +145,9 @@ class SnapshotAttemptWorkflow:
 
     async def _attempt(self, inp: SnapshotAttemptInput, progress: AttemptProgress) -> SnapshotAttemptResult:
         budget = inp.timeouts
-        pre = await self._call(progress, "preflight", Activity.PREFLIGHT, PreflightInput(
+        pre = await self._call(progress, "preflight", PREFLIGHT, PreflightInput(
             run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
-            anchor_step=inp.anchor_step), PreflightResult, budget.phase_s, ATTEMPT_FEW_TRIES)
+            anchor_step=inp.anchor_step), budget.phase_s, ATTEMPT_FEW_TRIES)
         if pre.skip_reason:
             await self._compensate(inp, progress)
             return self._result(inp, progress, Outcome.SKIPPED, pre.skip_reason)
@@ -153,18 +158,17 @@ class SnapshotAttemptWorkflow:
             progress.checkpoint_hold_kept = True
         elif inp.trainer_hold:
             progress.trainer_held = True
-            hold = await self._call(progress, "trainer_hold", Activity.TRAINER_HOLD, TrainerHoldInput(
+            hold = await self._call(progress, "trainer_hold", TRAINER_HOLD, TrainerHoldInput(
                 holder=progress.holder, lease_s=budget.lease_s, incarnation=inp.incarnation,
-                release_also=[inp.checkpoint_hold] if inp.checkpoint_hold else []), TrainerHoldResult, budget.phase_s, ATTEMPT_TRANSIENT,
-                task_queue=trainer_queue(inp.run_id))
+                release_also=[inp.checkpoint_hold] if inp.checkpoint_hold else []), budget.phase_s, ATTEMPT_TRANSIENT)
             if hold.step != inp.anchor_step:
                 await self._compensate(inp, progress)
                 return self._result(inp, progress, Outcome.SKIPPED,
                                     f"trainer reached step {hold.step} before the hold; anchor is {inp.anchor_step}")
 
-        staging = await self._call(progress, "preflight", Activity.OPEN_STAGING, StagingInput(
+        staging = await self._call(progress, "preflight", OPEN_STAGING, StagingInput(
             run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
-            anchor_step=inp.anchor_step, number=inp.number), StagingResult, budget.phase_s, ATTEMPT_FEW_TRIES)
+            anchor_step=inp.anchor_step, number=inp.number), budget.phase_s, ATTEMPT_FEW_TRIES)
         progress.staging_dir = staging.staging_dir
         gym = GymInput(run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
                        lease_s=budget.lease_s, staging_dir=staging.staging_dir)
@@ -174,20 +178,18 @@ class SnapshotAttemptWorkflow:
         progress.gym_started = True
         # snapshot.prepare_timeout_s bounds the whole prepare (both activities, every retry), not each try.
         prepare_ends = workflow.time() + budget.prepare_s
-        prepared = await self._call(progress, "gym_prepare", Activity.GYM_PREPARE, gym, GymPrepareResult,
-                                    budget.prepare_s, ATTEMPT_FEW_TRIES, heartbeat_s=10, total_s=budget.prepare_s)
+        prepared = await self._call(progress, "gym_prepare", GYM_PREPARE, gym, budget.prepare_s, ATTEMPT_FEW_TRIES, heartbeat_s=10, total_s=budget.prepare_s)
         progress.participant_s += prepared.participant_s
         progress.agents_parked_s = prepared.agents_parked_s
         # Only now: a mid-turn agent needs its policy call answered to reach its boundary.
         left_s = max(MIN_PREPARE_LEFT_S, prepare_ends - workflow.time())
-        fenced = await self._call(progress, "gym_prepare", Activity.POLICY_PREPARE, gym, PolicyPrepareResult,
-                                  left_s, ATTEMPT_FEW_TRIES, task_queue=policy_queue(inp.run_id),
+        fenced = await self._call(progress, "gym_prepare", POLICY_PREPARE, gym, left_s, ATTEMPT_FEW_TRIES,
                                   heartbeat_s=10, total_s=left_s)
         progress.participant_s += fenced.participant_s
-        committed = await self._call(progress, "gym_commit", Activity.GYM_COMMIT, gym, GymCommitResult,
-                                     budget.phase_s, ATTEMPT_TRANSIENT, heartbeat_s=10)
-        policy_committed = await self._call(progress, "gym_commit", Activity.POLICY_COMMIT, gym, GymCommitResult,
-                                            budget.phase_s, ATTEMPT_TRANSIENT, task_queue=policy_queue(inp.run_id))
+        committed = await self._call(progress, "gym_commit", GYM_COMMIT, gym, budget.phase_s, ATTEMPT_TRANSIENT,
+                                     heartbeat_s=10)
+        policy_committed = await self._call(progress, "gym_commit", POLICY_COMMIT, gym, budget.phase_s,
+                                            ATTEMPT_TRANSIENT)
         progress.participant_s += committed.participant_s + policy_committed.participant_s
         cut, published = await self._cut_and_publish(
             inp, progress, gym, hold, committed.artifacts + policy_committed.artifacts,
@@ -207,8 +209,7 @@ class SnapshotAttemptWorkflow:
                                hold: TrainerHoldResult | None) -> SnapshotAttemptResult:
         """Nothing closes or parks: the environment servers mark their turn journals, then the cut and publish.
         The agents keep running; a restore continues each from its newest journaled boundary."""
-        marked = await self._call(progress, "gym_mark", Activity.GYM_MARK, gym, GymMarkResult,
-                                  inp.timeouts.phase_s, ATTEMPT_FEW_TRIES)
+        marked = await self._call(progress, "gym_mark", GYM_MARK, gym, inp.timeouts.phase_s, ATTEMPT_FEW_TRIES)
         progress.participant_s += marked.participant_s
         cut, published = await self._cut_and_publish(inp, progress, gym, hold, [], {}, marked.marks)
         result = self._published(inp, progress, Outcome.PUBLISHED, f"published {published.snapshot_dir}", cut,
@@ -220,10 +221,10 @@ class SnapshotAttemptWorkflow:
                                hold: TrainerHoldResult | None, artifacts: list, counts: dict,
                                marks: list | None = None) -> tuple[CutResult, PublishResult]:
         budget = inp.timeouts
-        cut = await self._call(progress, "cut", Activity.CUT, CutInput(
+        cut = await self._call(progress, "cut", CUT, CutInput(
             run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
             staging_dir=gym.staging_dir, anchor_step=inp.anchor_step, hold=hold, marks=marks,
-            checkpoint_hold=progress.checkpoint_hold_kept), CutResult,
+            checkpoint_hold=progress.checkpoint_hold_kept),
             budget.phase_s, ATTEMPT_TRANSIENT)
         counts = {**counts, "data_plane_rows": cut.data_plane_rows, "unfinished_groups": cut.unfinished_groups,
                   "continuations": cut.continuations}
@@ -233,11 +234,11 @@ class SnapshotAttemptWorkflow:
             await self._release_trainer(inp, progress)
         elif progress.checkpoint_hold_kept:
             await self._after_kept_hold(inp, progress, cut)
-        published = await self._call(progress, "publish", Activity.PUBLISH, PublishInput(
+        published = await self._call(progress, "publish", PUBLISH, PublishInput(
             run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
             staging_dir=gym.staging_dir, anchor_step=inp.anchor_step, number=inp.number,
             policy_version=cut.policy_version, artifacts=artifacts + cut.artifacts,
-            counts=counts, keep_latest_k=inp.keep_latest_k), PublishResult, budget.phase_s, ATTEMPT_TRANSIENT)
+            counts=counts, keep_latest_k=inp.keep_latest_k), budget.phase_s, ATTEMPT_TRANSIENT)
         progress.staging_dir = None  # renamed into place: nothing to discard any more
         return cut, published
 
@@ -265,9 +266,9 @@ class SnapshotAttemptWorkflow:
 
     async def _release_trainer(self, inp: SnapshotAttemptInput, progress: AttemptProgress,
                                holders: list[str] | None = None) -> None:
-        released = await self._call(progress, "trainer_release", Activity.TRAINER_RELEASE,
-                                    TrainerReleaseInput(holders=holders or [progress.holder]), TrainerReleaseResult,
-                                    inp.timeouts.phase_s, ATTEMPT_PERSISTENT, task_queue=trainer_queue(inp.run_id))
+        released = await self._call(progress, "trainer_release", TRAINER_RELEASE,
+                                    TrainerReleaseInput(holders=holders or [progress.holder]), inp.timeouts.phase_s,
+                                    ATTEMPT_PERSISTENT)
         progress.trainer_wait_s = max(progress.trainer_wait_s, released.waited_s)
         progress.trainer_held = False
 
@@ -287,28 +288,27 @@ class SnapshotAttemptWorkflow:
         if holders:
             await self._release_trainer(inp, progress, holders)
         if progress.staging_dir is not None:
-            await self._call(progress, "compensate", Activity.DISCARD_STAGING, DiscardStagingInput(
+            await self._call(progress, "compensate", DISCARD_STAGING, DiscardStagingInput(
                 checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation, staging_dir=progress.staging_dir),
-                type(None), budget, ATTEMPT_PERSISTENT)
+                budget, ATTEMPT_PERSISTENT)
             progress.staging_dir = None
 
     async def _release(self, progress: AttemptProgress, gym: GymInput, timeout_s: float, retry, abort: bool) -> None:
         """The policy server first, then the agents, then admission (reopened by the last)."""
         phase = "compensate" if abort else "resume"
-        policy_call, gym_call = ((Activity.POLICY_ABORT, Activity.GYM_ABORT) if abort else
-                                 (Activity.POLICY_RESUME, Activity.GYM_RESUME))
-        policy = await self._call(progress, phase, policy_call, gym, GymReleaseResult, timeout_s, retry,
-                                  task_queue=policy_queue(gym.run_id))
-        released = await self._call(progress, phase, gym_call, gym, GymReleaseResult, timeout_s, retry)
+        policy_call, gym_call = ((POLICY_ABORT, GYM_ABORT) if abort else
+                                 (POLICY_RESUME, GYM_RESUME))
+        policy = await self._call(progress, phase, policy_call, gym, timeout_s, retry)
+        released = await self._call(progress, phase, gym_call, gym, timeout_s, retry)
         progress.participant_s += policy.participant_s + released.participant_s
         progress.admission_closed_s = released.admission_closed_s
 
-    async def _call(self, progress, phase, activity, arg, result_type, timeout_s, retry, *, task_queue=None,
-                    heartbeat_s=None, total_s=None):
+    async def _call(self, progress: AttemptProgress, phase: str, step: Step, arg, timeout_s: float, retry, *,
+                    heartbeat_s: float | None = None, total_s: float | None = None):
         self._phase = phase
-        local = task_queue is None and activity in LOCAL_ACTIVITIES and workflow.patched(LOCAL_CONTROLLER_PHASES)
-        return await timed_activity(progress.phase_s, phase, activity, arg, result_type, timeout_s, retry,
-                                    task_queue=task_queue, heartbeat_s=heartbeat_s, total_s=total_s, local=local)
+        local = step.runs is Runs.LOCAL and workflow.patched(LOCAL_CONTROLLER_PHASES)
+        return await timed_activity(progress.phase_s, phase, step, arg, timeout_s, retry, run_id=progress.run_id,
+                                    heartbeat_s=heartbeat_s, total_s=total_s, local=local)
 
     def _result(self, inp, progress: AttemptProgress, outcome: Outcome, reason: str) -> SnapshotAttemptResult:
         return SnapshotAttemptResult(

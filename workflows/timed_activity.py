@@ -10,12 +10,17 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 
+with workflow.unsafe.imports_passed_through():
+    from schemas.steps import Step
 
-async def timed_activity(seconds: dict[str, float], phase: str, activity: str, arg, result_type, timeout_s: float,
-                         retry: RetryPolicy, *, task_queue: str | None = None, heartbeat_s: float | None = None,
-                         total_s: float | None = None, local: bool = False):
-    """`timeout_s` bounds one try; `total_s`, when given, every try together (schedule-to-close). `local` runs it
-    as a local activity on the workflow's own worker (no task queue, no heartbeat)."""
+
+async def timed_activity(seconds: dict[str, float], phase: str, step: Step, arg, timeout_s: float, retry: RetryPolicy,
+                         *, run_id: str, heartbeat_s: float | None = None, total_s: float | None = None,
+                         local: bool = False):
+    """`step` of run `run_id` (its result type and task queue follow from it). `timeout_s` bounds one try; `total_s`,
+    when given, every try together (schedule-to-close). `local` runs it as a local activity on the workflow's own
+    worker (no task queue, no heartbeat)."""
+    activity, result_type, task_queue = step, step.result, step.task_queue(run_id)
     began = workflow.time()
     try:
         if local:

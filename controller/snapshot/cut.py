@@ -33,10 +33,10 @@ from controller.state.continuations import read_saved_agents
 from controller.state.cut_state import capture_cut
 from controller.stores import snapshot_store
 from primitives.atomic_files import atomic_write_bytes
+from schemas.attempt_steps import TrainerHoldResult
 from schemas.audit import CutTaken
 from schemas.choices import AgentsFrom, CutKind
 from schemas.participant import Artifact, JournalMark, SavedAgent
-from schemas.snapshot import TrainerHoldResult
 
 STATE_FILE = Path("controller") / "state.json"
 AGENTS_FROM = "agents_from"

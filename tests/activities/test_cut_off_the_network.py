@@ -22,8 +22,8 @@ from controller.snapshot.coordinator import SnapshotCoordinator
 from controller.snapshot.cut import STATE_FILE
 from controller.state.run_stats import RunStats
 from controller.stores import snapshot_store
+from schemas.attempt_steps import CutInput, TrainerHoldResult
 from schemas.names import ErrorType, checkpoint_id
-from schemas.snapshot import CutInput, TrainerHoldResult
 from tests.controller.pumps.test_env_timeouts import hanging_server
 
 RUN = "run"

@@ -18,8 +18,8 @@ from controller.snapshot.cut import STATE_FILE
 from controller.state.run_stats import RunStats
 from controller.stores import snapshot_store
 from primitives.holds import HoldSet
+from schemas.attempt_steps import CutInput, TrainerHoldResult
 from schemas.names import checkpoint_holder, checkpoint_id
-from schemas.snapshot import CutInput, TrainerHoldResult
 
 RUN = "run"
 

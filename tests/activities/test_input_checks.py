@@ -19,6 +19,7 @@ from controller.snapshot.coordinator import SnapshotCoordinator
 from controller.state.run_stats import RunStats
 from controller.stores import snapshot_store
 from controller.stores.metrics import MetricsSink
+from schemas.attempt_steps import AttemptRecord, CutInput, DiscardStagingInput, PublishInput, StagingInput
 from schemas.choices import Outcome, Trigger
 from schemas.names import ErrorType, checkpoint_id
 from schemas.participant import Artifact
@@ -30,14 +31,7 @@ from schemas.recovery import (
     SkippedCandidate,
     SourceKind,
 )
-from schemas.snapshot import (
-    AttemptRecord,
-    CutInput,
-    DiscardStagingInput,
-    PublishInput,
-    SnapshotAttemptResult,
-    StagingInput,
-)
+from schemas.snapshot import SnapshotAttemptResult
 
 RUN = "run"
 STEP = 4

@@ -12,8 +12,9 @@ from activities.snapshot_activities import SnapshotActivities
 from controller.snapshot.coordinator import SnapshotCoordinator
 from controller.state.run_stats import RunStats
 from controller.stores.metrics import MetricsSink
+from schemas.attempt_steps import AttemptRecord
 from schemas.choices import Outcome, Trigger
-from schemas.snapshot import AttemptRecord, SnapshotAttemptResult
+from schemas.snapshot import SnapshotAttemptResult
 
 
 def _result(n: int, closed_s: float, outcome: Outcome = Outcome.PUBLISHED) -> SnapshotAttemptResult:

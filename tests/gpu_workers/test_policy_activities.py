@@ -12,10 +12,10 @@ from transformers import AutoModelForCausalLM
 
 from activities.policy_activities import PolicyActivities
 from gpu_workers.weights_blob import pack_state_dict
+from schemas.attempt_steps import GymInput
 from schemas.names import ErrorType, snapshot_holder
 from schemas.participant import FaultPlan
 from schemas.recovery import PolicyLoadInput
-from schemas.snapshot import GymInput
 
 INCARNATION = 3
 

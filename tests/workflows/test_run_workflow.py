@@ -14,15 +14,20 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from schemas import search_attributes as sa
-from schemas.choices import Outcome, Trigger
-from schemas.names import Activity, WorkflowType
-from schemas.snapshot import (
+from schemas.attempt_steps import (
+    ANCHOR,
+    RECORD,
+    REQUEST_CHECKPOINT,
     AnchorQuery,
     AnchorResult,
     AttemptRecord,
     CheckpointRequest,
     CheckpointRequestResult,
     RecordResult,
+)
+from schemas.choices import Outcome, Trigger
+from schemas.names import WorkflowType
+from schemas.snapshot import (
     RunWorkflowInput,
     SnapshotAttemptInput,
     SnapshotAttemptResult,
@@ -52,16 +57,16 @@ class StandIns:
     def __init__(self):
         self.requests: list[str] = []
 
-    @activity.defn(name=Activity.ANCHOR)
+    @activity.defn(name=ANCHOR)
     async def anchor(self, inp: AnchorQuery) -> AnchorResult:
         return AnchorResult(current_step=5, newest_checkpoint_step=4)
 
-    @activity.defn(name=Activity.REQUEST_CHECKPOINT)
+    @activity.defn(name=REQUEST_CHECKPOINT)
     async def request_checkpoint(self, inp: CheckpointRequest) -> CheckpointRequestResult:
         self.requests.append(str(inp.trigger))
         return CheckpointRequestResult()
 
-    @activity.defn(name=Activity.RECORD)
+    @activity.defn(name=RECORD)
     async def record(self, inp: AttemptRecord) -> RecordResult:
         return RecordResult()
 
@@ -165,7 +170,7 @@ class OutrunOnceAttempt:
 
 def test_snapshot_and_wait_answers_what_was_saved_and_asks_again_after_a_skip():
     class AtACheckpoint(StandIns):
-        @activity.defn(name=Activity.ANCHOR)
+        @activity.defn(name=ANCHOR)
         async def anchor(self, inp: AnchorQuery) -> AnchorResult:
             return AnchorResult(current_step=5, newest_checkpoint_step=5)
 

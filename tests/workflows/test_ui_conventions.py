@@ -15,9 +15,17 @@ from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 from schemas import search_attributes as sa
-from schemas.names import Activity, ErrorType, controller_queue, policy_queue, trainer_queue
-from schemas.recovery import CancelStaleResult, RecoveryInput, RecoveryStepInput
-from schemas.snapshot import (
+from schemas.attempt_steps import (
+    ANCHOR,
+    DISCARD_STAGING,
+    GYM_ABORT,
+    GYM_PREPARE,
+    OPEN_STAGING,
+    POLICY_ABORT,
+    PREFLIGHT,
+    RECORD,
+    TRAINER_HOLD,
+    TRAINER_RELEASE,
     AnchorQuery,
     AnchorResult,
     AttemptRecord,
@@ -34,6 +42,8 @@ from schemas.snapshot import (
     TrainerReleaseInput,
     TrainerReleaseResult,
 )
+from schemas.names import ErrorType, controller_queue, policy_queue, trainer_queue
+from schemas.recovery import RECOVERY_CANCEL_STALE, CancelStaleResult, RecoveryInput, RecoveryStepInput
 from tests.workflows.test_run_workflow import _dev_server, _run_input
 from workflows.recovery_workflow import RecoveryWorkflow
 from workflows.run_workflow import RunWorkflow
@@ -50,49 +60,49 @@ class Participants:
         self.records: list[AttemptRecord] = []
         self.preparing = asyncio.Event()
 
-    @activity.defn(name=Activity.ANCHOR)
+    @activity.defn(name=ANCHOR)
     async def anchor(self, inp: AnchorQuery) -> AnchorResult:
         return AnchorResult(current_step=4, newest_checkpoint_step=4)
 
-    @activity.defn(name=Activity.PREFLIGHT)
+    @activity.defn(name=PREFLIGHT)
     async def preflight(self, inp: PreflightInput) -> PreflightResult:
         return PreflightResult(skip_reason=None)
 
-    @activity.defn(name=Activity.OPEN_STAGING)
+    @activity.defn(name=OPEN_STAGING)
     async def open_staging(self, inp: StagingInput) -> StagingResult:
         return StagingResult(staging_dir="/nowhere/.staging-4")
 
-    @activity.defn(name=Activity.GYM_PREPARE)
+    @activity.defn(name=GYM_PREPARE)
     async def gym_prepare(self, inp: GymInput) -> GymPrepareResult:
         self.preparing.set()
         while True:  # parks agents until it is cancelled
             activity.heartbeat()
             await asyncio.sleep(0.2)
 
-    @activity.defn(name=Activity.GYM_ABORT)
+    @activity.defn(name=GYM_ABORT)
     async def gym_abort(self, inp: GymInput) -> GymReleaseResult:
         self.calls.append("gym.abort")
         return GymReleaseResult(participant_s=0.01, admission_closed_s=1.25)
 
-    @activity.defn(name=Activity.POLICY_ABORT)
+    @activity.defn(name=POLICY_ABORT)
     async def policy_abort(self, inp: GymInput) -> GymReleaseResult:
         self.calls.append("policy.abort")
         return GymReleaseResult(participant_s=0.01, admission_closed_s=0.0)
 
-    @activity.defn(name=Activity.DISCARD_STAGING)
+    @activity.defn(name=DISCARD_STAGING)
     async def discard_staging(self, inp) -> None:
         self.calls.append("discard_staging")
 
-    @activity.defn(name=Activity.TRAINER_HOLD)
+    @activity.defn(name=TRAINER_HOLD)
     async def trainer_hold(self, inp: TrainerHoldInput) -> TrainerHoldResult:
         return TrainerHoldResult(step=4, policy_version=4)
 
-    @activity.defn(name=Activity.TRAINER_RELEASE)
+    @activity.defn(name=TRAINER_RELEASE)
     async def trainer_release(self, inp: TrainerReleaseInput) -> TrainerReleaseResult:
         self.calls.append("trainer.release")
         return TrainerReleaseResult(released=True, waited_s=0.0)
 
-    @activity.defn(name=Activity.RECORD)
+    @activity.defn(name=RECORD)
     async def record(self, inp: AttemptRecord) -> RecordResult:
         self.records.append(inp)
         return RecordResult()
@@ -147,7 +157,7 @@ def test_a_cancelled_attempt_compensates_ends_canceled_and_the_run_records_its_r
 
 
 def test_a_superseded_recovery_completes_with_the_reason_instead_of_failing():
-    @activity.defn(name=Activity.RECOVERY_CANCEL_STALE)
+    @activity.defn(name=RECOVERY_CANCEL_STALE)
     async def cancel_stale(inp: RecoveryStepInput) -> CancelStaleResult:
         raise ApplicationError("activity from controller incarnation 2 refused: this controller is incarnation 3",
                                type=ErrorType.STALE_INCARNATION, non_retryable=True)

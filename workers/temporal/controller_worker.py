@@ -29,13 +29,12 @@ from controller.stores import snapshot_store
 from controller.stores.trainer_checkpoint import published_steps
 from participants.client import ParticipantClient
 from primitives.atomic_files import append_jsonl
-from primitives.temporal_client import connect, start_worker
+from primitives.temporal_client import connect, start_worker, step_activities
 from schemas import search_attributes as sa
 from schemas.choices import AgentsMode, MetricsKind, Trigger
 from schemas.config import TurnkeepConfig
 from schemas.names import (
     CHECKPOINT_HOLDER_PREFIX,
-    LOCAL_ACTIVITIES,
     checkpoint_holder,
     controller_queue,
     recovery_workflow_id,
@@ -43,6 +42,7 @@ from schemas.names import (
 )
 from schemas.recovery import RecoveryInput, RecoveryResult
 from schemas.snapshot import RunCarryOver, RunWorkflowInput, SnapshotTimeouts, TrainerCheckpointSignal
+from schemas.steps import Runs, declared_steps
 from workers.temporal.dev_server import register_search_attributes
 from workers.temporal.loop_bridge import BridgedRun, bridged_activities
 from workers.temporal.workflow_thread import WorkflowThread
@@ -132,16 +132,21 @@ def controller_worker(
 ) -> tuple[Worker, asyncio.Task]:
     """The controller's activities on `<run_id>.controller`, on the controller's loop with the objects they change
     (the workflows run on `WorkflowThread`, on the same queue)."""
-    extra = [] if recovery is None else [recovery.cancel_stale, recovery.choose_source, recovery.restore,
-                                         recovery.resume]
+    extra = [] if recovery is None else step_activities(recovery, runs=CONTROLLER_STEPS)
     return start_worker(client, controller_queue(ctx.run_id), activities=[*controller_activities(ctx), *extra])
+
+
+CONTROLLER_STEPS = (Runs.CONTROLLER, Runs.LOCAL)
 
 
 def controller_activities(ctx: SnapshotCoordinator) -> list:
     """Every attempt and run phase the controller itself carries out."""
-    gym, snap = GymActivities(ctx), SnapshotActivities(ctx)
-    return [gym.mark, gym.prepare, gym.commit, gym.resume, gym.abort, snap.anchor, snap.request_checkpoint,
-            snap.preflight, snap.open_staging, snap.discard_staging, snap.cut, snap.publish, snap.record]
+    return step_activities(GymActivities(ctx), SnapshotActivities(ctx), runs=CONTROLLER_STEPS)
+
+
+def local_steps() -> list[str]:
+    """The steps the controller's workflow worker runs as local activities."""
+    return [name for name, step in declared_steps().items() if step.runs is Runs.LOCAL]
 
 
 def record_local_runs(run_dir: Path) -> Callable[[BridgedRun], None]:
@@ -178,7 +183,7 @@ async def start_snapshots(
     recovery_acts = None
     if recovery is not None:
         recovery_acts = RecoveryActivities(client, recovery, incarnation, wait_s=cfg.snapshot.phase_timeout_s)
-    local = bridged_activities(controller_activities(ctx), LOCAL_ACTIVITIES, asyncio.get_running_loop(),
+    local = bridged_activities(controller_activities(ctx), local_steps(), asyncio.get_running_loop(),
                                record_local_runs(cfg.run.run_dir))
     workflows = WorkflowThread(address, cfg.temporal.namespace, security, controller_queue(run_id),
                                CONTROLLER_WORKFLOWS, local)

@@ -13,8 +13,8 @@ from controller.errors import InvariantBroken, TrainerMoved
 from controller.journal.replay import resolve_state
 from controller.snapshot.cut import STATE_FILE, cut_data_plane
 from primitives.audit_log import AUDIT_FILE, AuditLog, read_audit
+from schemas.attempt_steps import TrainerHoldResult
 from schemas.audit import CutTaken, ids_digest, row_key
-from schemas.snapshot import TrainerHoldResult
 
 
 def _controller(run_dir) -> FilledController:
