@@ -88,7 +88,7 @@ async def attempt_costs(client: Client, run_id: str, workflow_type: str = ATTEMP
 async def costs_of_run_dir(run_dir: Path, limit: int | None,
                            workflow_type: str = ATTEMPT_TYPE) -> list[AttemptCost]:
     from primitives.temporal_client import connect
-    from schemas.config import TemporalConfig
+    from schemas.config_services import TemporalConfig
     from workers.temporal.dev_server import start_dev_server, stop_dev_server
 
     run_id = run_id_of(run_dir)

@@ -11,7 +11,7 @@ import orjson
 from temporalio.client import Client
 
 from primitives.temporal_client import connect
-from schemas.config import TemporalConfig
+from schemas.config_services import TemporalConfig
 from schemas.names import WorkflowType, run_workflow_id
 from schemas.snapshot import RunStatus
 

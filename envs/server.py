@@ -35,29 +35,27 @@ from envs.kinds import EnvironmentFactory, capabilities_of
 from envs.policy_client import PolicyCallError, PolicyClient
 from envs.receipts import ReceiptBook
 from envs.restored_agents import RestoredAgents, RestoreError
+from envs.server_routes import build_app
 from envs.slow_tools import slow_tools
 from envs.turn_journal import TurnJournal
 from envs.turn_records import TurnRecords
 from participants.core import ParticipantCore, ParticipantFault
 from participants.faults import FaultInjector
-from participants.http_server import ControlAuth, add_participant_routes, body_too_large
+from participants.http_server import ControlAuth, add_participant_routes
 from primitives.audit_log import AuditLog
 from primitives.holds import HoldSet
 from primitives.segment_format import JournalCorrupt
 from schemas.audit import TurnCommitted
 from schemas.choices import RecoveryMode
-from schemas.config import EnvServerConfig
+from schemas.config_services import EnvServerConfig
 from schemas.environments import (
     AttachReply,
     AttachRequest,
     EnvironmentCapabilities,
-    JudgeReply,
     JudgeRequest,
 )
-from schemas.participant import Capabilities, JournalMark, ParticipantError, RestoreReply, RestoreRequest, SavedAgent
+from schemas.participant import Capabilities, JournalMark, RestoreReply, RestoreRequest, SavedAgent
 from schemas.rollout import (
-    AckRequest,
-    CancelRequest,
     RolloutOutcome,
     RolloutRequest,
     RolloutResult,
@@ -66,17 +64,6 @@ from schemas.rollout import (
 )
 
 log = logging.getLogger("turnkeep.env")
-
-MAX_BODY_BYTES = {
-    "/attach": 256 * 1024 * 1024,  # a real model's tokenizer files
-    "/run": 8 * 1024 * 1024,
-    "/judge": 64 * 1024 * 1024,  # every sibling's turns
-    "/ack": 64 * 1024,
-    "/cancel": 64 * 1024,
-    "/cancel_all": 64 * 1024,
-}
-"""Per route, checked against the declared length before the body is read (after the token)."""
-
 
 class EnvServer:
     def __init__(
@@ -96,7 +83,7 @@ class EnvServer:
         self._control = control
         self._group_size = group_size
         # Set by attach: a server runs no agent before a run has told it its policy and tokenizer.
-        self._codec: TurnCodec | None = None
+        self.codec: TurnCodec | None = None
         self._policy: PolicyClient | None = None
         self._limits: LoopLimits | None = None
         self.attachment: str | None = None
@@ -119,7 +106,7 @@ class EnvServer:
         )
         self.restored = RestoredAgents(self.factory)
         self._audit = audit
-        self._running: dict[str, asyncio.Task] = {}
+        self.running: dict[str, asyncio.Task] = {}
         self._runner: web.AppRunner | None = None
         self._faults = FaultInjector()
         self._session: aiohttp.ClientSession | None = None
@@ -133,24 +120,14 @@ class EnvServer:
 
     def _attach(self, codec: TurnCodec, policy_url: str, limits: LoopLimits, attachment: str) -> None:
         assert self._session is not None, "start() the server before attaching it"
-        self._codec, self._limits, self.attachment = codec, limits, attachment
+        self.codec, self._limits, self.attachment = codec, limits, attachment
         self._policy = PolicyClient(policy_url, self._session)
 
     async def start(self) -> str:
         # The default connector allows 100 connections; every running agent needs one.
         connector = aiohttp.TCPConnector(limit=0)
         self._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
-        app = web.Application(client_max_size=max(MAX_BODY_BYTES.values()), middlewares=[self._attached_first])
-        guarded = {
-            "/attach": self._handle_attach,
-            "/run": self._handle_run,
-            "/ack": self._handle_ack,
-            "/cancel": self._handle_cancel,
-            "/cancel_all": self._handle_cancel_all,
-            "/judge": self._handle_judge,
-        }
-        app.add_routes([web.post(path, self._guarded(handler, MAX_BODY_BYTES[path])) for path, handler in guarded.items()])
-        app.add_routes([web.get("/health", self._handle_health)])
+        app = build_app(self, self._control)
         self._faults = add_participant_routes(
             app, self.participant, self._control, fault_injection=self._cfg.fault_injection, restore=self._restore,
             mark=self._mark,
@@ -170,7 +147,7 @@ class EnvServer:
         return f"http://{self._cfg.host}:{port}"
 
     async def stop(self) -> None:
-        for task in list(self._running.values()):
+        for task in list(self.running.values()):
             task.cancel()
         if self._runner is not None:
             await self._runner.cleanup()
@@ -187,53 +164,66 @@ class EnvServer:
         if self._model_files_dir is not None:
             shutil.rmtree(self._model_files_dir, ignore_errors=True)
 
-    @web.middleware
-    async def _attached_first(self, http: web.Request, handler) -> web.StreamResponse:
-        # A stand-alone server that restarted answers no run's checkpoint calls until a run attaches it:
-        # until then it does not even know its participant name, and nothing of any attempt lives in it.
-        if http.path.startswith("/checkpoint/") and self.attachment is None:
-            body = ParticipantError(error="no run is attached to this server yet; the run attaches it at start "
-                                          "(POST /attach)", code="not_attached")
-            return web.Response(status=503, text=body.model_dump_json(), content_type="application/json")
-        return await handler(http)
-
-    def _guarded(self, handler, max_body: int):
-        async def serve(http: web.Request) -> web.Response:
-            if not self._control.allows(http):
-                return web.json_response({"error": self._control.refusal()}, status=401)
-            if (too_large := body_too_large(http, max_body)) is not None:
-                return web.json_response({"error": too_large}, status=413)
-            try:
-                return await handler(http)
-            except web.HTTPRequestEntityTooLarge as err:
-                return web.json_response({"error": f"the body is larger than this server accepts: {err.text}"},
-                                         status=413)
-
-        return serve
-
-    async def _handle_attach(self, http: web.Request) -> web.Response:
-        try:
-            request = AttachRequest.model_validate_json(await http.read())
-        except ValidationError as err:
-            return _bad_request(f"not an AttachRequest: {err}")
-        if self.participant.current is not None:
-            return web.json_response({"error": f"prepared for checkpoint {self.participant.current}; attach after "
-                                               "it is resumed or aborted"}, status=409)
+    async def attach(self, request: AttachRequest) -> AttachReply:
+        """Attach a run (its policy URL, limits and tokenizer files); a new run or incarnation drops the agents and
+        results of the one before, and aborts the checkpoint it left prepared (that controller is gone: a server
+        serves one attachment at a time). Raises AttachRefused when the same attachment is prepared for a
+        checkpoint, or the files are unusable."""
         attachment = f"{request.run_id}:{request.incarnation}"
+        if self.participant.current is not None and attachment == self.attachment:
+            raise AttachRefused(409, f"prepared for checkpoint {self.participant.current}; attach after it is "
+                                     "resumed or aborted")
         try:
             codec = await asyncio.to_thread(self._codec_from_files, request.model_files)
         except (OSError, ValueError) as err:
-            return _bad_request(f"the model files do not make a tokenizer: {err}")
+            raise AttachRefused(400, f"the model files do not make a tokenizer: {err}") from None
         if attachment != self.attachment:
-            # Another run, or a new incarnation: the previous controller's agents and results are orphans.
-            dropped = await self._stop_all_agents()
-            log.info("attached to %s as %r (was %s; dropped %s)", attachment, request.name, self.attachment, dropped)
+            # Another run, or a new incarnation: the previous controller's agents, results and checkpoint are orphans.
+            dropped = await self.stop_all_agents()
+            aborted = self.participant.abandon()
+            log.info("attached to %s as %r (was %s; dropped %s, aborted checkpoint %s)", attachment, request.name,
+                     self.attachment, dropped, aborted)
         self._attach(codec, request.policy_url, LoopLimits(**request.limits.model_dump()), attachment)
         if self.factory.answers_any_name:
             self.environments = self._capabilities([request.name], request.group_size)
             self.participant.rename(self._participant_capabilities(request.name))
-        reply = AttachReply(name=self.participant.name, attachment=attachment, environments=self.environments)
-        return web.Response(body=reply.model_dump_json(), content_type="application/json")
+        return AttachReply(name=self.participant.name, attachment=attachment, environments=self.environments)
+
+    async def serve_rollout(self, request: RolloutRequest) -> RolloutResult:
+        """Run one agent as its own task (a cancel stops exactly it) and answer with its result."""
+        task = asyncio.get_running_loop().create_task(self._run(request))
+        self.running[request.rollout_id] = task
+        try:
+            return await asyncio.shield(task)
+        finally:
+            if task.done():
+                self.running.pop(request.rollout_id, None)
+
+    def judge_inputs(self, request: JudgeRequest) -> tuple[type[Environment], list[list[str]]]:
+        """The group-scored environment of a judge request, and every sibling's policy turns as text."""
+        if self.codec is None:
+            raise NotAttached()
+        kind = self.factory.kind_of(request.problem.env)
+        return kind, [[self.codec.turn_text(turn) for turn in sibling] for sibling in request.policy_turns]
+
+    def cancel(self, rollout_id: str) -> bool:
+        task = self.running.pop(rollout_id, None)
+        if task is not None:
+            task.cancel()
+        return task is not None
+
+    def health(self) -> dict:
+        return {
+            "running": len(self.running),
+            "unacked": self.receipts.unacked(),
+            "expired_results": self.receipts.expired,
+            "turn_commits": self.records.commits,
+            "boundary_holders": sorted(self.boundary_gate.holders()),
+            "door_holders": sorted(self.door.holders()),
+            "checkpoint_id": self.participant.current,
+            "name": self.participant.name,
+            "attachment": self.attachment,
+        }
 
     def _codec_from_files(self, files: dict[str, str]) -> TurnCodec:
         folder = Path(tempfile.mkdtemp(prefix="turnkeep-model-files-"))
@@ -292,24 +282,6 @@ class EnvServer:
         return RestoreReply(name=self.participant.name, checkpoint_id=request.checkpoint_id, restored=held,
                             cannot_continue=cannot_continue, held=stands)
 
-    async def _handle_run(self, http: web.Request) -> web.Response:
-        try:
-            request = RolloutRequest.model_validate_json(await http.read())
-        except ValidationError as err:
-            return _bad_request(f"not a RolloutRequest: {err}")
-        if self.attachment is None:
-            return _not_attached()
-        if request.rollout_id in self._running:
-            return _bad_request(f"rollout {request.rollout_id} is already running; use a new attempt number")
-        task = asyncio.get_running_loop().create_task(self._run(request))
-        self._running[request.rollout_id] = task
-        try:
-            result = await asyncio.shield(task)
-        finally:
-            if task.done():
-                self._running.pop(request.rollout_id, None)
-        return web.Response(body=result.model_dump_json(), content_type="application/json")
-
     async def _run(self, request: RolloutRequest) -> RolloutResult:
         if self._faults.crash_rollout(request.problem.env):
             return _failed(request, f"the {request.problem.env} tool crashed (injected fault)")
@@ -331,7 +303,7 @@ class EnvServer:
                     start = await self._continue(env, saved, request)
                     self.records.commit(start, request=request, env=env)
                 result = await run_agent(
-                    request, env, self._codec, self._policy, self.records, lambda: self.agents.park(agent),
+                    request, env, self.codec, self._policy, self.records, lambda: self.agents.park(agent),
                     self._limits, start=start, on_turn=lambda turn, seg: self._audit_turn(request, turn, seg),
                 )
             except (PolicyCallError, aiohttp.ClientError, ValidationError, RuntimeError) as err:
@@ -351,30 +323,15 @@ class EnvServer:
             env.restore_state(saved.env_state or {})
         else:
             # The turns as the environment saw them, then the template glue each observation must give back.
-            turns = [self._codec.turn_text(seg.token_ids) for seg in boundary.segments if seg.kind == "policy"]
+            turns = [self.codec.turn_text(seg.token_ids) for seg in boundary.segments if seg.kind == "policy"]
             replayed = await env.replay(turns)
-            if not self._codec.replay_matches(boundary.segments, replayed):
-                saved_glue = [self._codec.decode(glue) for _, glue in self._codec.turns_with_glue(boundary.segments)]
+            if not self.codec.replay_matches(boundary.segments, replayed):
+                saved_glue = [self.codec.decode(glue) for _, glue in self.codec.turns_with_glue(boundary.segments)]
                 raise ContinuationError(
                     f"replaying {request.resume_from}'s {len(turns)} turns gave tool replies {replayed!r}, not the "
                     f"{saved_glue!r} the snapshot saved: the {env.kind} environment is not stateless"
                 )
         return boundary.model_copy(update={"rollout_id": request.rollout_id})
-
-    async def _handle_judge(self, http: web.Request) -> web.Response:
-        if self._codec is None:
-            return _not_attached()
-        try:
-            request = JudgeRequest.model_validate_json(await http.read())
-            kind = self.factory.kind_of(request.problem.env)
-            texts = [[self._codec.turn_text(turn) for turn in sibling] for sibling in request.policy_turns]
-        except (ValidationError, ValueError, KeyError, IndexError, TypeError, OverflowError) as err:
-            return _bad_request(f"cannot judge this group: {type(err).__name__}: {err}")
-        try:
-            rewards = kind.score_group(request.problem, texts)
-        except (ValueError, NotImplementedError) as err:
-            return _bad_request(f"cannot judge this group: {err}")
-        return web.Response(body=JudgeReply(rewards=rewards).model_dump_json(), content_type="application/json")
 
     def _participant_capabilities(self, name: str) -> Capabilities:
         return env_capabilities(self.environments, name, journals_turns=self.turn_journal is not None)
@@ -393,29 +350,9 @@ class EnvServer:
                 tokens=len(segment.token_ids), started_by=request.incarnation,
             )
 
-    async def _handle_ack(self, http: web.Request) -> web.Response:
-        try:
-            ack = AckRequest.model_validate_json(await http.read())
-        except ValidationError as err:
-            return _bad_request(f"not an AckRequest: {err}")
-        return web.json_response({"was_pending": self.receipts.ack(ack.receipt)})
-
-    async def _handle_cancel(self, http: web.Request) -> web.Response:
-        try:
-            cancel = CancelRequest.model_validate_json(await http.read())
-        except ValidationError as err:
-            return _bad_request(f"not a CancelRequest: {err}")
-        task = self._running.pop(cancel.rollout_id, None)
-        if task is not None:
-            task.cancel()
-        return web.json_response({"cancelled": task is not None})
-
-    async def _handle_cancel_all(self, http: web.Request) -> web.Response:
-        return web.json_response(await self._stop_all_agents())
-
     async def rebind_local(self, attachment: str, audit: AuditLog) -> dict:
         """The run's own server under a new controller incarnation (see `EnvServerActor.fence`)."""
-        dropped = await self._stop_all_agents() if attachment != self.attachment else {}
+        dropped = await self.stop_all_agents() if attachment != self.attachment else {}
         aborted = self.participant.abandon()
         if self._audit is not None:
             await self._audit.close()
@@ -426,9 +363,9 @@ class EnvServer:
         self.attachment = attachment
         return {"dropped": dropped, "aborted_checkpoint": aborted}
 
-    async def _stop_all_agents(self) -> dict[str, int]:
-        tasks = list(self._running.values())
-        self._running.clear()
+    async def stop_all_agents(self) -> dict[str, int]:
+        tasks = list(self.running.values())
+        self.running.clear()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -436,20 +373,14 @@ class EnvServer:
         discarded = self.receipts.discard_all()
         return {"cancelled": len(tasks), "discarded_results": discarded}
 
-    async def _handle_health(self, http: web.Request) -> web.Response:
-        return web.json_response(
-            {
-                "running": len(self._running),
-                "unacked": self.receipts.unacked(),
-                "expired_results": self.receipts.expired,
-                "turn_commits": self.records.commits,
-                "boundary_holders": sorted(self.boundary_gate.holders()),
-                "door_holders": sorted(self.door.holders()),
-                "checkpoint_id": self.participant.current,
-                "name": self.participant.name,
-                "attachment": self.attachment,
-            }
-        )
+class AttachRefused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class NotAttached(Exception):
+    """No run has attached this server yet."""
 
 
 class ContinuationError(RuntimeError):
@@ -458,12 +389,3 @@ class ContinuationError(RuntimeError):
 
 def _failed(request: RolloutRequest, reason: str) -> RolloutResult:
     return RolloutResult(rollout_id=request.rollout_id, outcome=RolloutOutcome.FAILED, reason=reason)
-
-
-def _bad_request(message: str) -> web.Response:
-    return web.json_response({"error": message}, status=400)
-
-
-def _not_attached() -> web.Response:
-    return web.json_response({"error": "no run is attached to this server yet; the run attaches it at start "
-                                       "(POST /attach)"}, status=503)

@@ -14,7 +14,7 @@ from typing import Any
 import ray
 
 from primitives.run_member import RunMember
-from schemas.config import PolicyServerConfig
+from schemas.config_services import PolicyServerConfig
 
 
 @ray.remote

@@ -30,7 +30,7 @@ from gpu_workers.weights_blob import Shapes, check_blob, checkpoint_shapes
 from participants.core import ParticipantCore
 from participants.faults import FaultInjector
 from participants.http_server import ControlAuth
-from schemas.config import PolicyServerConfig
+from schemas.config_services import PolicyServerConfig
 from schemas.names import REFIT_HOLDER
 from schemas.policy import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
 

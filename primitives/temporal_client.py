@@ -21,7 +21,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import TLSConfig
 from temporalio.worker import Worker
 
-from schemas.config import TemporalSecurity
+from schemas.config_services import TemporalSecurity
 from schemas.steps import Runs, Step, declared_steps
 
 

@@ -10,31 +10,24 @@ at load, before anything starts.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from schemas.choices import AgentsMode, Device, EnvironmentKind, RecoveryLevel
-from schemas.participant import FaultPlan
+from schemas.config_base import ConfigPath, StrictModel
+from schemas.config_services import (
+    EnvServerConfig,
+    PlacementConfig,
+    PolicyServerConfig,
+    RayConfig,
+    TemporalConfig,
+)
 
 CALC_OPERATORS = "+-*"
 """Operators the calculator task supports (mirrors envs/calc_task.SUPPORTED_OPERATORS, which imports this module)."""
 MAX_SEED = 2**32 - 1
 """Largest run.seed: vLLM seeds numpy with it, which takes 0 .. 2**32 - 1."""
-
-
-def _path_given(value: Any) -> Any:
-    if isinstance(value, str) and not value.strip():
-        raise ValueError('an empty path; give a path, or leave the key out for its default')
-    return value
-
-
-ConfigPath = Annotated[Path, BeforeValidator(_path_given)]
-"""A path in the config: an empty string (which would mean the working directory) is refused."""
-
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True, allow_inf_nan=False)
 
 
 class RunConfig(StrictModel):
@@ -235,148 +228,6 @@ class TrainConfig(StrictModel):
     """Recompute activations in the backward pass instead of keeping them (less memory, about a third more compute)."""
     micro_batch_rows: int | None = Field(default=None, ge=1)
     """Rows per forward/backward; gradients accumulate over the step's batch (None: the whole batch at once)."""
-
-
-class PolicyServerConfig(StrictModel):
-    host: str = "127.0.0.1"
-    """Interface the completions endpoint listens on."""
-    port: int = Field(default=0, ge=0, le=65535)
-    """Port (0: pick a free one)."""
-    kv_cache_memory_bytes: int = Field(default=32 * 1024 * 1024, ge=1024 * 1024)
-    """vLLM KV cache size; small models need only a few MiB."""
-    max_model_len: int = Field(default=256, ge=32)
-    """Longest prompt plus generation the engine accepts."""
-    max_num_seqs: int = Field(default=128, ge=1)
-    """Sequences vLLM batches together."""
-    cpu_threads: int = Field(default=1, ge=1)
-    """OpenMP threads for vLLM's CPU backend."""
-    dtype: Literal["float32", "bfloat16", "float16"] | None = None
-    """Weights dtype in the engine (None: model.dtype). A refit casts the trainer's weights to it before sending."""
-    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
-    """On a GPU: the share of the device's memory vLLM may take (weights, activations, KV cache). None: size the
-    KV cache by kv_cache_memory_bytes instead (the CPU backend always does)."""
-    tensor_parallel_size: int = Field(default=1, ge=1)
-    """GPUs the engine shards the model over (placement.policy_gpus must be at least this)."""
-    enforce_eager: bool = True
-    """Run the model eagerly; false lets vLLM capture CUDA graphs on a GPU (faster decoding, slower start)."""
-    fault_injection: bool = False
-    """Serve `/checkpoint/faults` so tests and benchmarks can make checkpoint calls fail or lag."""
-
-
-class EnvServerConfig(StrictModel):
-    host: str = "127.0.0.1"
-    """Interface the environment server listens on."""
-    port: int = Field(default=0, ge=0, le=65535)
-    """Port (0: pick a free one)."""
-    tool_latency_s: float = Field(default=0.0, ge=0)
-    """Added latency of each tool call (to mimic slow tools)."""
-    fault_injection: bool = False
-    """Serve `/checkpoint/faults` so tests and benchmarks can make checkpoint calls fail or lag."""
-    absence_warn_s: float = Field(default=30.0, gt=0)
-    """A warning names an environment server that has not answered for this long (its rollouts wait for it)."""
-    startup_faults: FaultPlan | None = None
-    """A fault plan in force from the start (needs fault_injection), e.g. `{"delay_s": {"prepare": 3}}`: a slow
-    participant for `turnkeep bench wasted`."""
-    journal_turns: bool = True
-    """The run's own environment server journals every committed turn boundary (`<run_dir>/env_journal/`), so a
-    restore from a trainer checkpoint without a snapshot still continues the agents that were running."""
-    journal_flush_s: float = Field(default=0.05, gt=0)
-    """Turn boundaries reach the disk in batches this often (a boundary lost to a crash costs only its turn)."""
-    journal_keep_mib: int = Field(default=256, ge=1)
-    """The turn journal keeps about this much of its newest segments; older boundaries are pruned."""
-
-    @model_validator(mode="after")
-    def _faults_need_injection(self) -> "EnvServerConfig":
-        if self.startup_faults is not None and not self.fault_injection:
-            raise ValueError("env.startup_faults needs env.fault_injection = true")
-        return self
-
-
-class PlacementConfig(StrictModel):
-    trainer_gpus: int = Field(default=0, ge=0)
-    """GPUs Ray reserves for the trainer (0: it runs on the CPU)."""
-    policy_gpus: int = Field(default=0, ge=0)
-    """GPUs Ray reserves for the vLLM policy server (0: vLLM's CPU backend)."""
-    share_gpus: bool = False
-    """Trainer and policy server share one GPU, half each (fractional GPUs; set policy.gpu_memory_utilization
-    below 0.5 so vLLM leaves the trainer room). Needs trainer_gpus = policy_gpus = 1. False: separate GPUs."""
-
-    def gpus_needed(self) -> int:
-        if self.share_gpus:
-            return max(self.trainer_gpus, self.policy_gpus)
-        return self.trainer_gpus + self.policy_gpus
-
-
-class RayConfig(StrictModel):
-    address: str | None = Field(default=None, min_length=1)
-    """Join an existing Ray cluster at this address, with token authentication (None: start a local one in the run
-    directory, listening on loopback only)."""
-    num_cpus: int | None = Field(default=None, ge=1)
-    """CPUs the local Ray reports (None: what the machine has)."""
-    token_file: ConfigPath | None = None
-    """Ray's authentication token (0600). Local Ray: made there if absent (None: `<run_dir>/ray_token`). Joining a
-    cluster (address): the token the cluster was started with; the run refuses to start without it."""
-    survive_controller_s: float = Field(default=300.0, ge=0, le=86_400)
-    """Local Ray only: how long the trainer, the policy server and the environment server wait for a new controller
-    after the controller process died alone; the same command started within it re-attaches to them instead of
-    starting them again. 0: they die with the controller."""
-
-
-class TemporalSecurity(StrictModel):
-    """How a client proves itself to a Temporal server we did not start (every process that connects uses it)."""
-
-    tls: bool = False
-    """Connect with TLS (implied by tls_cert or tls_ca; Temporal Cloud with an API key needs only this)."""
-    tls_cert: ConfigPath | None = None
-    """PEM client certificate for mutual TLS (with tls_key)."""
-    tls_key: ConfigPath | None = None
-    """PEM private key of tls_cert (keep it 0600)."""
-    tls_ca: ConfigPath | None = None
-    """PEM certificate of the CA that signed the server's certificate (None: the system's roots)."""
-    tls_server_name: str | None = None
-    """Name to check the server's certificate against (None: the address's host)."""
-    api_key_file: ConfigPath | None = None
-    """File holding an API key (Temporal Cloud), sent with every call; TLS is then on."""
-
-    @model_validator(mode="after")
-    def _cert_with_key(self) -> "TemporalSecurity":
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise ValueError("temporal.tls_cert and temporal.tls_key go together (a client certificate and its key)")
-        return self
-
-    def uses_tls(self) -> bool:
-        return self.tls or self.tls_cert is not None or self.tls_ca is not None or self.api_key_file is not None
-
-    def files(self) -> dict[str, Path]:
-        named = {"tls_cert": self.tls_cert, "tls_key": self.tls_key, "tls_ca": self.tls_ca,
-                 "api_key_file": self.api_key_file}
-        return {key: path for key, path in named.items() if path is not None}
-
-
-class TemporalConfig(TemporalSecurity):
-    """The run's Temporal: the embedded dev server, or a server you run (`address`, reached with the inherited
-    TLS and API key settings)."""
-
-    address: str | None = Field(default=None, min_length=1)
-    """Temporal frontend `host:port` to use (None: start `temporal server start-dev` inside the run directory)."""
-    namespace: str = Field(default="default", min_length=1)
-    """Temporal namespace of the run's workflows."""
-    port: int = Field(default=7233, ge=0, le=65535)
-    """Frontend port of the embedded dev server (0: pick a free one)."""
-    ui_port: int = Field(default=8233, ge=0, le=65535)
-    """Web UI port of the embedded dev server (0: pick a free one)."""
-    ip: str = "127.0.0.1"
-    """Interface the embedded dev server and its UI listen on."""
-
-    @model_validator(mode="after")
-    def _security_needs_an_address(self) -> "TemporalConfig":
-        if self.address is None and self.uses_tls():
-            raise ValueError("temporal TLS and API key settings apply to a server you run (temporal.address); the "
-                             "embedded dev server listens on loopback without them")
-        return self
-
-    def security(self) -> TemporalSecurity:
-        return TemporalSecurity(**self.model_dump(include=set(TemporalSecurity.model_fields)))
 
 
 class SnapshotConfig(StrictModel):

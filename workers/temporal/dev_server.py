@@ -34,7 +34,7 @@ from temporalio.client import Client
 
 from controller.config_file import ConfigError
 from schemas import search_attributes
-from schemas.config import TemporalConfig
+from schemas.config_services import TemporalConfig
 from workers.temporal.pidfile import (
     ProcessId,
     ServerRecord,

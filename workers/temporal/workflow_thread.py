@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from primitives.temporal_client import connect
-from schemas.config import TemporalSecurity
+from schemas.config_services import TemporalSecurity
 
 log = logging.getLogger("turnkeep.snapshot")
 

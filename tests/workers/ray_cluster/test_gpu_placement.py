@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from schemas.config import PlacementConfig
+from schemas.config_services import PlacementConfig
 from workers.ray_cluster.gpu_placement import PlacementError, Seat, actor_options, check_gpus, plan_gpus
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from cli.main import main
 from primitives.pid_files import live_pid
-from schemas.config import TemporalConfig
+from schemas.config_services import TemporalConfig
 from workers.temporal import dev_server as temporal_server
 from workers.temporal.dev_server import TemporalStartError, restart_dev_server, start_dev_server, stop_dev_server
 from workers.temporal.pidfile import (

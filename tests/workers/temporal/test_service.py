@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cli.main import main
-from schemas.config import TemporalConfig
+from schemas.config_services import TemporalConfig
 from tests.run_command import metrics, short_run_dir, small_run_settings, train_steps, turnkeep, wait_until
 from workers.temporal.dev_server import start_dev_server, stop_dev_server
 

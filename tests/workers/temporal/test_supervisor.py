@@ -21,7 +21,7 @@ from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from primitives.pid_files import live_pid
-from schemas.config import TemporalConfig
+from schemas.config_services import TemporalConfig
 from workers.temporal.dev_server import TemporalEndpoint, start_dev_server, stop_dev_server
 from workers.temporal.pidfile import ProcessId, servers_on
 from workers.temporal.supervisor import TemporalSupervisor
