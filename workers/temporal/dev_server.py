@@ -23,16 +23,13 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
 from temporalio.client import Client
 
-from controller.config_file import ConfigError
 from schemas import search_attributes
 from schemas.config_services import TemporalConfig
 from workers.temporal.pidfile import (
@@ -46,6 +43,7 @@ from workers.temporal.pidfile import (
     terminate,
     write_record,
 )
+from workers.temporal.ports import TemporalStartError, check_port, choose_port
 
 log = logging.getLogger("turnkeep.temporal")
 
@@ -69,11 +67,6 @@ REUSE_CHECK_S = 5.0
 STOP_GRACE_S = 15.0
 """SIGTERM, then SIGKILL after this long."""
 CONNECT_ATTEMPT_S = 3.0
-
-
-class TemporalStartError(ConfigError):
-    """The embedded dev server cannot start (a port held by another process, a server that exits or does not
-    answer); one line naming the setting or temporal.log. A ConfigError, so the CLI prints it without a traceback."""
 
 
 @dataclass
@@ -119,64 +112,6 @@ def temporal_binary() -> str:
     return found
 
 
-def _free_port(ip: str) -> int:
-    with socket.socket() as sock:
-        try:
-            sock.bind((ip, 0))
-        except OSError as err:
-            raise TemporalStartError(f"temporal.ip = {ip}: the embedded server cannot listen there ({err.strerror}); "
-                                     "use 127.0.0.1 (the default) or an address of this machine") from None
-        return sock.getsockname()[1]
-
-
-def _port_free(ip: str, port: int) -> bool:
-    with socket.socket() as sock:
-        # Like the server's own listener: connections of a run that just died (TIME_WAIT) do not block it.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((ip, port))
-        except OSError:
-            return False
-        return True
-
-
-def _choose_port(ip: str, wanted: int, setting: str, what: str) -> int:
-    """`wanted`, or a free port when it is 0 or taken (another run side by side): the choice is printed, and a
-    restart of this run keeps it (its pid file records the command line)."""
-    chosen = _free_port(ip)  # first: an address this machine does not have is named as such
-    if wanted == 0:
-        return chosen
-    if _port_free(ip, wanted):
-        return wanted
-    print(f"turnkeep: {setting} = {wanted} on {ip} is in use by {_holder(wanted)}; {what} of this run is on port "
-          f"{chosen} instead (set {setting} to choose another)", file=sys.stderr, flush=True)
-    return chosen
-
-
-def _check_port(ip: str, port: int, setting: str) -> None:
-    if not _port_free(ip, port):
-        raise TemporalStartError(
-            f"{setting} = {port}: port {port} on {ip} is in use by {_holder(port)}, not by this run's Temporal "
-            f"server; set {setting} to a free port (or 0 to pick one), or stop that process"
-        )
-
-
-def _holder(port: int) -> str:
-    """Who listens on `port`, as far as this user can see."""
-    try:
-        pids = {c.pid for c in psutil.net_connections("tcp")
-                if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid}
-    except (psutil.Error, OSError):
-        pids = set()
-    for pid in sorted(pids):
-        args = cmdline(pid)
-        if args[1:3] == ["server", "start-dev"] and "--db-filename" in args[:-1]:
-            return f"another Temporal dev server (pid {pid}, database {args[args.index('--db-filename') + 1]})"
-        if args:
-            return f"pid {pid} ({Path(args[0]).name})"
-    return "another process"
-
-
 def dev_server_args(cfg: TemporalConfig, run_dir: Path, port: int, ui_port: int) -> list[str]:
     args = [
         temporal_binary(), "server", "start-dev",
@@ -200,8 +135,8 @@ async def start_dev_server(cfg: TemporalConfig, run_dir: Path, timeout_s: float 
     if endpoint is not None:
         return endpoint
     for attempt in range(1, PORT_RACE_TRIES + 1):
-        port = _choose_port(cfg.ip, cfg.port, "temporal.port", "Temporal")
-        ui_port = _choose_port(cfg.ip, cfg.ui_port, "temporal.ui_port", "the Temporal web UI")
+        port = choose_port(cfg.ip, cfg.port, "temporal.port", "Temporal")
+        ui_port = choose_port(cfg.ip, cfg.ui_port, "temporal.ui_port", "the Temporal web UI")
         endpoint = TemporalEndpoint(
             f"{cfg.ip}:{port}", f"http://{cfg.ip}:{ui_port}", run_dir=run_dir, namespace=cfg.namespace,
             args=dev_server_args(cfg, run_dir, port, ui_port),
@@ -225,8 +160,8 @@ async def restart_dev_server(endpoint: TemporalEndpoint, timeout_s: float = 30.0
     stop_dev_server(endpoint, forget=False)  # whatever is left of the old one (normally nothing)
     ip, port = endpoint.address.rsplit(":", 1)
     ui_port = endpoint.args[endpoint.args.index("--ui-port") + 1]
-    _check_port(ip, int(port), "temporal.port")
-    _check_port(ip, int(ui_port), "temporal.ui_port")
+    check_port(ip, int(port), "temporal.port")
+    check_port(ip, int(ui_port), "temporal.ui_port")
     _spawn(endpoint)
     await _wait_until_serving(endpoint, timeout_s)
 

@@ -19,7 +19,8 @@ from contextlib import suppress
 
 from primitives.atomic_files import append_jsonl
 from schemas.choices import MetricsKind
-from workers.temporal.dev_server import LOG_FILE, TemporalEndpoint, TemporalStartError, restart_dev_server
+from workers.temporal.dev_server import LOG_FILE, TemporalEndpoint, restart_dev_server
+from workers.temporal.ports import TemporalStartError
 
 log = logging.getLogger("turnkeep.temporal")
 

@@ -22,7 +22,7 @@ from cli.main import main
 from primitives.pid_files import live_pid
 from schemas.config_services import TemporalConfig
 from workers.temporal import dev_server as temporal_server
-from workers.temporal.dev_server import TemporalStartError, restart_dev_server, start_dev_server, stop_dev_server
+from workers.temporal.dev_server import restart_dev_server, start_dev_server, stop_dev_server
 from workers.temporal.pidfile import (
     ProcessId,
     ServerRecord,
@@ -32,14 +32,10 @@ from workers.temporal.pidfile import (
     servers_on,
     write_record,
 )
+from workers.temporal.ports import TemporalStartError, free_port
 
 pytestmark = pytest.mark.integration  # real dev servers, a few seconds each
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _servers(run_dir: Path) -> list[int]:
@@ -61,7 +57,7 @@ def _fake_record(run_dir: Path, pid: int, start_ticks: int, port: int = 1, ui_po
 
 
 def test_a_server_left_by_a_killed_controller_is_taken_over_on_its_fixed_port(tmp_path) -> None:
-    cfg = TemporalConfig(port=_free_port(), ui_port=_free_port())
+    cfg = TemporalConfig(port=free_port("127.0.0.1"), ui_port=free_port("127.0.0.1"))
     began = time.monotonic()
     first = asyncio.run(start_dev_server(cfg, tmp_path))
     fresh_s = time.monotonic() - began
@@ -90,7 +86,7 @@ def test_a_server_left_by_a_killed_controller_is_taken_over_on_its_fixed_port(tm
 def test_a_leftover_server_that_does_not_answer_is_stopped_and_replaced(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(temporal_server, "REUSE_CHECK_S", 1.0)
     monkeypatch.setattr(temporal_server, "STOP_GRACE_S", 1.0)
-    cfg = TemporalConfig(port=_free_port(), ui_port=_free_port())
+    cfg = TemporalConfig(port=free_port("127.0.0.1"), ui_port=free_port("127.0.0.1"))
     first = asyncio.run(start_dev_server(cfg, tmp_path))
     hung = ProcessId.of(first.process.pid)
     os.kill(hung.pid, signal.SIGSTOP)  # alive, ours, but it answers nothing
@@ -193,7 +189,7 @@ def test_a_port_taken_between_its_choice_and_the_servers_bind_is_chosen_again(tm
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         taken = squatter.getsockname()[1]
-        choose = temporal_server._choose_port
+        choose = temporal_server.choose_port
         chosen: list[int] = []
 
         def racing(ip, wanted, setting, what):  # the first UI port is taken by the time the server binds it
@@ -202,7 +198,7 @@ def test_a_port_taken_between_its_choice_and_the_servers_bind_is_chosen_again(tm
             chosen.append(taken if not chosen else choose(ip, wanted, setting, what))
             return chosen[-1]
 
-        monkeypatch.setattr(temporal_server, "_choose_port", racing)
+        monkeypatch.setattr(temporal_server, "choose_port", racing)
         endpoint = asyncio.run(start_dev_server(TemporalConfig(port=0, ui_port=0), tmp_path))
     try:
         assert chosen[0] == taken and len(chosen) == 2 and endpoint.ui_url == f"http://127.0.0.1:{chosen[1]}"

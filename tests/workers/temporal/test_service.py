@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import time
 from pathlib import Path
 
@@ -17,18 +16,13 @@ from cli.main import main
 from schemas.config_services import TemporalConfig
 from tests.run_command import metrics, short_run_dir, small_run_settings, train_steps, turnkeep, wait_until
 from workers.temporal.dev_server import start_dev_server, stop_dev_server
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from workers.temporal.ports import free_port
 
 
 def test_an_unreachable_temporal_is_named_in_one_line_and_nothing_is_written(tmp_path, capsys) -> None:
     run_dir = tmp_path / "run"
     config = tmp_path / "run.toml"
-    port = _free_port()
+    port = free_port("127.0.0.1")
     config.write_text(f'[run]\nrun_dir = "{run_dir}"\n[temporal]\naddress = "127.0.0.1:{port}"\n')
     assert main(["run", "--config", str(config)]) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
@@ -51,7 +45,7 @@ def test_a_run_on_an_outside_temporal_goes_on_when_that_server_restarts(stack_co
     run_dir = short_run_dir("tk-extemporal-")
     server_dir = run_dir.parent / "temporal"
     server_dir.mkdir()
-    port = _free_port()
+    port = free_port("127.0.0.1")
     server_cfg = TemporalConfig(port=port, ui_port=0)
     server = asyncio.run(start_dev_server(server_cfg, server_dir))
     log = run_dir.parent / "turnkeep.log"

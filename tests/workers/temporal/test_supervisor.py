@@ -24,6 +24,7 @@ from primitives.pid_files import live_pid
 from schemas.config_services import TemporalConfig
 from workers.temporal.dev_server import TemporalEndpoint, start_dev_server, stop_dev_server
 from workers.temporal.pidfile import ProcessId, servers_on
+from workers.temporal.ports import free_port
 from workers.temporal.supervisor import TemporalSupervisor
 
 pytestmark = pytest.mark.integration  # real dev servers, a few seconds each
@@ -43,11 +44,6 @@ class WaitForGo:
     def proceed(self) -> None:
         self.go = True
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def _until_back(supervisor: TemporalSupervisor, restarts: int, timeout_s: float = 20.0) -> float:
@@ -108,7 +104,7 @@ def test_a_killed_server_comes_back_on_its_port_and_a_workflow_started_before_co
 
 
 def test_a_taken_over_server_is_watched_through_its_pid(tmp_path) -> None:
-    cfg = TemporalConfig(port=_free_port(), ui_port=0)
+    cfg = TemporalConfig(port=free_port("127.0.0.1"), ui_port=0)
     leftover = asyncio.run(start_dev_server(cfg, tmp_path))
     del leftover  # its controller died; the next one takes the server over and has no process handle for it
 
@@ -121,7 +117,7 @@ def test_a_taken_over_server_is_watched_through_its_pid(tmp_path) -> None:
 
 
 def test_restarts_that_keep_failing_stop_the_run_with_a_reason_naming_temporal_log(tmp_path) -> None:
-    cfg = TemporalConfig(port=_free_port(), ui_port=0)
+    cfg = TemporalConfig(port=free_port("127.0.0.1"), ui_port=0)
 
     async def scenario() -> None:
         endpoint = await start_dev_server(cfg, tmp_path)
