@@ -71,15 +71,35 @@ def _watch(head: subprocess.Popen, run_dir: Path, survive_s: float, stop_signal:
 
 
 def stop_session(exclude: set[int], grace_s: float = TERM_GRACE_S) -> int:
-    """SIGTERM every other process of this session (and their children), SIGKILL what is left after `grace_s`."""
+    """SIGTERM every other process of this session (and their children); once the workers (actors, vLLM's engine)
+    are gone, or after `grace_s`, SIGKILL what is left. Ray's own daemons hold nothing the run needs and take ten
+    seconds or more over SIGTERM (measured: gcs_server, raylet, `ray start --block` still there after 10 s), so
+    waiting for them only delays every stop."""
     victims = _session_processes(os.getsid(0), exclude)
     for process in victims:
         _signal(process, signal.SIGTERM)
-    _, alive = psutil.wait_procs(victims, timeout=grace_s)
+    workers = [process for process in victims if not _ray_daemon(process)]
+    _, alive_workers = psutil.wait_procs(workers, timeout=grace_s)
+    alive = [process for process in victims if process.is_running()]
     for process in alive:
         _signal(process, signal.SIGKILL)
     psutil.wait_procs(alive, timeout=grace_s)
+    if alive_workers:
+        _say(f"{len(alive_workers)} workers did not stop within {grace_s:g} s of SIGTERM and were killed")
     return len(victims)
+
+
+RAY_DAEMONS = ("/ray/core/src/ray/", "ray.scripts.scripts", "/ray/_private/", "/ray/dashboard/", "/ray/autoscaler/",
+               "ray::RuntimeEnvAgent", "ray::DashboardAgent")
+"""Command-line marks of Ray's own processes (GCS, raylet, `ray start`, monitors, agents), as opposed to workers."""
+
+
+def _ray_daemon(process: psutil.Process) -> bool:
+    try:
+        cmdline = " ".join(process.cmdline())
+    except psutil.Error:
+        return True  # gone already: nothing to wait for
+    return any(mark in cmdline for mark in RAY_DAEMONS)
 
 
 def _session_processes(sid: int, exclude: set[int]) -> list[psutil.Process]:

@@ -9,6 +9,7 @@ server and the environment server, whose checkpoint routes require it.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -106,8 +107,11 @@ async def launch(cfg: TurnkeepConfig, incarnation: int | None = None, gpus=None,
     policy = PolicyActor.options(name="policy", num_cpus=0, **detached,
                                  **actor_options(cfg.placement, gpus, "policy")).remote()
     policy_cfg = cfg.policy.model_copy(update={"dtype": cfg.policy.dtype or cfg.model.dtype})
-    policy_url = await policy.start.remote(model_dir, policy_cfg.model_dump_json(), cfg.run.seed, token)
-    await trainer.setup.remote(model_dir, cfg_json)
+    # The trainer loads its model while the engine starts: neither waits for the other.
+    policy_url, _ = await asyncio.gather(
+        policy.start.remote(model_dir, policy_cfg.model_dump_json(), cfg.run.seed, token),
+        trainer.setup.remote(model_dir, cfg_json),
+    )
     for role, actor in (("trainer", trainer), ("policy", policy)):
         write_pid_file(cfg.run.run_dir, role, await actor.__ray_call__.remote(_pid_of))
     local = sorted(local_environments(cfg.environments))
