@@ -1,5 +1,11 @@
 """Session fixtures for tests that need the real processes: Ray, one vLLM CPU engine,
-the trainer and the environment server over HTTP, started once per test session."""
+the trainer and the environment server over HTTP, started once per test session.
+
+Two tiers. A test that starts a real server (Temporal, Ray, vLLM, or a `turnkeep` process) is marked
+`integration`: by hand where it starts one itself, and here for every test that asks for a shared server's
+fixture (`SERVER_FIXTURES`). `pytest -m "not integration"` is the unit tier (a few minutes); the README's test
+command runs both. `tests.run_command.turnkeep` refuses to start a run from a test not marked `integration`.
+"""
 
 from __future__ import annotations
 
@@ -28,12 +34,23 @@ def small_config(run_dir: Path, cache_dir: Path) -> TurnkeepConfig:
     )
 
 
-@pytest.fixture(autouse=True)
-def _no_run_left_running():
-    yield
-    from tests.run_command import kill_leftovers
+SERVER_FIXTURES = frozenset({"stack", "temporal_address", "policy_server", "loop"})
+"""Fixtures that start (or hand over) a real server: a test that asks for one is an integration test."""
 
-    kill_leftovers()
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        if SERVER_FIXTURES.intersection(item.fixturenames) and item.get_closest_marker("integration") is None:
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(autouse=True)
+def _no_run_left_running(request):
+    from tests import run_command
+
+    run_command.INTEGRATION_TEST = request.node.get_closest_marker("integration") is not None
+    yield
+    run_command.kill_leftovers()
 
 
 @pytest.fixture(scope="session")

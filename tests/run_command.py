@@ -51,7 +51,12 @@ def kill_leftovers() -> int:
     return killed
 
 
+INTEGRATION_TEST = False
+"""Set for each test by tests/conftest.py: whether it is marked `integration`."""
+
+
 def turnkeep(*args: str, log: Path) -> subprocess.Popen:
+    assert INTEGRATION_TEST, "a test that starts `turnkeep` (real Ray, vLLM, Temporal) is marked integration"
     out = open(log, "ab")
     return subprocess.Popen(
         [sys.executable, "-m", "cli.main", *args], stdout=out, stderr=subprocess.STDOUT,

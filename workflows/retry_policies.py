@@ -41,3 +41,9 @@ RECOVERY_FEW_TRIES = RetryPolicy(
                                ErrorType.STALE_INCARNATION],
 )
 """Recovery steps: an unusable run directory or a failed restore is final."""
+
+WORKFLOW_TASK_TIMEOUT = timedelta(seconds=3)
+"""How long a workflow task may stay with a worker before another takes it (Temporal's default is 10 s). A
+controller killed inside a workflow task (its local activities run inside one) holds that task until it times out,
+and the next incarnation's cancel of the dead one's attempt waits on it: 10.2 s of many chaos restarts. The SDK
+extends a task whose local activities run longer by heartbeating it, so only a dead worker's task times out."""

@@ -53,7 +53,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from schemas.steps import Step
 
-from workflows.retry_policies import RUN_QUICK, RUN_UNTIL_IT_WORKS
+from workflows.retry_policies import RUN_QUICK, RUN_UNTIL_IT_WORKS, WORKFLOW_TASK_TIMEOUT
 from workflows.snapshot_attempt import SnapshotAttemptWorkflow
 
 ATTEMPTS_BEFORE_CONTINUE_AS_NEW = 200
@@ -248,7 +248,7 @@ class RunWorkflow:
         )
         try:
             return await workflow.execute_child_workflow(
-                SnapshotAttemptWorkflow.run, attempt, id=attempt_id,
+                SnapshotAttemptWorkflow.run, attempt, id=attempt_id, task_timeout=WORKFLOW_TASK_TIMEOUT,
                 # A cancelled run still compensates its attempt; TERMINATE would skip compensation.
                 parent_close_policy=ParentClosePolicy.REQUEST_CANCEL,
                 static_summary=f"{trigger} snapshot under step {step} (#{number}): {note}",

@@ -6,26 +6,13 @@ import asyncio
 import tempfile
 from pathlib import Path
 
-import aiohttp
 import orjson
 import pytest
 
-from controller.runtime import Controller
 from controller.stores.trainer_checkpoint import published_steps
-from tests.controller_inputs import controller_inputs
+from tests.stack_training import train_shared_stack
 
 pytestmark = pytest.mark.integration
-
-
-async def _train(cfg, processes, start: int, steps: int) -> Controller:
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        controller = Controller(cfg, processes, session, start + steps, **controller_inputs(cfg))
-        controller.training.continue_from(start, policy_version=start)  # the shared trainer: one version per step
-        controller.start_journal("test-runtime", 1)  # as a run's start does, fresh or restored
-        await controller.run(start + steps)
-        async with session.get(f"{processes.env_url}/health") as resp:
-            controller.env_health = await resp.json()
-        return controller
 
 
 def test_real_steps_train_refit_checkpoint_and_report(stack, stack_config):
@@ -33,7 +20,7 @@ def test_real_steps_train_refit_checkpoint_and_report(stack, stack_config):
     start = asyncio.run(_actor(stack.trainer.version.remote()))
     run_dir = Path(tempfile.mkdtemp(prefix="tk-runtime-", dir="/tmp"))
     cfg = stack_config.model_copy(update={"run": stack_config.run.model_copy(update={"run_dir": run_dir})})
-    controller = asyncio.run(_train(cfg, stack, start, steps=3))
+    controller = asyncio.run(train_shared_stack(cfg, stack, start, steps=3))
     steps = [start + 1, start + 2, start + 3]
 
     lines = [orjson.loads(line) for line in (run_dir / "metrics.jsonl").read_bytes().splitlines()]

@@ -13,6 +13,7 @@ import pytest
 from schemas.participant import RunningAgent
 from schemas.rollout import RolloutOutcome, RolloutRequest
 from tests.rollout_driver import RolloutDriver
+from tests.stack_training import in_new_run_dir, train_shared_stack
 
 pytestmark = pytest.mark.integration
 
@@ -26,6 +27,10 @@ def continuation(request: RolloutRequest) -> RolloutRequest:
 
 def test_finished_rollouts_come_back_from_the_journal_and_only_score(stack, stack_config) -> None:
     async def scenario() -> None:
+        start = await stack.trainer.version.remote()
+        if start == 0:
+            # Turns of a policy newer than the first, so that a restored trainer older than every turn exists.
+            await train_shared_stack(in_new_run_dir(stack_config, "tk-journal-"), stack, start, steps=1)
         async with aiohttp.ClientSession() as session:
             driver = RolloutDriver(session, stack.env_url, stack.control_token, stack_config.task)
             env = driver.client("env", stack.env_url)

@@ -8,6 +8,7 @@ import uuid
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
 from temporalio import activity, workflow
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
@@ -38,6 +39,9 @@ from workers.temporal.dev_server import UNTHROTTLED, temporal_binary
 from workflows.run_workflow import RunWorkflow
 
 HISTORY_DIR = Path(__file__).parent / "histories"
+
+
+pytestmark = pytest.mark.integration  # a real Temporal dev server per test
 
 
 async def _dev_server() -> WorkflowEnvironment:

@@ -12,6 +12,7 @@ import pytest
 from bench.attempt_history import history_times
 from schemas.participant import FaultPlan
 from schemas.snapshot import SnapshotManifest
+from tests.stack_training import in_new_run_dir, train_shared_stack
 from tests.workflows.snapshot_harness import published_dirs, run_scenario, scenario_config, staging_dirs
 
 pytestmark = pytest.mark.integration
@@ -55,8 +56,16 @@ def test_happy_path_publishes_a_complete_verified_snapshot(stack, stack_config, 
     assert_released(result)
 
 
+async def _version(trainer) -> int:
+    return await trainer.version.remote()
+
+
 def test_a_step_finishing_during_a_slow_prepare_waits_and_the_attempt_lands(stack, stack_config, temporal_address):
-    # The peer's case: the Gym phase (3 s) is longer than a train step (about 1 s here).
+    # The peer's case: the Gym phase (3 s) is longer than a train step (about 1 s here). A fresh stack's first steps
+    # wait on a cold engine for their rows, not on the hold: start from a stack that has trained.
+    start = asyncio.run(_version(stack.trainer))
+    if start < 2:
+        asyncio.run(train_shared_stack(in_new_run_dir(stack_config, "tk-warm-"), stack, start, steps=2 - start))
     cfg = scenario_config(stack_config)
     result = asyncio.run(run_scenario(stack, temporal_address, cfg, steps=4,
                                       env_faults=FaultPlan(delay_s={"prepare": 3.0})))

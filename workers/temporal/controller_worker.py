@@ -47,6 +47,7 @@ from workers.temporal.dev_server import register_search_attributes
 from workers.temporal.loop_bridge import BridgedRun, bridged_activities
 from workers.temporal.workflow_thread import WorkflowThread
 from workflows.recovery_workflow import RecoveryWorkflow
+from workflows.retry_policies import WORKFLOW_TASK_TIMEOUT
 from workflows.run_workflow import RunWorkflow
 from workflows.snapshot_attempt import SnapshotAttemptWorkflow
 
@@ -201,7 +202,7 @@ async def start_snapshots(
                 agents=agents_mode, timeouts=timeouts(cfg),
                 carried=RunCarryOver(numbers=next_snapshot_numbers(cfg.run.run_dir)),
             ),
-            id=run_workflow_id(run_id), task_queue=controller_queue(run_id),
+            id=run_workflow_id(run_id), task_queue=controller_queue(run_id), task_timeout=WORKFLOW_TASK_TIMEOUT,
             static_summary=f"turnkeep run {run_id} ({cfg.run.run_dir})",
             search_attributes=TypedSearchAttributes([SearchAttributePair(sa.RUN_ID, run_id)]),
         )
@@ -221,7 +222,7 @@ async def _recover(cfg: TurnkeepConfig, client: Client, run_id: str, incarnation
         result = await client.execute_workflow(
             RecoveryWorkflow.run,
             RecoveryInput(run_id=run_id, incarnation=incarnation, phase_timeout_s=cfg.snapshot.phase_timeout_s),
-            id=recovery_id, task_queue=controller_queue(run_id),
+            id=recovery_id, task_queue=controller_queue(run_id), task_timeout=WORKFLOW_TASK_TIMEOUT,
             static_summary=f"recovery of {run_id}: incarnation {incarnation} continues the run",
             search_attributes=TypedSearchAttributes([SearchAttributePair(sa.RUN_ID, run_id)]),
         )

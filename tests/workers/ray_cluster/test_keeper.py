@@ -74,7 +74,9 @@ def test_the_session_stop_takes_every_process_of_the_session() -> None:
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
                          start_new_session=True)
-    pids_line, count_line = out.stdout.strip().splitlines()[-2:]
+    lines = out.stdout.strip().splitlines()
+    pids_line, count_line = lines[0], lines[-1]
     assert int(count_line) == 3, out.stderr
+    assert "1 workers did not stop within 1 s of SIGTERM and were killed" in out.stdout
     for pid in map(int, pids_line.split()):
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
