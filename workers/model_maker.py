@@ -17,17 +17,29 @@ from envs.calc_transcripts import CalcTranscripts
 from envs.codec import LINE_TEMPLATE
 from envs.environment import Environment
 from envs.loading import EnvironmentLoadError, load_environment
-from gpu_workers.tiny_model.build import EVAL_ROLLOUTS, ensure_tiny_model
+from gpu_workers.tiny_model.recipe import cached_model_dir
 from gpu_workers.tiny_model.transcripts import DemonstrationsError, DemoSource, TranscriptSource
 from schemas.choices import EnvironmentKind
 from schemas.config import TurnkeepConfig
 
 
-def tiny_model_dir(cfg: TurnkeepConfig, eval_rollouts: int = EVAL_ROLLOUTS) -> Path:
-    """`model.path`, or the tiny model's cached directory (made first if it is not there yet)."""
+def tiny_model_dir(cfg: TurnkeepConfig, eval_rollouts: int | None = None) -> Path:
+    """`model.path`, or the tiny model's cached directory (made first if it is not there yet; `eval_rollouts`
+    measure its starting reward, the maker's default when None)."""
+    from gpu_workers.tiny_model.build import ensure_tiny_model  # torch: only where a model is checked or made
+
     if cfg.model.path is not None:
         return ensure_tiny_model(cfg.model, CalcTranscripts(cfg.task), cfg.run.seed)
-    return ensure_tiny_model(cfg.model, transcript_source(cfg), cfg.run.seed, eval_rollouts=eval_rollouts)
+    measure = {} if eval_rollouts is None else {"eval_rollouts": eval_rollouts}
+    return ensure_tiny_model(cfg.model, transcript_source(cfg), cfg.run.seed, **measure)
+
+
+def cached_tiny_model_dir(cfg: TurnkeepConfig) -> Path | None:
+    """The tiny model's directory when it was made before on this machine (no torch imported to find it); None
+    when `model.path` is set or the model must be made (`tiny_model_dir`, on a node of the cluster)."""
+    if cfg.model.path is not None:
+        return None
+    return cached_model_dir(cfg.model, transcript_source(cfg), cfg.run.seed)
 
 
 def transcript_source(cfg: TurnkeepConfig) -> TranscriptSource:

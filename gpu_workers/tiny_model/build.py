@@ -20,13 +20,11 @@ caller waits on the lock, then reuses the finished directory.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import logging
 import shutil
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -34,6 +32,7 @@ import torch
 from tokenizers import Tokenizer
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
+from gpu_workers.tiny_model.recipe import RECIPE_FILE, Recipe
 from gpu_workers.tiny_model.tokenizer import save_tokenizer, special_ids, train_tokenizer
 from gpu_workers.tiny_model.transcripts import TOKENIZER_CORPUS, TranscriptSource
 from gpu_workers.tiny_model.warm_start import rollout_reward, warm_start
@@ -42,35 +41,8 @@ from schemas.config import ModelConfig, TinyModelConfig
 
 log = logging.getLogger("turnkeep.model")
 
-FORMAT_VERSION = 2
-"""Bump when the recipe or the saved files change (2: the chat template) so old caches are not reused."""
 EVAL_ROLLOUTS = 128
 """Rollouts sampled after the warm start to log the starting reward."""
-RECIPE_FILE = "turnkeep_tiny.json"
-"""What the directory was made from, plus the measured starting reward."""
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """Everything that shapes the tiny model's bytes."""
-
-    tiny: TinyModelConfig
-    source: TranscriptSource
-    seed: int
-
-    def as_json(self) -> dict:
-        tiny = self.tiny.model_dump(mode="json")
-        if tiny["num_kv_heads"] is None:
-            # Added later: an unset one keeps the keys (and so the caches) of models made before it existed.
-            del tiny["num_kv_heads"]
-        # The name of the environment does not shape the weights; its entry, options and content do (its recipe).
-        del tiny["demonstrations"]
-        if not self.source.error_rate_applies:
-            del tiny["warm_start_error_rate"]
-        return {"format": FORMAT_VERSION, "tiny": tiny, **self.source.recipe(self.seed), "seed": self.seed}
-
-    def key(self) -> str:
-        return hashlib.sha256(json.dumps(self.as_json(), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def ensure_tiny_model(
@@ -96,11 +68,6 @@ def ensure_tiny_model(
             return final
         _build_atomically(final, recipe, eval_rollouts)
     return final
-
-
-def cache_key(tiny: TinyModelConfig, source: TranscriptSource, seed: int) -> str:
-    """The hash that names the cached directory (`tiny-<key>`)."""
-    return Recipe(tiny, source, seed).key()
 
 
 class ModelUnusable(ValueError):

@@ -33,6 +33,8 @@ from primitives.pid_files import live_pid
 POLL_S = 0.5
 TERM_GRACE_S = 10.0
 """SIGTERM first, so vLLM and Ray close their shared memory and sockets; SIGKILL after this."""
+CONTROLLER_STOP_GRACE_S = 2.0
+"""The same after the controller's own stop, which already stopped the processes that have anything to save."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     head = subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", "start", *ray_args])
     reason = _watch(head, args.run_dir, args.survive_controller_s, stop_signal)
     _say(f"stopping the run's Ray head and everything in its session: {reason}")
-    stopped = stop_session(exclude={os.getpid()})
+    # The controller's own stop comes after it stopped the environment server and the policy server in order (the
+    # journals synced, the engine shut down): what is left holds nothing to save, and a short grace will do.
+    stopped = stop_session(exclude={os.getpid()}, grace_s=CONTROLLER_STOP_GRACE_S if stop_signal else TERM_GRACE_S)
     _say(f"stopped {stopped} processes")
     return 0
 

@@ -22,6 +22,7 @@ from primitives.control_token import create_control_token
 from primitives.pid_files import write_pid_file
 from schemas.config import TurnkeepConfig
 from workers.local_env_server import LocalEnvServer
+from workers.model_maker import cached_tiny_model_dir
 from workers.ray_cluster.gpu_placement import PlacementError, actor_options, reserve
 from workers.ray_cluster.head import RayHead, ray_temp_dir, start_or_find_head
 from workers.ray_cluster.security import ensure_ray_token
@@ -101,11 +102,12 @@ async def launch(cfg: TurnkeepConfig, incarnation: int | None = None, gpus=None,
     detached = {"lifetime": "detached"} if identity is not None else {}
     cfg_json = cfg.model_dump_json()
     token = create_control_token(cfg.run.run_dir)
-    model_dir = await _model_dir(cfg_json)
+    # The actors' processes start (and import torch) while the model is found or made.
     trainer = TrainerActor.options(name="trainer", **detached,
                                    **actor_options(cfg.placement, gpus, "trainer")).remote()
     policy = PolicyActor.options(name="policy", num_cpus=0, **detached,
                                  **actor_options(cfg.placement, gpus, "policy")).remote()
+    model_dir = str(cached) if (cached := cached_tiny_model_dir(cfg)) is not None else await _model_dir(cfg_json)
     policy_cfg = cfg.policy.model_copy(update={"dtype": cfg.policy.dtype or cfg.model.dtype})
     # The trainer loads its model while the engine starts: neither waits for the other.
     policy_url, _ = await asyncio.gather(
@@ -132,11 +134,8 @@ def _pid_of(actor) -> int:
 
 async def shutdown(processes: Processes | None) -> None:
     if processes is not None:
-        for process in (processes.env, processes.policy):
-            if process is None:
-                continue
-            try:
-                await (process.stop() if isinstance(process, LocalEnvServer) else process.stop.remote())
-            except Exception:  # noqa: BLE001 - best effort on the way out
-                pass
+        stops = [process.stop() if isinstance(process, LocalEnvServer) else process.stop.remote()
+                 for process in (processes.env, processes.policy) if process is not None]
+        # Best effort on the way out, both at once: neither waits for the other.
+        await asyncio.gather(*stops, return_exceptions=True)
     ray.shutdown()

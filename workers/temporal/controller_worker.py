@@ -172,8 +172,9 @@ async def start_snapshots(
     if cfg.temporal.address is not None:
         await register_search_attributes(client, cfg.temporal.namespace)
     # The GPU-side processes run their own workers, so an attempt's history shows which process did what.
-    for gpu_process in (processes.trainer, processes.policy):
-        await gpu_process.start_temporal_worker.remote(address, cfg.temporal.namespace, run_id, incarnation, security)
+    await asyncio.gather(*(gpu_process.start_temporal_worker.remote(address, cfg.temporal.namespace, run_id,
+                                                                     incarnation, security)
+                           for gpu_process in (processes.trainer, processes.policy)))
     environments, _policy = participant_clients(processes, session, cfg.snapshot.phase_timeout_s)
     interval_s = periodic_interval_s(cfg.snapshot.attempt_interval_s, agents_mode)
     ctx = SnapshotCoordinator(

@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from envs.calc_transcripts import CalcTranscripts
-from gpu_workers.tiny_model import build
+from gpu_workers.tiny_model import build, recipe
 from gpu_workers.tiny_model.build import ensure_tiny_model
 from gpu_workers.tiny_model.tokenizer import encode, load_tokenizer, newline_id
 from schemas.config import ModelConfig, TaskConfig, TinyModelConfig
@@ -83,10 +83,10 @@ def test_a_failed_build_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_cache_key_depends_on_every_input() -> None:
-    key = build.cache_key(TINY, CalcTranscripts(TASK), 0)
-    assert key != build.cache_key(TINY, CalcTranscripts(TASK), 1)
-    assert key != build.cache_key(TINY, CalcTranscripts(TaskConfig(num_operands=4)), 0)
-    assert key != build.cache_key(TINY.model_copy(update={"warm_start_steps": 6}), CalcTranscripts(TASK), 0)
+    key = recipe.cache_key(TINY, CalcTranscripts(TASK), 0)
+    assert key != recipe.cache_key(TINY, CalcTranscripts(TASK), 1)
+    assert key != recipe.cache_key(TINY, CalcTranscripts(TaskConfig(num_operands=4)), 0)
+    assert key != recipe.cache_key(TINY.model_copy(update={"warm_start_steps": 6}), CalcTranscripts(TASK), 0)
 
 
 def test_a_set_path_is_validated(tmp_path: Path) -> None:
