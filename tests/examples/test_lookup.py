@@ -24,7 +24,8 @@ from envs.calc_task import sample_problem as calc_problem
 from envs.calc_transcripts import CalcTranscripts
 from envs.codec import LINE_TEMPLATE
 from envs.environment import EnvContext, Environment, StepResult
-from gpu_workers.tiny_model import recipe, warm_start
+from gpu_workers.tiny_model import recipe as tiny_recipe
+from gpu_workers.tiny_model import warm_start
 from gpu_workers.tiny_model.build import ensure_tiny_model
 from gpu_workers.tiny_model.tokenizer import decode, encode, load_tokenizer, newline_id, special_ids, train_tokenizer
 from gpu_workers.tiny_model.transcripts import TOKENIZER_CORPUS, DemonstrationsError, DemoSource
@@ -256,16 +257,16 @@ def test_demonstration_source_names_each_problem() -> None:
 # The calculator's model is unchanged by sources.
 
 def test_calc_cache_keys_are_those_of_models_made_before_demonstrations_existed() -> None:
-    recipe = recipe.Recipe(TinyModelConfig(), CalcTranscripts(TaskConfig()), 0)
+    recipe = tiny_recipe.Recipe(TinyModelConfig(), CalcTranscripts(TaskConfig()), 0)
     tiny = TinyModelConfig().model_dump(mode="json")
     del tiny["num_kv_heads"], tiny["demonstrations"]
-    assert recipe.as_json() == {"format": recipe.FORMAT_VERSION, "tiny": tiny,
+    assert recipe.as_json() == {"format": tiny_recipe.FORMAT_VERSION, "tiny": tiny,
                                 "task": TaskConfig().model_dump(mode="json"), "seed": 0}
     # Format 1: the directories made before `demonstrations` existed; 2 (the chat template): the same recipe.
     known = {1: ("7ae3387c0ea89c8e", "aa08130763002d72"), 2: ("7cda35e08e6525d6", "13329b6e30718384")}
-    if recipe.FORMAT_VERSION in known:
-        assert (recipe.cache_key(TinyModelConfig(), CalcTranscripts(TaskConfig()), 0),
-                recipe.cache_key(SMALL, CalcTranscripts(TaskConfig()), 0)) == known[recipe.FORMAT_VERSION]
+    if tiny_recipe.FORMAT_VERSION in known:
+        assert (tiny_recipe.cache_key(TinyModelConfig(), CalcTranscripts(TaskConfig()), 0),
+                tiny_recipe.cache_key(SMALL, CalcTranscripts(TaskConfig()), 0)) == known[tiny_recipe.FORMAT_VERSION]
 
 
 def _old_calc_corpus(task: TaskConfig, seed: int) -> list[str]:
@@ -335,15 +336,15 @@ def test_the_demonstrations_tokenizer_covers_the_example(demo_model: tuple[Path,
 def test_the_demonstrations_recipe_names_entry_options_and_content(demo_model: tuple[Path, DemoSource],
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     model_dir, source = demo_model
-    recipe = json.loads((model_dir / recipe.RECIPE_FILE).read_text())
+    recipe = json.loads((model_dir / tiny_recipe.RECIPE_FILE).read_text())
     assert recipe["demonstrations"]["entry"] == ENTRY
     assert recipe["demonstrations"]["options"] == LookupOptions().model_dump()
     assert len(recipe["demonstrations"]["digest"]) == 64 and "task" not in recipe
     assert recipe["starting_reward"] is None and recipe["starting_reward_rollouts"] == 0  # no rules to play demonstrations
-    key = recipe.cache_key(SMALL, source, 0)
+    key = tiny_recipe.cache_key(SMALL, source, 0)
     assert model_dir.name == f"tiny-{key}"
     other_options = DemoSource("lookup", ENTRY, LookupEnvironment, LookupOptions(table_size=6), LINE_TEMPLATE)
-    assert recipe.cache_key(SMALL, other_options, 0) != key
+    assert tiny_recipe.cache_key(SMALL, other_options, 0) != key
 
     class Changed(LookupEnvironment):  # the same entry and options, other conversations
         @classmethod
@@ -351,7 +352,7 @@ def test_the_demonstrations_recipe_names_entry_options_and_content(demo_model: t
             return [t.replace("K ", "K  ") for t in super().demonstrations(rng, count, options)]
 
     changed = DemoSource("lookup", ENTRY, Changed, LookupOptions(), LINE_TEMPLATE)
-    assert recipe.cache_key(SMALL, changed, 0) != key
+    assert tiny_recipe.cache_key(SMALL, changed, 0) != key
 
 
 def test_demonstrations_are_checked_before_training() -> None:
