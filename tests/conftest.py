@@ -44,13 +44,20 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.integration)
 
 
-@pytest.fixture(autouse=True)
-def _no_run_left_running(request):
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item) -> None:
+    # Before any fixture of the test (a module's fixture may start a run for it).
     from tests import run_command
 
-    run_command.INTEGRATION_TEST = request.node.get_closest_marker("integration") is not None
+    run_command.INTEGRATION_TEST = item.get_closest_marker("integration") is not None
+
+
+@pytest.fixture(autouse=True)
+def _no_run_left_running():
     yield
-    run_command.kill_leftovers()
+    from tests.run_command import kill_leftovers
+
+    kill_leftovers()
 
 
 @pytest.fixture(scope="session")

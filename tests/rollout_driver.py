@@ -18,7 +18,7 @@ import aiohttp
 from envs.calc_task import sample_problem
 from participants.client import ParticipantClient
 from schemas.config import TaskConfig
-from schemas.participant import ParticipantStatus
+from schemas.participant import FaultPlan, ParticipantStatus
 from schemas.rollout import Problem, RolloutRequest, RolloutResult
 
 
@@ -69,8 +69,13 @@ class RolloutDriver:
         async with self.session.get(f"{url}/checkpoint/status", headers=headers) as resp:
             return ParticipantStatus.model_validate_json(await resp.read())
 
+    async def slow_tools(self, seconds: float) -> None:
+        """Every calculator tool call takes `seconds` longer (until cleanup), so agents started now are mid-rollout,
+        between two boundaries, whenever a checkpoint comes, however fast the engine answers."""
+        await self.client("env", self.env_url).set_faults(FaultPlan(tool_delay_s={"calc": seconds}))
+
     async def cleanup(self, releases: list[tuple[ParticipantClient, str]]) -> None:
-        """Release every checkpoint (idempotent), then stop whatever still runs."""
+        """Release every checkpoint (idempotent), then stop whatever still runs, and drop any injected fault."""
         for client, checkpoint_id in releases:
             try:
                 await client.abort(checkpoint_id)
@@ -79,6 +84,7 @@ class RolloutDriver:
         async with self.session.post(f"{self.env_url}/cancel_all", headers=self.auth) as resp:
             await resp.read()
         await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.client("env", self.env_url).set_faults(FaultPlan())
 
 
 async def wait_for(

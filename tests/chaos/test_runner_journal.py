@@ -23,8 +23,11 @@ def test_kills_around_journal_snapshots_restore_running_agents_from_the_journals
         "chaos", "--run-dir", str(run_dir), "--kills", str(len(POINTS)), "--points", ",".join(POINTS),
         "--steps", "30", "--seed", "5", "--phase-timeout-s", "240", *small_run_settings(stack_config),
         "--set", "snapshot.agents=journal",
-        # Slower tools keep agents mid-rollout at every cut, so a restore has running agents to continue.
-        "--set", "env.tool_latency_s=0.3", log=log,
+        # Slow tools keep generation behind training, so agents are mid-rollout, past their first turn, at every
+        # cut and every kill: a restore has running agents to continue. With generation ahead, the data plane
+        # fills, admission waits for the next step, and the agents running at a checkpoint's cut are ones it has
+        # just admitted, with no turn yet (0.3 s was enough before the engine's start got faster; not since).
+        "--set", "env.tool_latency_s=0.8", log=log,
     )
     code = proc.wait(timeout=1500)
     output = log.read_text()

@@ -21,7 +21,12 @@ def checkpoint_id() -> str:
     return f"ck-{uuid.uuid4().hex[:8]}"
 
 
+SLOW_TOOL_S = 0.5
+"""Every tool call this much longer: the agents are mid-rollout when the checkpoint comes, not already done."""
+
+
 async def start_agents(driver: RolloutDriver, n: int) -> list[asyncio.Task]:
+    await driver.slow_tools(SLOW_TOOL_S)
     tasks = driver.start(n)
     await wait_for(lambda: _running_at_least(driver, n), 10, f"{n} agents running")
     return tasks

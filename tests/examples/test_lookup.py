@@ -233,7 +233,7 @@ def test_the_example_configs_load() -> None:
     assert remote_source.cls is LookupEnvironment and remote_source.options == source.options
 
 
-def test_demonstration_source_names_each_problem() -> None:
+def test_transcript_source_names_each_problem() -> None:
     assert isinstance(transcript_source(TurnkeepConfig()), CalcTranscripts)
     cfg = _config()
     with pytest.raises(DemonstrationsError, match=r"no \[environments.other\].*configured: lookup"):
