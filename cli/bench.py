@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import shlex
-import sys
 from pathlib import Path
 
 import orjson
@@ -93,13 +92,3 @@ def _sections(text: str) -> dict[str, str]:
         if current is not None:
             sections[current].append(line)
     return {name: "\n".join(lines).rstrip("\n") + "\n" for name, lines in sections.items()}
-
-
-def main_bench(argv: list[str]) -> int:  # pragma: no cover - for `python -m cli.bench`
-    from cli.main import main
-
-    return main(["bench", *argv])
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main_bench(sys.argv[1:]))

@@ -35,7 +35,7 @@ from envs.kinds import EnvironmentFactory, capabilities_of
 from envs.policy_client import PolicyCallError, PolicyClient
 from envs.receipts import ReceiptBook
 from envs.restored_agents import RestoredAgents, RestoreError
-from envs.server_routes import build_app
+from envs.server_routes import AttachRefused, NotAttached, build_app
 from envs.slow_tools import slow_tools
 from envs.turn_journal import TurnJournal
 from envs.turn_records import TurnRecords
@@ -372,16 +372,6 @@ class EnvServer:
         # The controller is going away: results it never stored will never be ACKed.
         discarded = self.receipts.discard_all()
         return {"cancelled": len(tasks), "discarded_results": discarded}
-
-class AttachRefused(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class NotAttached(Exception):
-    """No run has attached this server yet."""
-
 
 class ContinuationError(RuntimeError):
     """A saved agent cannot be brought back to its boundary; its sibling reruns from scratch."""

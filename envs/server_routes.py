@@ -29,9 +29,19 @@ MAX_BODY_BYTES = {
 
 
 
-def build_app(server: EnvServer, control: ControlAuth) -> web.Application:
-    from envs.server import AttachRefused, NotAttached
+class AttachRefused(Exception):
+    """The server will not attach this run now; `status` is the HTTP answer."""
 
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class NotAttached(Exception):
+    """No run has attached this server yet."""
+
+
+def build_app(server: EnvServer, control: ControlAuth) -> web.Application:
     @web.middleware
     async def attached_first(http: web.Request, handler) -> web.StreamResponse:
         # A stand-alone server that restarted answers no run's checkpoint calls until a run attaches it:

@@ -22,7 +22,8 @@ from temporalio.service import TLSConfig
 from temporalio.worker import Worker
 
 from schemas.config_services import TemporalSecurity
-from schemas.steps import Runs, Step, declared_steps
+from schemas.step_registry import declared_steps
+from schemas.steps import Runs, Step
 
 
 class TemporalSecurityError(ValueError):

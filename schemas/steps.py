@@ -32,7 +32,8 @@ class Runs(StrEnum):
 
 
 STEPS: dict[str, Step] = {}
-"""Every declared step by name (filled as `schemas.attempt_steps` and `schemas.recovery` are imported)."""
+"""Every declared step by name, filled as the modules that declare them are imported (`schemas.step_registry`
+imports them all)."""
 
 
 class Step(str):
@@ -61,11 +62,3 @@ class Step(str):
     def queue_of_worker(self, run_id: str) -> str:
         """The queue of the worker that implements it."""
         return self.task_queue(run_id) or controller_queue(run_id)
-
-
-def declared_steps() -> dict[str, Step]:
-    """Every step of the workflows (their modules imported here, so none is missing)."""
-    import schemas.attempt_steps  # noqa: F401 - declares the attempt's and the run workflow's steps
-    import schemas.recovery  # noqa: F401 - declares the recovery workflow's steps
-
-    return dict(STEPS)

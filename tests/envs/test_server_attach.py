@@ -11,7 +11,8 @@ import pytest
 
 from envs.environment import EnvContext
 from envs.kinds import EnvironmentFactory
-from envs.server import AttachRefused, EnvServer
+from envs.server import EnvServer
+from envs.server_routes import AttachRefused
 from schemas.config import EnvironmentSpec
 from schemas.config_services import EnvServerConfig
 from schemas.environments import AttachRequest, RolloutLimits

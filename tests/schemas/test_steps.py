@@ -16,7 +16,8 @@ from activities.snapshot_activities import SnapshotActivities
 from activities.trainer_activities import TrainerActivities
 from primitives.temporal_client import StepImplementationError, activity_name, step_activities
 from schemas.attempt_steps import GYM_MARK, GymInput, GymMarkResult
-from schemas.steps import Runs, Step, declared_steps
+from schemas.step_registry import declared_steps
+from schemas.steps import Runs, Step
 
 PROCESS_CLASSES = {
     Runs.CONTROLLER: (GymActivities, SnapshotActivities, RecoveryActivities),

@@ -42,7 +42,8 @@ from schemas.names import (
 )
 from schemas.recovery import RecoveryInput, RecoveryResult
 from schemas.snapshot import RunCarryOver, RunWorkflowInput, SnapshotTimeouts, TrainerCheckpointSignal
-from schemas.steps import Runs, declared_steps
+from schemas.step_registry import declared_steps
+from schemas.steps import Runs
 from workers.temporal.dev_server import register_search_attributes
 from workers.temporal.loop_bridge import BridgedRun, bridged_activities
 from workers.temporal.workflow_thread import WorkflowThread

@@ -1,0 +1,11 @@
+"""Every step of the workflows, with the modules that declare them imported, so none is missing."""
+
+from __future__ import annotations
+
+import schemas.attempt_steps  # noqa: F401 - declares the attempt's and the run workflow's steps
+import schemas.recovery  # noqa: F401 - declares the recovery workflow's steps
+from schemas.steps import STEPS, Step
+
+
+def declared_steps() -> dict[str, Step]:
+    return dict(STEPS)
