@@ -32,6 +32,10 @@ def small_run_settings(cfg: TurnkeepConfig) -> list[str]:
     return [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
 
 
+EVERY_KIND = '{"calc": {"kind": "calc"}, "workspace": {"kind": "workspace"}, "lab": {"kind": "lab"}, ' \
+             '"judge": {"kind": "judge"}}'
+"""`--set environments=...` for a run of every built-in kind at once (their rollouts last unlike lengths)."""
+
 RUN_DIRS: list[Path] = []
 """Every run directory a test made: what is left running in them is killed after the test (`kill_leftovers`)."""
 

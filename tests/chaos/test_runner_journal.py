@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from primitives.audit_log import read_audit
-from tests.run_command import short_run_dir, small_run_settings, turnkeep
+from tests.run_command import EVERY_KIND, short_run_dir, small_run_settings, turnkeep
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 
@@ -23,11 +23,11 @@ def test_kills_around_journal_snapshots_restore_running_agents_from_the_journals
         "chaos", "--run-dir", str(run_dir), "--kills", str(len(POINTS)), "--points", ",".join(POINTS),
         "--steps", "30", "--seed", "5", "--phase-timeout-s", "240", *small_run_settings(stack_config),
         "--set", "snapshot.agents=journal",
-        # Slow tools keep generation behind training, so agents are mid-rollout, past their first turn, at every
-        # cut and every kill: a restore has running agents to continue. With generation ahead, the data plane
-        # fills, admission waits for the next step, and the agents running at a checkpoint's cut are ones it has
-        # just admitted, with no turn yet (0.3 s was enough before the engine's start got faster; not since).
-        "--set", "env.tool_latency_s=0.8", log=log,
+        # Slower tools keep agents mid-rollout at every cut, so a restore has running agents to continue; every
+        # environment kind at once, so rollouts last unlike lengths and do not all end together: with the
+        # calculator alone every group of a step ran in lockstep, and the agents running at a checkpoint's cut were
+        # the ones it had just admitted, with no turn yet.
+        "--set", f"environments={EVERY_KIND}", "--set", "env.tool_latency_s=0.3", log=log,
     )
     code = proc.wait(timeout=1500)
     output = log.read_text()
