@@ -267,7 +267,9 @@ while True:
 def _supervised(tmp_path, mode):
     run_dir = tmp_path / "run"
     root = str(pathlib.Path(__file__).resolve().parents[2])
-    return _round([sys.executable, "-c", FAKE_SUPERVISED_RUN, str(run_dir), mode, root], run_dir, "random", "env")
+    # The kill moment is not what these test: a short random window keeps them quick.
+    return _round([sys.executable, "-c", FAKE_SUPERVISED_RUN, str(run_dir), mode, root], run_dir, "random", "env",
+                  max_delay_s=1.0)
 
 
 def test_a_process_killed_alone_that_the_run_starts_again_is_repaired(tmp_path):

@@ -8,6 +8,7 @@ import pytest
 
 from primitives.audit_log import read_audit
 from tests.run_command import metrics, short_run_dir, small_run_settings, train_steps, turnkeep, wait_until
+from tests.workers.ray_cluster.test_security import assert_every_listening_socket_is_on_loopback
 
 pytestmark = pytest.mark.integration
 
@@ -19,6 +20,7 @@ def test_sigterm_saves_a_final_snapshot_and_the_restart_continues_from_it(stack_
     proc = turnkeep("run", "--run-dir", str(run_dir), "--steps", "1000", *settings, log=log)
     try:
         wait_until(lambda: train_steps(run_dir) >= 6, 300, "six train steps", proc)
+        assert_every_listening_socket_is_on_loopback(proc, run_dir)  # a default run listens on loopback only
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=150) == 0, log.read_text()[-3000:]
     finally:

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import signal
 from pathlib import Path
 
 import psutil
 import pytest
 
 from schemas.config import TurnkeepConfig
-from tests.run_command import short_run_dir, small_run_settings, train_steps, turnkeep, wait_until
 from workers.ray_cluster.security import RayTokenError, ensure_ray_token, ray_environment
 
 
@@ -62,26 +60,19 @@ def _is_loopback(ip: str) -> bool:
     return (mapped or address).is_loopback
 
 
-@pytest.mark.integration
-def test_every_listening_socket_of_a_default_run_is_on_loopback(stack_config) -> None:
-    run_dir = short_run_dir("tk-sockets-")
-    log = run_dir.parent / "turnkeep.log"
-    proc = turnkeep("run", "--run-dir", str(run_dir), "--steps", "1000", *small_run_settings(stack_config), log=log)
-    try:
-        wait_until(lambda: train_steps(run_dir) >= 2, 300, "two train steps", proc)
-        tree = [proc.pid, *(child.pid for child in psutil.Process(proc.pid).children(recursive=True))]
-        sockets = _listening(tree)
-        for pid, name, ip, port in sorted(sockets, key=lambda s: s[1]):
-            print(f"listening: {name:<22} pid {pid:<7} {ip}:{port}")
-        names = {name for _, name, _, _ in sockets}
-        # The run's own servers are all there: Temporal, Ray's GCS and raylet, and the actors' processes.
-        assert {"temporal", "gcs_server", "raylet"} <= names, sockets
-        open_wide = [s for s in sockets if not _is_loopback(s[2])]
-        assert not open_wide, open_wide
-        raylet = next(p for p in psutil.Process(proc.pid).children(recursive=True) if p.name() == "raylet")
-        assert raylet.environ().get("RAY_AUTH_MODE") == "token"
-        assert (run_dir / "ray_token").stat().st_mode & 0o777 == 0o600
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+def assert_every_listening_socket_is_on_loopback(proc, run_dir) -> None:
+    """A running `turnkeep run` (its process and every child): every listening socket on loopback, Ray's token on.
+    Checked inside a broad test that has such a run going (tests/workers/test_preemption.py), not with a run of
+    its own."""
+    tree = [proc.pid, *(child.pid for child in psutil.Process(proc.pid).children(recursive=True))]
+    sockets = _listening(tree)
+    for pid, name, ip, port in sorted(sockets, key=lambda s: s[1]):
+        print(f"listening: {name:<22} pid {pid:<7} {ip}:{port}")
+    names = {name for _, name, _, _ in sockets}
+    # The run's own servers are all there: Temporal, Ray's GCS and raylet, and the actors' processes.
+    assert {"temporal", "gcs_server", "raylet"} <= names, sockets
+    open_wide = [s for s in sockets if not _is_loopback(s[2])]
+    assert not open_wide, open_wide
+    raylet = next(p for p in psutil.Process(proc.pid).children(recursive=True) if p.name() == "raylet")
+    assert raylet.environ().get("RAY_AUTH_MODE") == "token"
+    assert (run_dir / "ray_token").stat().st_mode & 0o777 == 0o600
