@@ -70,6 +70,10 @@ from workflows.retry_policies import ATTEMPT_FEW_TRIES, ATTEMPT_PERSISTENT, ATTE
 
 CANCEL_ENDS_CANCELED = "cancelled-attempt-ends-canceled"
 """Patch id: a cancelled attempt compensates, then ends as Canceled (histories from before it completed)."""
+COMPENSATION_OUTLASTS_CANCEL = "compensation-outlasts-cancel"
+"""Patch id: a cancel that arrives while an attempt compensates a failure waits for the compensation, then the attempt
+ends Canceled with that failure's reason (histories from before it stopped compensating at the cancel: the
+participants' holds and staging were left to expire and the run workflow waited 10 s for a result never sent)."""
 LOCAL_CONTROLLER_PHASES = "controller-phases-local"
 """Patch id: the controller's short phases (the steps that run `Runs.LOCAL`) run as local activities (histories from before it
 schedule them on the controller's task queue)."""
@@ -118,12 +122,16 @@ class SnapshotAttemptWorkflow:
             result = await self._attempt(inp, progress)
         except (ActivityError, ApplicationError, asyncio.CancelledError) as err:
             outcome, reason, invariant = _classify(err)
-            await self._compensate(inp, progress)
+            cancelled = is_cancelled_exception(err)
+            if workflow.patched(COMPENSATION_OUTLASTS_CANCEL):
+                cancelled = await _uncancellable(self._compensate(inp, progress)) or cancelled
+            else:
+                await self._compensate(inp, progress)
             result = self._result(inp, progress, outcome, reason)
             result.invariant_broken = invariant
-            if is_cancelled_exception(err) and workflow.patched(CANCEL_ENDS_CANCELED):
+            if cancelled and workflow.patched(CANCEL_ENDS_CANCELED):
                 self._close(result, started)
-                await _hand_to_parent(result)
+                await _uncancellable(_hand_to_parent(result))
                 # Compensated: the UI shows Canceled, as for any cancelled workflow; the details keep the reason.
                 raise asyncio.CancelledError(reason) from None
         self._close(result, started)
@@ -317,6 +325,21 @@ class SnapshotAttemptWorkflow:
             participant_s=round(progress.participant_s, 3), trainer_wait_s=progress.trainer_wait_s,
             agents_parked_s=progress.agents_parked_s,
         )
+
+
+async def _uncancellable(work) -> bool:
+    """Run `work` to its end whatever cancels arrive meanwhile; True when one did. Compensation and the handover
+    are the attempt's cleanup: a cancel (a newer incarnation superseding this one, an operator's second cancel)
+    must not cut them short."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.wait([task])
+        except asyncio.CancelledError:
+            cancelled = True
+    task.result()
+    return cancelled
 
 
 async def _hand_to_parent(result: SnapshotAttemptResult) -> None:

@@ -191,8 +191,9 @@ def test_the_flusher_reports_a_full_disk_once_retries_and_says_when_it_writes_ag
 
 
 def test_at_the_buffer_bound_new_events_are_dropped_counted_and_reported(tmp_path, monkeypatch, caplog) -> None:
-    line = len(orjson.dumps(GroupAdmitted(t=round(time.time(), 4), inc=1, group_id="g0", size=2).model_dump(
-        mode="json"))) + 1
+    # A fixed clock: a timestamp that rounds to fewer digits would make a line shorter than the bound assumes.
+    monkeypatch.setattr(time, "time", lambda: 1_765_000_000.1234)
+    line = len(orjson.dumps(GroupAdmitted(t=time.time(), inc=1, group_id="g0", size=2).model_dump(mode="json"))) + 1
     log = AuditLog(tmp_path / AUDIT_FILE, 1, max_buffer_bytes=3 * line + 5)
     disk = FullDisk(room=0)
     monkeypatch.setattr(os, "write", disk)

@@ -1,6 +1,7 @@
 """What the Temporal UI shows, on a real dev server with stand-in activities: an attempt cancelled from the CLI
 or the UI compensates and ends as Canceled (its outcome, parked agents and closed seconds in its search
-attributes, its full result recorded by the run), and a recovery a newer incarnation superseded completes with
+attributes, its full result recorded by the run), a cancel that lands during compensation lets it finish, and a
+recovery a newer incarnation superseded completes with
 the reason instead of failing."""
 
 from __future__ import annotations
@@ -154,6 +155,62 @@ def test_a_cancelled_attempt_compensates_ends_canceled_and_the_run_records_its_r
     result = record.result
     assert result.outcome == "aborted" and result.reason.startswith("cancelled (temporal workflow cancel")
     assert "compensate" in result.phase_s and result.admission_closed_s == 1.25  # the attempt's own result
+
+
+class FailingParticipants(Participants):
+    """A prepare that fails, and a policy abort that waits to be let go: a cancel lands during compensation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.aborting = asyncio.Event()
+        self.let_abort_go = asyncio.Event()
+
+    @activity.defn(name=GYM_PREPARE)
+    async def gym_prepare(self, inp: GymInput) -> GymPrepareResult:
+        raise ApplicationError("an environment server refused prepare", non_retryable=True)
+
+    @activity.defn(name=POLICY_ABORT)
+    async def policy_abort(self, inp: GymInput) -> GymReleaseResult:
+        self.aborting.set()
+        await self.let_abort_go.wait()
+        return await super().policy_abort(inp)
+
+
+def test_a_cancel_during_compensation_waits_for_it_and_the_run_records_the_failure_at_once():
+    """What a newer controller incarnation does to an attempt the dead one left failing: compensation still runs
+    to its end (every participant released, staging discarded) and the run gets the result without waiting out
+    its 10 s fallback."""
+    async def scenario():
+        async with await _dev_server() as env:
+            parts = FailingParticipants()
+            client = env.client
+            async with parts.workers(client):
+                run = await client.start_workflow(RunWorkflow.run, _run_input(attempt_interval_s=600),
+                                                  id=f"{RUN}.run.{uuid.uuid4().hex[:6]}",
+                                                  task_queue=controller_queue(RUN))
+                await run.signal(RunWorkflow.snapshot_now)
+                await asyncio.wait_for(parts.aborting.wait(), 30)
+                attempt = client.get_workflow_handle((await run.query(RunWorkflow.status)).running_attempt)
+                await attempt.cancel()
+                await asyncio.sleep(0.5)  # the cancel is in the attempt's history while the abort runs
+                parts.let_abort_go.set()
+                loop = asyncio.get_running_loop()
+                cancelled_at = loop.time()
+                while not parts.records:
+                    await asyncio.sleep(0.05)
+                recorded_after_s = loop.time() - cancelled_at
+                described = await attempt.describe()
+                await run.signal(RunWorkflow.stop, "test over")
+                await run.result()
+        return described, parts, recorded_after_s
+
+    described, parts, recorded_after_s = asyncio.run(scenario())
+    assert described.status == WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_CANCELED
+    assert parts.calls[:2] == ["policy.abort", "gym.abort"] and "trainer.release" in parts.calls
+    assert "discard_staging" in parts.calls
+    [record] = parts.records
+    assert record.result.outcome == "failed" and "refused prepare" in record.result.reason, record.result
+    assert recorded_after_s < 5.0  # handed over, not the run's 10 s fallback
 
 
 def test_a_superseded_recovery_completes_with_the_reason_instead_of_failing():
