@@ -2,7 +2,8 @@
 policy server, the environment server, Ray and Temporal live on, and the same command
 started again re-attaches to them instead of starting them anew, fences them with its
 incarnation and restores as usual; with other settings it stops them and starts fresh
-ones; and when no controller comes back they stop by themselves."""
+ones. (When no controller comes back they stop by themselves: the end of
+tests/workers/test_single_process_deaths.py.)"""
 
 from __future__ import annotations
 
@@ -132,27 +133,3 @@ def test_a_restarted_controller_reattaches_to_what_the_killed_one_left_and_other
     # in its unit test: a kill between its write and its offset may repeat the last points).
     steps = {step for step, _ in _scalars(run_dir)["train/reward_mean"]}
     assert steps == {line["step"] for line in metrics(run_dir, "train_step")}, steps
-
-
-def test_what_a_killed_controller_left_stops_by_itself_when_no_controller_comes_back(stack_config) -> None:
-    run_dir = short_run_dir("tk-orphans-")
-    log = run_dir.parent / "turnkeep.log"
-    proc = turnkeep("run", "--run-dir", str(run_dir), "--steps", "1000", *small_run_settings(stack_config),
-                    "--set", "ray.survive_controller_s=5", log=log)
-    try:
-        wait_until(lambda: train_steps(run_dir) >= 2, 300, "two train steps", proc)
-        ray_pids = [p.pid for p in psutil.Process(live_pid(run_dir, "ray")).children(recursive=True)]
-        survivors = _kill_controller_alone(proc, run_dir)
-        began = time.monotonic()
-        wait_until(lambda: not any(live_pid(run_dir, role) for role in ("trainer", "policy", "env", "ray")), 90,
-                   "the orphaned processes to stop")
-        stopped_in = time.monotonic() - began
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    print(f"\norphans stopped {stopped_in:.1f} s after the controller's death (ray.survive_controller_s = 5)")
-    assert stopped_in >= 3.0, "they stopped before the controller had time to come back"
-    assert not [pid for pid in ray_pids if _running(pid)]
-    keeper_log = (run_dir / "ray_keeper.log").read_text()
-    assert "no new one started within ray.survive_controller_s = 5 s" in keeper_log
-    assert survivors["ray"] not in live_pids(run_dir).values()

@@ -1,9 +1,11 @@
 """One process of a run killed alone, from outside, at a moment the product does not announce.
 
-The environment server is started again on its port and the run goes on; the trainer's
-death stops the run with one line naming it, and running the same command again recovers.
-The processes are found the way `turnkeep chaos --target` finds them: by the pid files in
-the run directory.
+The environment server is started again on its port and the run goes on; so is the embedded
+Temporal server, on its database; the trainer's death stops the run with one line naming it,
+and running the same command again recovers; that controller killed alone, with no new one
+coming back, leaves processes that stop by themselves. The processes are found the way
+`turnkeep chaos --target` finds them: by the pid files in the run directory. One run of the
+whole stack serves every death (a start costs more than any of them).
 """
 
 from __future__ import annotations
@@ -13,10 +15,13 @@ import random
 import signal
 import time
 
+import psutil
 import pytest
 
-from primitives.pid_files import live_pid
+from primitives.pid_files import live_pid, live_pids
 from tests.run_command import metrics, short_run_dir, small_run_settings, train_steps, turnkeep, wait_until
+from tests.workers.ray_cluster.test_security import assert_every_listening_socket_is_on_loopback
+from tests.workers.test_controller_crash import _kill_controller_alone, _running
 
 pytestmark = pytest.mark.integration
 
@@ -41,10 +46,17 @@ def _kill_alone(run_dir, role: str) -> int:
     return pid
 
 
-def test_the_environment_server_killed_alone_is_started_again_then_the_trainer_killed_alone_stops_the_run(
-        stack_config) -> None:
-    """One run for both deaths (a start of the whole stack costs more than either): the environment server's is
-    repaired and the run trains on; the trainer's then stops the run in one line; the same command recovers."""
+def _kill_and_see_it_repaired(run_dir, role: str, proc) -> int:
+    """Kill `role`'s server alone; a new one comes up and the run trains and publishes on. The killed pid."""
+    killed = _kill_alone(run_dir, role)
+    steps_at_kill, published_at_kill = train_steps(run_dir), _published(run_dir)
+    wait_until(lambda: live_pid(run_dir, role) not in (None, killed), 120, f"a new {role} server", proc)
+    wait_until(lambda: train_steps(run_dir) >= steps_at_kill + 4 and _published(run_dir) > published_at_kill,
+               300, f"training and a new snapshot after the {role} server's restart", proc)
+    return killed
+
+
+def test_each_process_killed_alone_is_started_again_or_stops_the_run_in_one_line(stack_config) -> None:
     run_dir = short_run_dir("tk-deaths-")
     log = run_dir.parent / "turnkeep.log"
     settings = small_run_settings(stack_config)
@@ -52,11 +64,9 @@ def test_the_environment_server_killed_alone_is_started_again_then_the_trainer_k
     try:
         wait_until(lambda: _published(run_dir) > 0 and train_steps(run_dir) >= 3, 300, "training and a snapshot",
                    proc)
-        killed = _kill_alone(run_dir, "env")
-        steps_at_kill, published_at_kill = train_steps(run_dir), _published(run_dir)
-        wait_until(lambda: live_pid(run_dir, "env") not in (None, killed), 120, "a new environment server", proc)
-        wait_until(lambda: train_steps(run_dir) >= steps_at_kill + 4 and _published(run_dir) > published_at_kill,
-                   300, "training and a new snapshot after the restart", proc)
+        assert_every_listening_socket_is_on_loopback(proc, run_dir)  # a default run listens on loopback only
+        _kill_and_see_it_repaired(run_dir, "env", proc)
+        temporal_killed = _kill_and_see_it_repaired(run_dir, "temporal", proc)
         _kill_alone(run_dir, "trainer")
         assert proc.wait(timeout=150) == 1, log.read_text()[-3000:]
     finally:
@@ -66,17 +76,35 @@ def test_the_environment_server_killed_alone_is_started_again_then_the_trainer_k
     assert "environment server" in text and "starting it again on the same port" in text
     # The absence spent no prompts: rollouts waited for the server instead of failing through the dataset.
     assert log.stat().st_size < 5_000_000
+    assert f"the embedded Temporal server (pid {temporal_killed}) exited unexpectedly (killed by SIGKILL)" in text
+    assert "the embedded Temporal server is back" in text and "RPCError" not in text, text[-3000:]
+    [restart] = metrics(run_dir, "temporal_restart")
+    assert restart["old_pid"] == temporal_killed and restart["restarts"] == 1
+    assert not (run_dir / "pids" / "temporal.json").exists()  # stopped with the run
     stopped = [line for line in text.splitlines() if line.startswith("turnkeep: the run was stopped")]
     assert len(stopped) == 1 and "the trainer process died" in stopped[0], text[-3000:]
     assert not _tracebacks(text), _tracebacks(text)
 
+    # The same command again recovers; this time the controller is killed alone and none comes back.
     steps = train_steps(run_dir)
     restart_log = run_dir.parent / "restart.log"
-    again = turnkeep("run", "--run-dir", str(run_dir), "--steps", str(steps + 3), *settings, log=restart_log)
+    again = turnkeep("run", "--run-dir", str(run_dir), "--steps", "1000", *settings,
+                     "--set", "ray.survive_controller_s=5", log=restart_log)
     try:
-        assert again.wait(timeout=400) == 0, restart_log.read_text()[-3000:]
+        wait_until(lambda: train_steps(run_dir) > steps, 300, "a train step after the restore", again)
+        assert "turnkeep: restored from" in restart_log.read_text()
+        ray_pids = [p.pid for p in psutil.Process(live_pid(run_dir, "ray")).children(recursive=True)]
+        survivors = _kill_controller_alone(again, run_dir)
+        began = time.monotonic()
+        wait_until(lambda: not any(live_pid(run_dir, role) for role in ("trainer", "policy", "env", "ray")), 90,
+                   "the orphaned processes to stop")
+        stopped_in = time.monotonic() - began
     finally:
         if again.poll() is None:
             os.killpg(again.pid, signal.SIGKILL)
-    assert "turnkeep: restored from" in restart_log.read_text()
-    assert train_steps(run_dir) >= steps + 3
+    print(f"\norphans stopped {stopped_in:.1f} s after the controller's death (ray.survive_controller_s = 5)")
+    assert stopped_in >= 3.0, "they stopped before the controller had time to come back"
+    assert not [pid for pid in ray_pids if _running(pid)]
+    keeper_log = (run_dir / "ray_keeper.log").read_text()
+    assert "no new one started within ray.survive_controller_s = 5 s" in keeper_log
+    assert survivors["ray"] not in live_pids(run_dir).values()

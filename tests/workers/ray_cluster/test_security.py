@@ -62,7 +62,7 @@ def _is_loopback(ip: str) -> bool:
 
 def assert_every_listening_socket_is_on_loopback(proc, run_dir) -> None:
     """A running `turnkeep run` (its process and every child): every listening socket on loopback, Ray's token on.
-    Checked inside a broad test that has such a run going (tests/workers/test_preemption.py), not with a run of
+    Checked inside a broad test that has such a run going (tests/workers/test_single_process_deaths.py), not with a run of
     its own."""
     tree = [proc.pid, *(child.pid for child in psutil.Process(proc.pid).children(recursive=True))]
     sockets = _listening(tree)

@@ -1,7 +1,8 @@
 """The embedded Temporal server killed alone mid-run comes back on the same database and
 the same port within a second or two, and a workflow started before the kill goes on and
 completes through the same worker and client; when restarts keep failing, the run gets a
-one-line reason that names temporal.log."""
+one-line reason that names temporal.log. (A whole run whose Temporal server is killed alone:
+tests/workers/test_single_process_deaths.py.)"""
 
 from __future__ import annotations
 
@@ -182,38 +183,3 @@ def test_the_run_starts_its_server_supervised_and_stops_both_in_order(tmp_path) 
         assert servers_on(tmp_path / "temporal.db") == [] and not (tmp_path / "pids" / "temporal.json").exists()
 
     asyncio.run(scenario())
-
-
-def test_a_run_whose_temporal_server_is_killed_alone_goes_on_without_a_restart(stack_config) -> None:
-    from tests.run_command import metrics, short_run_dir, small_run_settings, train_steps, turnkeep, wait_until
-
-    def published() -> int:
-        exists = (run_dir / "metrics.jsonl").exists()
-        return sum(m["outcome"] == "published" for m in metrics(run_dir, "snapshot")) if exists else 0
-
-    run_dir = short_run_dir("tk-temporaldeath-")
-    log = run_dir.parent / "turnkeep.log"
-    proc = turnkeep("run", "--run-dir", str(run_dir), "--steps", "1000", *small_run_settings(stack_config), log=log)
-    try:
-        wait_until(lambda: published() > 0 and train_steps(run_dir) >= 3, 300, "training and a snapshot", proc)
-        killed = live_pid(run_dir, "temporal")
-        assert killed is not None
-        os.kill(killed, signal.SIGKILL)
-        steps_at_kill, published_at_kill = train_steps(run_dir), published()
-        wait_until(lambda: live_pid(run_dir, "temporal") not in (None, killed), 30, "a new Temporal server", proc)
-        wait_until(lambda: train_steps(run_dir) >= steps_at_kill + 4 and published() > published_at_kill,
-                   300, "training and a new snapshot after the restart", proc)
-        os.kill(proc.pid, signal.SIGTERM)  # the final snapshot goes through the restarted server
-        assert proc.wait(timeout=180) == 0, log.read_text()[-3000:]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    text = log.read_text()
-    assert f"the embedded Temporal server (pid {killed}) exited unexpectedly (killed by SIGKILL)" in text
-    assert "the embedded Temporal server is back" in text
-    # The controller's own output has no traceback (a Ray actor's teardown noise, prefixed with its name, aside).
-    own = [line for line in text.splitlines() if "Traceback" in line and "Actor pid=" not in line]
-    assert not own and "RPCError" not in text, text[-3000:]
-    [restart] = metrics(run_dir, "temporal_restart")
-    assert restart["old_pid"] == killed and restart["restarts"] == 1
-    assert not (run_dir / "pids" / "temporal.json").exists()  # stopped with the run
