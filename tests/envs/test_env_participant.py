@@ -128,16 +128,19 @@ def test_an_unrenewed_lease_lets_the_agents_go_by_themselves(stack, stack_config
             ck = checkpoint_id()
             try:
                 tasks = await start_agents(driver, 6)
-                await env.prepare(ck, lease_s=2.0)
-                await wait_for(lambda: _parked_at_least(env, ck, 1), 1.8, "an agent parked")
-                # Nobody renews: the server resumes by itself and every agent finishes.
+                # A long lease while an agent parks (however long that takes on a loaded machine), then a last
+                # short renewal: the agents are held when the lease runs out, at every moment.
+                await env.prepare(ck, lease_s=60.0)
+                await wait_for(lambda: _parked_at_least(env, ck, 1), 30, "an agent parked")
+                await env.renew(ck, lease_s=1.0)
+                # Nobody renews again: the server resumes by itself and every agent finishes.
                 results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
                 assert all(r.row is not None for r in results)
                 health = await driver.health()
                 assert health["checkpoint_id"] is None and health["door_holders"] == []
                 with pytest.raises(ParticipantRefused) as info:
                     await env.status(ck)
-                assert info.value.code == "released"
+                assert info.value.code == "released" and "lease expired" in str(info.value), info.value
                 assert not (await env.abort(ck)).changed  # the late compensation is a no-op
             finally:
                 await driver.cleanup([(env, ck)])
