@@ -335,7 +335,7 @@ async def _uncancellable(work) -> bool:
     cancelled = False
     while not task.done():
         try:
-            await asyncio.wait([task])
+            await workflow.wait([task])
         except asyncio.CancelledError:
             cancelled = True
     task.result()
