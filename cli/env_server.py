@@ -24,7 +24,7 @@ def add_env_server_parser(sub) -> None:
     parser.add_argument("--entry", required=True, help="package.module:ClassName of an Environment subclass")
     parser.add_argument("--options", default="{}", help="the class's options as JSON (checked by its Options)")
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: loopback only)")
-    parser.add_argument("--port", type=int, required=True, help="port to listen on (0: a free one, printed)")
+    parser.add_argument("--port", type=tcp_port, required=True, help="port to listen on (0: a free one, printed)")
     parser.add_argument("--token-file", type=Path, required=True,
                         help="bearer token every route but /health needs (created, mode 0600, if absent)")
     parser.add_argument("--workspace", type=Path, default=None, help="folder for episodes' files (default: a temp dir)")
@@ -33,6 +33,17 @@ def add_env_server_parser(sub) -> None:
     parser.add_argument("--journal-dir", type=Path, default=None,
                         help="journal every committed turn boundary here, so a run restored from a trainer "
                              "checkpoint continues this server's running agents (default: no journal)")
+
+
+def tcp_port(text: str) -> int:
+    """A TCP port number, 0 to 65535 (argparse names the flag and exits 2 otherwise)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number; give 0 to 65535") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port; give 0 to 65535 (0: a free one)")
+    return port
 
 
 def run_env_server(args: argparse.Namespace) -> int:

@@ -23,6 +23,11 @@ def load_config(path: Path, overrides: dict[str, Any] | None = None) -> Turnkeep
         raw = tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist; pass an existing TOML file (e.g. configs/tiny.toml)") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path} is a directory; pass a TOML file (e.g. configs/tiny.toml)") from None
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise ConfigError(f"config file {path} cannot be read ({reason}); pass a readable TOML file") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path} is not valid TOML: {err}") from None
     for dotted, value in (overrides or {}).items():

@@ -94,7 +94,7 @@ class SegmentLog:
         self._closed = False
         self._fd: int | None = None
         self._needs_cut = False
-        self.directory.mkdir(parents=True, exist_ok=True)
+        _make_private_dirs(self.directory)
         self._dir_fd = self._lock_directory()
         try:
             self._recover(base or LogPosition(seq=0, chain=ZERO_CHAIN.hex()))
@@ -158,7 +158,8 @@ class SegmentLog:
         path = self.directory / segment_name(self._file_seq)
         header = header_bytes(self.log_id, self._file_seq, self._file_chain)
         # O_TRUNC: a file of this name can only be a rotation that failed before (it holds no record).
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        # 0600: a journal holds agents' conversations; only the run's user reads them, whatever the umask.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             write_all(fd, header, path)
             os.fsync(fd)
@@ -338,3 +339,15 @@ class SegmentLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _make_private_dirs(directory: Path) -> None:
+    """Create `directory` and the parents it lacks, each 0700 (a folder that exists keeps its mode)."""
+    missing = []
+    for folder in (directory, *directory.parents):
+        if folder.exists():
+            break
+        missing.append(folder)
+    for folder in reversed(missing):
+        folder.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(folder, 0o700)  # mkdir's mode passes through the umask

@@ -32,7 +32,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from controller.config_file import load_config  # noqa: E402
+from controller.config_file import ConfigError, load_config, parse_overrides  # noqa: E402
 from gpu_workers.tiny_model.tokenizer import SPECIAL_TOKENS  # noqa: E402
 from gpu_workers.trainer import Trainer  # noqa: E402
 from primitives.holds import HoldSet  # noqa: E402
@@ -51,9 +51,13 @@ HOLD_S = 1.0
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    overrides = {**(SMALL if args.small else {}), "model.cache_dir": str(args.out / "models"),
-                 **dict(_pair(pair) for pair in args.set)}
-    cfg = load_config(args.config, overrides)
+    try:
+        overrides = {**(SMALL if args.small else {}), "model.cache_dir": str(args.out / "models"),
+                     **parse_overrides(args.set)}
+        cfg = load_config(args.config, overrides)
+    except ConfigError as err:
+        print(f"gpu_check: {err}", file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     report = asyncio.run(_check(cfg, args.out, args.seq_len, args.steps))
     (args.out / "gpu_check.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
@@ -70,14 +74,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=3, help="timed train steps after the warm-up step")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     return parser
-
-
-def _pair(pair: str) -> tuple[str, object]:
-    key, _, value = pair.partition("=")
-    try:
-        return key, orjson.loads(value)
-    except orjson.JSONDecodeError:
-        return key, value
 
 
 async def _check(cfg, out: Path, seq_len: int | None, steps: int) -> dict:

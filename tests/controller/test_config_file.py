@@ -58,6 +58,12 @@ def test_missing_file_and_bad_toml_are_clear(tmp_path):
     bad.write_text("[train\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(bad)
+    with pytest.raises(ConfigError, match=f"config file {tmp_path} is a directory"):
+        load_config(tmp_path)
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(b"\xff\xfe[run]\n")
+    with pytest.raises(ConfigError, match="binary.toml cannot be read"):
+        load_config(binary)
 
 
 def test_a_startup_fault_plan_needs_fault_injection(tmp_path) -> None:

@@ -487,3 +487,18 @@ def test_misuse_is_refused(tmp_path) -> None:
     log.close()
     with pytest.raises(ValueError, match="closed"):
         log.append(b"y")
+
+
+def test_the_folders_it_makes_and_its_segments_are_the_users_alone_whatever_the_umask(tmp_path) -> None:
+    """A journal holds agents' conversations: 0700 folders and 0600 segments even under a umask of 022."""
+    old = os.umask(0o022)
+    try:
+        directory = tmp_path / "journals" / "env"
+        write_log(directory, 40)  # several segments
+    finally:
+        os.umask(old)
+    for folder in (tmp_path / "journals", directory):
+        assert folder.stat().st_mode & 0o777 == 0o700, folder
+    segments = list(directory.iterdir())
+    assert len(segments) > 1 and all(p.stat().st_mode & 0o777 == 0o600 for p in segments), \
+        [(p.name, oct(p.stat().st_mode)) for p in segments]

@@ -24,3 +24,19 @@ def test_gpu_check_reports_step_checkpoint_refit_and_the_hold(tmp_path):
     assert report["refit_serialisation"]["gb_per_s"] > 0 and report["refit_serialisation"]["dtype"] == "bfloat16"
     hold = report["hold_check"]
     assert hold["held"] and hold["step_waited_s"] >= 1.0 and hold["changed_after_release"]
+
+
+def test_a_bad_config_or_set_flag_is_one_line_and_exit_2(tmp_path):
+    """Before any model is made: the reason in one line, no traceback."""
+    bad_toml = tmp_path / "bad.toml"
+    bad_toml.write_text("[train\n")
+    for args, named in ((["--set", "train.lr"], "--set 'train.lr': expected KEY=VALUE"),
+                        (["--set", "train.lrr=1e-3"], "train.lrr"),
+                        (["--config", str(bad_toml)], "is not valid TOML"),
+                        (["--config", str(tmp_path)], "is a directory")):
+        done = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--out", str(tmp_path / "out"),
+                               *args], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, (args, done.stderr[-2000:])
+        [line] = done.stderr.strip().splitlines()
+        assert line.startswith("gpu_check: ") and named in line, (args, line)
+        assert not (tmp_path / "out").exists()
