@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import shlex
+import sys
 from pathlib import Path
 
 import orjson
@@ -61,7 +62,7 @@ def run_bench(args: argparse.Namespace) -> int:
 def render_markdown(out: Path, previous: str = "") -> str:
     """Every result in `out` as a section; a benchmark without one keeps its section of `previous` (its own command
     and machine lines say when and how it was measured)."""
-    results = {p.stem: orjson.loads(p.read_bytes()) for p in sorted(out.glob("*.json"))}
+    results = _results(out)
     if not results:
         raise SystemExit(f"no results in {out}; run `turnkeep bench <name>` first")
     sections = {name: body for name, body in _sections(previous).items() if name not in results}
@@ -79,6 +80,31 @@ def render_markdown(out: Path, previous: str = "") -> str:
             "not timed tests.", ""]
     ordered = sorted(sections, key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER))
     return "\n".join(head + [sections[name] for name in ordered])
+
+
+RESULT_KEYS = {"table", "notes", "command", "machine"}
+"""What `bench.report.write_result` writes into every result."""
+
+
+def _results(out: Path) -> dict[str, dict]:
+    """The results in `out`, by benchmark. A JSON file named after no benchmark is skipped with a line on stderr; a
+    benchmark's own file that is not a result stops the render with one line (its section would be lost)."""
+    results = {}
+    for path in sorted(out.glob("*.json")):
+        try:
+            value = orjson.loads(path.read_bytes())
+            problem = None if isinstance(value, dict) and RESULT_KEYS <= value.keys() else \
+                f"no {', '.join(sorted(RESULT_KEYS - (value.keys() if isinstance(value, dict) else set())))}"
+        except orjson.JSONDecodeError as err:
+            problem = f"not JSON: {err}"
+        if path.stem not in BENCHMARKS:
+            print(f"turnkeep bench: skipped {path}: no benchmark is named {path.stem!r}", file=sys.stderr)
+        elif problem is not None:
+            raise SystemExit(f"{path} is not a result of `turnkeep bench {path.stem}` ({problem}); run that command "
+                             "again or move the file out of --out")
+        else:
+            results[path.stem] = value
+    return results
 
 
 def _sections(text: str) -> dict[str, str]:

@@ -9,10 +9,15 @@ import sys
 from pathlib import Path
 
 from cli.plot_data import PlotData, gather_plot_data
+from primitives.atomic_files import DamagedJsonl
 from schemas.choices import Outcome
 
 RESTORE_COLOURS = {"snapshot": "tab:green", "older_snapshot": "tab:olive", "trainer_checkpoint": "tab:orange",
                    "fresh": "tab:gray"}
+
+
+SHORTEST_SPAN_S = 1.0
+"""An attempt shorter than this is drawn as a line: a span that narrow would not show."""
 
 
 def add_plot_parser(subparsers) -> argparse.ArgumentParser:
@@ -27,11 +32,19 @@ def run_plot(args: argparse.Namespace) -> int:
         print(f"turnkeep: {args.run_dir} is not a run directory (no run.json); pass the --run-dir of a `turnkeep run`",
               file=sys.stderr)
         return 2
-    data = gather_plot_data(args.run_dir)
+    out = args.out or args.run_dir / "plot.png"
+    if not out.parent.is_dir():
+        print(f"turnkeep: --out {out}: the folder {out.parent} does not exist; make it or pick another --out",
+              file=sys.stderr)
+        return 2
+    try:
+        data = gather_plot_data(args.run_dir)
+    except DamagedJsonl as err:
+        print(f"turnkeep: cannot plot {args.run_dir}: {err}", file=sys.stderr)
+        return 2
     if not data.steps:
         print(f"turnkeep: {args.run_dir} has no train step yet; nothing to plot", file=sys.stderr)
         return 2
-    out = args.out or args.run_dir / "plot.png"
     figure = build_figure(data, title=str(args.run_dir))
     figure.savefig(out, dpi=110)
     print(f"turnkeep: wrote {out} ({len(data.steps)} steps, {len(data.attempts)} snapshot attempts, "
@@ -83,8 +96,13 @@ def _segments(data: PlotData) -> list[list[tuple[float, int, float, float]]]:
 def _draw_attempts(ax, data: PlotData, minutes) -> None:
     for i, attempt in enumerate(data.attempts):
         failed = attempt["outcome"] not in (Outcome.PUBLISHED, Outcome.PUBLISHED_RELEASE_PENDING, Outcome.SKIPPED)
-        ax.axvspan(minutes(attempt["start"]), minutes(attempt["end"]), color="tab:red" if failed else "0.85",
-                   alpha=0.35, lw=0, label="snapshot attempt" if i == 0 else None)
+        colour, label = ("tab:red" if failed else "0.6"), "snapshot attempt" if i == 0 else None
+        if attempt["end"] - attempt["start"] < SHORTEST_SPAN_S:
+            # An attempt that ended at once (aborted in preflight, say) has no width to fill: a thin line instead.
+            ax.axvline(minutes(attempt["start"]), color=colour, alpha=0.6, lw=1.0, label=label)
+        else:
+            ax.axvspan(minutes(attempt["start"]), minutes(attempt["end"]), color="tab:red" if failed else "0.85",
+                       alpha=0.35, lw=0, label=label)
         if attempt["admission"] is not None:
             start, end = attempt["admission"]
             ax.axvspan(minutes(start), minutes(end), color="0.45", alpha=0.45, lw=0,

@@ -47,6 +47,14 @@ def short_run_dir(prefix: str) -> Path:
     return run_dir
 
 
+def deep_run_dir(prefix: str) -> Path:
+    """A run directory as deep as users keep theirs: too deep for Ray's sockets under `<run_dir>/ray`."""
+    run_dir = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp")) / "experiments" / "2026-12" / "lookup-sweep" / "run"
+    run_dir.parent.mkdir(parents=True)
+    RUN_DIRS.append(run_dir)
+    return run_dir
+
+
 def kill_leftovers() -> int:
     """A test that SIGKILLs a controller leaves the run's Ray (its own session) waiting for a new one: kill it."""
     killed = 0

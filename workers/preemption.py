@@ -84,8 +84,7 @@ class PreemptionHandler:
             RunWorkflow.snapshot_and_wait, SnapshotNowSignal(reason="preemption (SIGTERM)", preemption=True)
         )
         if result.outcome in (Outcome.PUBLISHED, Outcome.PUBLISHED_RELEASE_PENDING):
-            return (f"snapshot {result.snapshot_dir} (step {result.anchor_step}, {result.parked_agents} "
-                    f"parked agents, {result.data_plane_rows} finished rows)")
+            return f"snapshot {result.snapshot_dir} ({saved_agents(result)}, {result.data_plane_rows} finished rows)"
         return f"the final snapshot ended {result.outcome}: {result.reason}"
 
     async def _final_checkpoint(self) -> str:
@@ -95,6 +94,16 @@ class PreemptionHandler:
             await asyncio.sleep(0.1)
         return (f"trainer checkpoint checkpoints/step_{training.step} "
                 "(its data plane; running agents continue from the turn journals)")
+
+
+def saved_agents(result) -> str:
+    """What a published snapshot kept of the running agents, in the words of its mode."""
+    kept = []
+    if result.journaled_agents:
+        kept.append(f"{result.journaled_agents} running agents kept in the turn journals")
+    if result.parked_agents:
+        kept.append(f"{result.parked_agents} parked agents")
+    return f"step {result.anchor_step}, {' and '.join(kept) or 'no running agents to keep'}"
 
 
 def _kill_children(run_dir: Path) -> None:

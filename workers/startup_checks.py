@@ -13,12 +13,15 @@ from envs.loading import EnvironmentLoadError
 from gpu_workers.tiny_model.transcripts import DemonstrationsError
 from schemas.config import TurnkeepConfig
 from workers.model_maker import transcript_source
+from workers.ray_cluster.temp_dir import ray_temp_dir
 
 
 def check_before_start(cfg: TurnkeepConfig) -> None:
     """Raises ConfigError (one line per problem, naming the fix) for a config that cannot run."""
     check_writable_dir(cfg.run.run_dir, "run.run_dir (--run-dir)")
     check_writable_dir(cfg.model.cache_dir, "model.cache_dir")
+    if not cfg.ray.address:
+        ray_temp_dir(cfg.run.run_dir)  # Ray's sockets must fit the unix path limit somewhere
     check_rollout_levels(cfg)
     for name, spec in sorted(local_environments(cfg.environments).items()):
         try:

@@ -43,3 +43,18 @@ def test_a_result_replaces_its_section_and_the_others_are_kept_in_order(tmp_path
 def test_no_result_at_all_is_refused_and_names_the_command(tmp_path):
     with pytest.raises(SystemExit, match="run `turnkeep bench <name>` first"):
         render_markdown(tmp_path, PREVIOUS)
+
+
+def test_a_stray_json_is_skipped_and_a_damaged_result_is_named(tmp_path, capsys):
+    write_result(tmp_path, BenchResult(name="overhead", table="| new overhead |", notes=[], data={}),
+                 "turnkeep bench overhead --out new")
+    (tmp_path / "notes.json").write_bytes(b'{"mine": 1}')
+    text = render_markdown(tmp_path, PREVIOUS)
+    assert "| new overhead |" in text and "mine" not in text
+    assert "skipped" in capsys.readouterr().err
+    (tmp_path / "wasted.json").write_bytes(b'{"table": "| half written')
+    with pytest.raises(SystemExit, match=r"wasted.json is not a result of `turnkeep bench wasted` \(not JSON"):
+        render_markdown(tmp_path, PREVIOUS)
+    (tmp_path / "wasted.json").write_bytes(b'{"table": "| t |"}')
+    with pytest.raises(SystemExit, match=r"\(no command, machine, notes\); run that command again"):
+        render_markdown(tmp_path, PREVIOUS)

@@ -74,6 +74,23 @@ def test_the_figure_draws_two_series_split_at_the_kill_with_spans_and_marks(tmp_
     assert len(reward_ax.patches) == 3  # two attempt spans and one admission-closed span
 
 
+def test_an_attempt_that_ended_at_once_is_drawn_as_a_line(tmp_path):
+    run_dir = _run_dir(tmp_path)
+    line = {"kind": "snapshot", "t": T0 + 150, "checkpoint_id": "r.snapshot.7.1", "outcome": "aborted",
+            "wall_s": 0.0, "admission_closed_s": 0.0, "trainer_wait_s": 0.0, "phase_s": {}}
+    whole = (run_dir / "metrics.jsonl").read_bytes().rsplit(b"\n", 1)[0] + b"\n"  # without the torn tail
+    (run_dir / "metrics.jsonl").write_bytes(whole + orjson.dumps(line) + b"\n")
+    data = gather_plot_data(run_dir)
+    figure = build_figure(data)
+    reward_ax, _ = figure.axes
+    origin = min(t for t, *_ in data.steps)
+    at = (T0 + 150 - origin) / 60.0
+    marks = [mark for mark in reward_ax.get_lines()
+             if mark.get_color() == "tab:red" and list(mark.get_xdata()) == pytest.approx([at, at])]
+    assert len(marks) == 1
+    assert len(reward_ax.patches) == 3  # the spans of the two longer attempts and the admission, as before
+
+
 def test_the_command_writes_a_png_and_refuses_a_directory_without_a_run(tmp_path, capsys):
     run_dir = _run_dir(tmp_path)
     assert main(["plot", str(run_dir)]) == 0
@@ -81,3 +98,17 @@ def test_the_command_writes_a_png_and_refuses_a_directory_without_a_run(tmp_path
         assert image.format == "PNG" and image.size == (1320, 715)
     assert main(["plot", str(tmp_path / "nothing")]) == 2
     assert "is not a run directory (no run.json)" in capsys.readouterr().err
+
+
+def test_a_damaged_audit_log_or_an_out_in_a_missing_folder_is_one_line(tmp_path, capsys):
+    run_dir = _run_dir(tmp_path)
+    assert main(["plot", str(run_dir), "--out", str(tmp_path / "no" / "such" / "plot.png")]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "the folder" in line and "no/such does not exist" in line
+    audit = run_dir / "audit.jsonl"
+    lines = audit.read_bytes().splitlines(keepends=True)
+    audit.write_bytes(lines[0] + lines[1][:20] + b"\n" + b"".join(lines[2:]))  # a torn line in the middle
+    assert main(["plot", str(run_dir)]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"turnkeep: cannot plot {run_dir}: ") and "audit.jsonl line 2" in line, line
+    assert not (run_dir / "plot.png").exists()

@@ -46,6 +46,7 @@ from turnkeep_example_lookup.env import (  # noqa: E402
     sample_problem,
     score,
 )
+from turnkeep_example_lookup.prompts import main as write_prompts_main  # noqa: E402
 from turnkeep_example_lookup.prompts import prompt_records, write_prompts  # noqa: E402
 
 ENTRY = "turnkeep_example_lookup.env:LookupEnvironment"
@@ -212,6 +213,17 @@ def test_the_shipped_prompts_file_is_the_generated_one() -> None:
         env = LookupEnvironment(problem)
         asyncio.run(_play(env, [f"L {k}\n" for k in record["prompt"][2:]] + [f"A {record['answer']}\n"]))
         assert env.reward() == 1.0
+
+
+@pytest.mark.parametrize("options, named", [('{"table_size": "big"}', "table_size: "), ("{oops", "options: "),
+                                             ('{"colour": 1}', "colour: ")])
+def test_the_prompt_writer_names_bad_options_in_one_line(options: str, named: str, tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        write_prompts_main([str(tmp_path / "p.jsonl"), "--options", options])
+    assert exited.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"error: --options {options!r}: " in last and named in last, last
+    assert not (tmp_path / "p.jsonl").exists()
 
 
 def test_write_prompts_writes_the_same_bytes(tmp_path: Path) -> None:
@@ -466,11 +478,11 @@ def example_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.integration
 def test_the_example_trains_as_a_plugin(example_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.run_command import metrics, short_run_dir, turnkeep
+    from tests.run_command import deep_run_dir, metrics, turnkeep
 
     for key, value in _example_env().items():
         monkeypatch.setenv(key, value)
-    run_dir = short_run_dir("tk-example-")
+    run_dir = deep_run_dir("tk-example-")  # and from a run directory too deep for Ray's sockets under it
     log = run_dir.parent / "turnkeep.log"
     proc = turnkeep("run", "--config", str(EXAMPLE / "config.toml"), "--run-dir", str(run_dir), "--steps", "3",
                     *_run_settings(example_model.parent), log=log)
@@ -481,6 +493,7 @@ def test_the_example_trains_as_a_plugin(example_model: Path, monkeypatch: pytest
             proc.kill()
     steps = metrics(run_dir, "train_step")
     assert [m["step"] for m in steps] == [1, 2, 3] and all(0.0 <= m["reward_mean"] <= 1.0 for m in steps)
+    assert (run_dir / "ray").is_symlink() and (run_dir / "ray" / "session_latest").exists()
     # The run made no model of its own: it found the one made from the demonstrations.
     assert [p.name for p in example_model.parent.iterdir() if p.is_dir()] == [example_model.name]
 

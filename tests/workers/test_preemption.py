@@ -56,6 +56,8 @@ def test_sigterm_saves_a_final_snapshot_through_a_restarted_outside_temporal_and
             proc.kill()
     output = log.read_text()
     assert "preempted at step" in output and "saved snapshot" in output, output[-2000:]
+    # The default keeps running agents in the turn journals: the last line counts those, not "0 parked agents".
+    assert "running agents kept in the turn journals" in output and "0 parked agents" not in output, output[-2000:]
     snapshots = metrics(run_dir, "snapshot")
     # Every attempt ended with an outcome and a reason: the one cut off by Temporal's restart failed or finished.
     assert all(m["reason"] for m in snapshots if m["outcome"] != "published"), snapshots

@@ -25,6 +25,7 @@ from controller.config_file import ConfigError
 from primitives.pid_files import live_record, write_pid_file
 from primitives.process_tree import kill_tree
 from schemas.config import TurnkeepConfig
+from workers.ray_cluster.temp_dir import prepare_ray_temp_dir
 
 log = logging.getLogger("turnkeep.run")
 
@@ -47,17 +48,6 @@ class RayHead:
     """The keeper's pid (`workers.ray_cluster.keeper`), the leader of the head's session."""
     reused: bool
     """Left running by an earlier controller and joined again."""
-
-
-def ray_temp_dir(run_dir: Path) -> Path:
-    temp_dir = run_dir.resolve() / "ray"
-    # Ray's unix socket paths live under the temp dir and must stay below ~107 bytes.
-    if len(str(temp_dir)) > 60:
-        raise ValueError(
-            f"run.run_dir resolves to a long path ({temp_dir}); Ray's sockets under it would exceed the "
-            "unix path limit. Use a shorter run.run_dir."
-        )
-    return temp_dir
 
 
 def start_or_find_head(cfg: TurnkeepConfig, run_dir: Path) -> RayHead:
@@ -88,8 +78,7 @@ def stop_head(head: RayHead, timeout_s: float = STOP_TIMEOUT_S) -> None:
 
 
 def _start(cfg: TurnkeepConfig, run_dir: Path) -> RayHead:
-    temp_dir = ray_temp_dir(run_dir)
-    temp_dir.mkdir(parents=True, exist_ok=True)
+    temp_dir = prepare_ray_temp_dir(run_dir)
     address_file = temp_dir / ADDRESS_FILE
     address_file.unlink(missing_ok=True)
     port = _free_port()

@@ -24,8 +24,9 @@ from schemas.config import TurnkeepConfig
 from workers.local_env_server import LocalEnvServer
 from workers.model_maker import cached_tiny_model_dir
 from workers.ray_cluster.gpu_placement import PlacementError, actor_options, reserve
-from workers.ray_cluster.head import RayHead, ray_temp_dir, start_or_find_head
+from workers.ray_cluster.head import RayHead, start_or_find_head
 from workers.ray_cluster.security import ensure_ray_token
+from workers.ray_cluster.temp_dir import prepare_ray_temp_dir
 
 
 def start_ray(cfg: TurnkeepConfig, run_dir: Path, namespace: str | None = None) -> None:
@@ -38,7 +39,7 @@ def start_ray(cfg: TurnkeepConfig, run_dir: Path, namespace: str | None = None) 
         return
     ray.init(
         num_cpus=cfg.ray.num_cpus or os.cpu_count(),
-        _temp_dir=str(ray_temp_dir(run_dir)),
+        _temp_dir=str(prepare_ray_temp_dir(run_dir)),
         include_dashboard=False,
         logging_level="WARNING",
         log_to_driver=True,

@@ -13,6 +13,8 @@ import json
 import random
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from turnkeep_example_lookup.env import LookupOptions, sample_problem
 
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "prompts.jsonl"
@@ -43,7 +45,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--options", default="{}", help="the environment's options as JSON, e.g. '{\"table_size\": 6}'")
     args = parser.parse_args(argv)
-    options = LookupOptions.model_validate_json(args.options)
+    try:
+        options = LookupOptions.model_validate_json(args.options)
+    except ValidationError as err:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'options'}: {e['msg']}" for e in err.errors())
+        parser.error(f"--options {args.options!r}: {problems}")
     print(write_prompts(args.path, args.count, args.seed, options))
 
 
