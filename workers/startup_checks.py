@@ -13,6 +13,7 @@ from envs.loading import EnvironmentLoadError
 from gpu_workers.tiny_model.transcripts import DemonstrationsError
 from schemas.config import TurnkeepConfig
 from workers.model_maker import transcript_source
+from workers.ray_cluster.gpu_placement import check_local_gpus
 from workers.ray_cluster.temp_dir import ray_temp_dir
 
 
@@ -22,6 +23,7 @@ def check_before_start(cfg: TurnkeepConfig) -> None:
     check_writable_dir(cfg.model.cache_dir, "model.cache_dir")
     if not cfg.ray.address:
         ray_temp_dir(cfg.run.run_dir)  # Ray's sockets must fit the unix path limit somewhere
+        check_local_gpus(cfg.placement)
     check_rollout_levels(cfg)
     for name, spec in sorted(local_environments(cfg.environments).items()):
         try:

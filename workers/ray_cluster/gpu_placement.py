@@ -50,13 +50,13 @@ def plan_gpus(placement: PlacementConfig) -> GpuPlan:
     return GpuPlan(bundles, seats["trainer"], seats["policy"])
 
 
-def check_gpus(placement: PlacementConfig, cluster_gpus: float) -> None:
+def check_gpus(placement: PlacementConfig, cluster_gpus: float, where: str = "the Ray cluster") -> None:
     needed = placement.gpus_needed()
     if needed > cluster_gpus:
         how = ("shared by the trainer and the policy server" if placement.share_gpus else
                f"trainer {placement.trainer_gpus} + policy server {placement.policy_gpus}")
         raise PlacementError(
-            f"[placement] asks for {needed} GPU(s) ({how}), but the Ray cluster has {cluster_gpus:g}; lower "
+            f"[placement] asks for {needed} GPU(s) ({how}), but {where} has {cluster_gpus:g}; lower "
             "placement.trainer_gpus / placement.policy_gpus (0 runs that process on the CPU), or join a cluster "
             "with more GPUs (ray.address)"
         )
@@ -87,3 +87,13 @@ def actor_options(placement: PlacementConfig, group, role: str) -> dict:
 
     strategy = PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=seat.bundle)
     return {"num_gpus": seat.num_gpus, "scheduling_strategy": strategy}
+
+
+def check_local_gpus(placement: PlacementConfig) -> None:
+    """Before anything starts: a run that starts its own Ray (no `ray.address`) gets this machine's GPUs, so a
+    placement this machine cannot meet is refused here, not after Temporal and Ray have started."""
+    if not placement.gpus_needed():
+        return
+    import torch
+
+    check_gpus(placement, float(torch.cuda.device_count()), where="this machine (the run starts its own Ray here)")

@@ -32,20 +32,20 @@ def test_more_gpus_than_the_cluster_has_is_refused_with_both_numbers():
     check_gpus(PlacementConfig(trainer_gpus=1, policy_gpus=1, share_gpus=True), cluster_gpus=1)  # fits
 
 
-@pytest.mark.integration
-def test_a_run_asking_for_a_gpu_on_a_machine_without_one_stops_in_one_line(stack_config):
+def test_a_run_asking_for_more_gpus_than_this_machine_has_stops_in_one_line_before_anything_starts(
+        tmp_path, capsys, monkeypatch):
+    """Its own Ray would get this machine's GPUs: refused before Temporal and Ray start or the run directory is
+    made (it was refused after both had started, leaving run.json, a database and a Ray folder behind)."""
     import torch
 
-    from tests.run_command import short_run_dir, small_run_settings, turnkeep
+    from cli.main import main
 
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")  # never on the CPU machines that run the suite
-    run_dir = short_run_dir("tk-gpu-")
-    log = run_dir.parent / "turnkeep.log"
-    settings = [*small_run_settings(stack_config), "--set", "placement.trainer_gpus=1", "--set", "temporal.port=0",
-                "--set", "temporal.ui_port=0"]
-    proc = turnkeep("run", "--run-dir", str(run_dir), "--steps", "1", *settings, log=log)
-    assert proc.wait(timeout=120) == 2, log.read_text()[-2000:]
-    output = log.read_text()
-    assert "turnkeep: [placement] asks for 1 GPU(s) (trainer 1 + policy server 0), but the Ray cluster has 0" in output
-    assert "Traceback" not in output
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # a one-GPU machine, wherever the suite runs
+    run_dir = tmp_path / "run"
+    code = main(["run", "--run-dir", str(run_dir), "--steps", "1", "--set", "placement.trainer_gpus=1",
+                 "--set", "placement.policy_gpus=1"])
+    assert code == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert ("[placement] asks for 2 GPU(s) (trainer 1 + policy server 1), but this machine (the run starts its own "
+            "Ray here) has 1") in line, line
+    assert not run_dir.exists()
