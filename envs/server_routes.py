@@ -111,12 +111,16 @@ def build_app(server: EnvServer, control: ControlAuth) -> web.Application:
     async def health(http: web.Request) -> web.Response:
         return web.json_response(server.health())
 
+    async def auth(http: web.Request) -> web.Response:
+        # A run checks its token here before it starts anything (`workers.remote_envs.probe_remote_servers`).
+        return web.json_response({"token": "accepted"})
+
     app = web.Application(client_max_size=max(MAX_BODY_BYTES.values()), middlewares=[attached_first])
     guarded = {"/attach": attach, "/run": run, "/ack": ack, "/cancel": cancel, "/cancel_all": cancel_all,
                "/judge": judge}
     app.add_routes([web.post(path, _guarded(handler, control, MAX_BODY_BYTES[path]))
                     for path, handler in guarded.items()])
-    app.add_routes([web.get("/health", health)])
+    app.add_routes([web.get("/health", health), web.get("/auth", _guarded(auth, control, 0))])
     return app
 
 

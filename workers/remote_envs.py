@@ -67,29 +67,46 @@ async def attach_remote_servers(
 
 
 async def probe_remote_servers(cfg: TurnkeepConfig) -> None:
-    """Before anything is written: every remote environment server answers its /health."""
+    """Before anything is written: every remote environment server answers its /health and takes the token in its
+    `token_file` (a refusal found only at attach came after Temporal, Ray, the trainer and vLLM had started)."""
     remotes = sorted((name, spec) for name, spec in cfg.environments.items() if spec.kind == EnvironmentKind.REMOTE)
     if not remotes:
         return
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
         for name, spec in remotes:
+            token = _token(name, spec.token_file)
+            url = spec.url.rstrip("/")
             try:
-                async with session.get(f"{spec.url.rstrip('/')}/health") as resp:
+                async with session.get(f"{url}/health") as resp:
                     await resp.read()
+                async with session.get(f"{url}/auth", headers={"Authorization": f"Bearer {token}"}) as resp:
+                    status = resp.status
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
                 raise RemoteEnvError(
                     f"environments.{name}: the environment server at {spec.url} does not answer "
                     f"({type(err).__name__}: {err}); start it first: turnkeep env-server --entry "
                     f"package.module:Class --port <port> --token-file {spec.token_file}"
                 ) from None
+            if status == 401:
+                raise _token_refused(name, spec.url, spec.token_file)
+            # 404: a server from before /auth existed; the attach checks the token then.
+
+
+def _token(name: str, token_file: Path) -> str:
+    try:
+        return read_token_file(Path(token_file).expanduser(), "copy the --token-file of its turnkeep env-server here")
+    except ControlTokenError as err:
+        raise RemoteEnvError(f"environments.{name}.token_file: {err}") from None
+
+
+def _token_refused(name: str, url: str, token_file: Path) -> RemoteEnvError:
+    return RemoteEnvError(f"environments.{name}: the server at {url} refuses the token in {token_file}; give the file "
+                          "its turnkeep env-server was started with (--token-file)")
 
 
 async def _attach_one(name: str, url: str, token_file: Path, request: AttachRequest, session):
     where = f"environments.{name}"
-    try:
-        token = read_token_file(Path(token_file).expanduser(), "copy the --token-file of its turnkeep env-server here")
-    except ControlTokenError as err:
-        raise RemoteEnvError(f"{where}.token_file: {err}") from None
+    token = _token(name, token_file)
     client = EnvClient(url, session, token, name)
     try:
         reply = await asyncio.wait_for(client.attach(request), ATTACH_TIMEOUT_S)
@@ -100,8 +117,7 @@ async def _attach_one(name: str, url: str, token_file: Path, request: AttachRequ
         ) from None
     except EnvServerError as err:
         if "HTTP 401" in str(err):
-            raise RemoteEnvError(f"{where}: the server at {url} refuses the token in {token_file}; give the file its "
-                                 "turnkeep env-server was started with (--token-file)") from None
+            raise _token_refused(name, url, token_file) from None
         raise RemoteEnvError(f"{where}: the server at {url} refused to attach: {err}") from None
     names = [caps.name for caps in reply.environments]
     if reply.name != name or names != [name]:

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from cli.main import main
 
@@ -71,3 +78,39 @@ def test_a_model_cache_that_cannot_be_written_is_named(tmp_path, capsys) -> None
     assert main(["run", "--config", str(config)]) == 2
     assert "model.cache_dir = /sys/kernel/turnkeep-models: cannot write there" in _one_line(capsys)
     assert not run_dir.exists()
+
+
+@pytest.mark.integration  # a real `turnkeep env-server` process
+def test_a_remote_server_that_refuses_the_token_is_named_before_anything_starts(tmp_path, capsys) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log = tmp_path / "env-server.log"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "env-server", "--entry", "envs.calc_env:CalcEnvironment",
+         "--port", str(port), "--token-file", str(tmp_path / "server_token")],
+        stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 60
+        while "serving" not in log.read_text():
+            assert server.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.1)
+        wrong = tmp_path / "wrong_token"
+        wrong.write_text("not-the-servers-token\n")
+        wrong.chmod(0o600)
+        config, run_dir = _config(tmp_path, f'[environments.far]\nkind = "remote"\nurl = "http://127.0.0.1:{port}"\n'
+                                            f'token_file = "{wrong}"\n')
+        assert main(["run", "--config", str(config)]) == 2
+        line = _one_line(capsys)
+        assert f"environments.far: the server at http://127.0.0.1:{port} refuses the token in {wrong}" in line, line
+        assert not run_dir.exists()
+        config, run_dir = _config(tmp_path, f'[environments.far]\nkind = "remote"\nurl = "http://127.0.0.1:{port}"\n'
+                                            f'token_file = "{tmp_path / "no_such_token"}"\n')
+        assert main(["run", "--config", str(config)]) == 2
+        line = _one_line(capsys)
+        assert "environments.far.token_file" in line and "no_such_token" in line, line
+        assert not run_dir.exists()
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
