@@ -20,7 +20,12 @@ def run_make_model(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"turnkeep: {err}", file=sys.stderr)
         return 2
+    from gpu_workers.tiny_model.model_files import ModelUnusable
     from workers.model_maker import tiny_model_dir
 
-    print(tiny_model_dir(cfg))
+    try:
+        print(tiny_model_dir(cfg))
+    except ModelUnusable as err:  # model.path on a cluster's node is checked only where it is loaded
+        print(f"turnkeep: {err}", file=sys.stderr)
+        return 2
     return 0

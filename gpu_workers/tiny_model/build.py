@@ -32,6 +32,7 @@ import torch
 from tokenizers import Tokenizer
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
+from gpu_workers.tiny_model.model_files import check_model_files
 from gpu_workers.tiny_model.recipe import RECIPE_FILE, Recipe
 from gpu_workers.tiny_model.tokenizer import save_tokenizer, special_ids, train_tokenizer
 from gpu_workers.tiny_model.transcripts import TOKENIZER_CORPUS, TranscriptSource
@@ -56,7 +57,7 @@ def ensure_tiny_model(
     cannot be played (`source.episodes` is None).
     """
     if model_cfg.path is not None:
-        return _validated(model_cfg.path.expanduser())
+        return check_model_files(model_cfg.path.expanduser())
     recipe = Recipe(model_cfg.tiny, source, seed)
     cache = model_cfg.cache_dir.expanduser()
     final = cache / f"tiny-{recipe.key()}"
@@ -68,20 +69,6 @@ def ensure_tiny_model(
             return final
         _build_atomically(final, recipe, eval_rollouts)
     return final
-
-
-class ModelUnusable(ValueError):
-    """The configured model cannot be used; the message names the setting and the fix."""
-
-
-def _validated(path: Path) -> Path:
-    if not (path / "config.json").is_file():
-        raise ModelUnusable(
-            f"model.path = {str(path)!r} holds no config.json. Point model.path at a Hugging "
-            f"Face model directory (config.json, weights, tokenizer files), or remove "
-            f"model.path to use the made-up tiny model."
-        )
-    return path
 
 
 @contextmanager

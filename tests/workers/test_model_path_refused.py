@@ -1,28 +1,27 @@
-"""A model.path that holds no model is found where the model is made (a node of the Ray cluster) and ends the run
-in one line, no traceback, and leaves no process of the run behind."""
+"""A model.path that holds no model, or a model without its tokenizer.json, is named in one line before anything
+starts (a run with its own Ray: the path is on this machine), by `turnkeep run` and by `turnkeep make-model`
+alike. (On a cluster, `ray.address`, the node that loads the model checks it: `workers/ray_cluster/placement.py`.)"""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
-from primitives.pid_files import live_pids
-from tests.run_command import short_run_dir
-
-pytestmark = pytest.mark.integration
+from cli.main import main
 
 
-def test_a_model_path_without_a_model_is_one_line_and_nothing_is_left_running(tmp_path):
-    run_dir = short_run_dir("tk-modelpath-")
-    done = subprocess.run(
-        [sys.executable, "-m", "cli.main", "run", "--run-dir", str(run_dir), "--steps", "1",
-         "--set", f"model.path={tmp_path}", "--set", "temporal.port=0", "--set", "temporal.ui_port=0"],
-        capture_output=True, text=True, timeout=300)
-    assert done.returncode == 2, done.stderr[-3000:]
-    assert "Traceback" not in done.stderr, done.stderr[-3000:]
-    assert done.stderr.strip().splitlines()[-1] == (
-        f"turnkeep: model.path = '{tmp_path}' holds no config.json. Point model.path at a Hugging Face model "
-        "directory (config.json, weights, tokenizer files), or remove model.path to use the made-up tiny model.")
-    assert live_pids(run_dir) == {}
+@pytest.mark.parametrize("command", ["run", "make-model"])
+def test_a_model_path_without_a_model_or_its_tokenizer_is_one_line_before_anything_starts(
+        command, tmp_path, capsys) -> None:
+    run_dir = tmp_path / "run"
+    model = tmp_path / "model"
+    model.mkdir()
+    assert main([command, "--set", f"run.run_dir={run_dir}", "--set", f"model.path={model}"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line == (f"turnkeep: model.path = '{model}' holds no config.json and no tokenizer.json. Point model.path "
+                    "at a Hugging Face model directory (config.json, weights, tokenizer.json), or remove model.path "
+                    "to use the made-up tiny model."), line
+    (model / "config.json").write_text("{}")
+    assert main([command, "--set", f"run.run_dir={run_dir}", "--set", f"model.path={model}"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "holds no tokenizer.json." in line and "config.json and" not in line, line
+    assert not run_dir.exists()

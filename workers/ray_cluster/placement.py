@@ -74,7 +74,7 @@ def reserve_gpus(cfg: TurnkeepConfig, detached: bool = False):
 
 async def _model_dir(cfg_json: str) -> str:
     """The model's directory, made on a node of the cluster; a model setting that cannot work is one line."""
-    from gpu_workers.tiny_model.build import ModelUnusable
+    from gpu_workers.tiny_model.model_files import ModelUnusable
 
     try:
         return await _make_model.remote(cfg_json)

@@ -91,6 +91,7 @@ def test_cache_key_depends_on_every_input() -> None:
 
 def test_a_set_path_is_validated(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "tokenizer.json").write_text("{}")
     assert ensure_tiny_model(ModelConfig(path=tmp_path), CalcTranscripts(TASK), 0) == tmp_path
     empty = tmp_path / "empty"
     empty.mkdir()
