@@ -56,8 +56,18 @@ def run_run(args: argparse.Namespace) -> int:
         return 0
     last = summary.last_metrics or {}
     print(
-        f"\nturnkeep: {summary.steps} steps in {summary.wall_s:.0f}s; last reward {last.get('reward_mean')}; "
+        f"\nturnkeep: {steps_done(summary)} in {summary.wall_s:.0f}s; last reward {last.get('reward_mean')}; "
         f"peak memory of the run's processes {summary.peak_rss_mib / 1024:.2f} GiB; "
         f"metrics in {summary.run_dir / 'metrics.jsonl'}, checkpoints in {summary.run_dir / 'checkpoints'}"
     )
     return 0
+
+
+def steps_done(summary) -> str:
+    """The steps this process trained; where the run began past 0 (a restore), the range."""
+    trained = summary.steps if summary.steps_trained is None else summary.steps_trained
+    if trained == summary.steps:
+        return f"{trained} steps"
+    if trained == 0:
+        return f"no new step (the run is at step {summary.steps})"
+    return f"{trained} steps ({summary.steps - trained + 1} to {summary.steps}; the run is at step {summary.steps})"

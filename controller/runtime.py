@@ -57,6 +57,8 @@ class RunSummary:
     peak_rss_mib: float
     preempted: str | None = None
     """What a preemption's final save left (None when the run was not preempted)."""
+    steps_trained: int | None = None
+    """Steps this process trained (`steps` is where the run stands: a restored run began past 0)."""
 
 
 class Controller:

@@ -137,6 +137,7 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
         return RunSummary(
             controller.training.step, time.monotonic() - started, run_dir, controller.last_metrics,
             controller.metrics.peak_rss_mib, preempted=preemption.saved if controller.stop_reason else None,
+            steps_trained=controller.metrics.steps_trained,
         )
 
 

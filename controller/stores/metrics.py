@@ -9,6 +9,7 @@ from typing import TextIO
 
 from controller.pumps.train_pump import StepReport
 from controller.state.run_stats import RunStats
+from controller.stores.metrics_totals import add_totals, totals_at
 from primitives.atomic_files import append_jsonl
 from primitives.process_roles import rss_mib_by_role
 from schemas.choices import MetricsKind, Outcome
@@ -24,6 +25,15 @@ class MetricsSink:
         self._last = self._started
         self.peak_rss_mib = 0.0
         self.peak_rss_mib_by_role: dict[str, float] = {}
+        self.steps_trained = 0
+        """Train steps this process trained (a restored run's earlier steps are not its own)."""
+        self._base: dict | None = None
+
+    def _base_totals(self, step: int) -> dict:
+        """The lineage's totals at the step before this process's first: read once, at its first step."""
+        if self._base is None:
+            self._base = totals_at(self.path, step - 1)
+        return self._base
 
     def step(self, report: StepReport, epoch: int = 0) -> dict:
         """`epoch`: whole passes over a prompts file so far (0 for generated problems)."""
@@ -42,16 +52,19 @@ class MetricsSink:
             "policy_version": report.policy_version,
             "data_epoch": epoch,
             "staleness_max": report.staleness_max,
-            "rows_sealed_total": self._stats.rows_sealed,
-            "retries_total": self._stats.retries,
-            "siblings_dropped_total": dict(self._stats.siblings_dropped),
-            "groups_discarded_total": dict(self._stats.groups_discarded),
-            "recovery_by_env_total": {env: dict(c) for env, c in sorted(self._stats.recovery_by_env.items())},
+            **add_totals(self._base_totals(report.step), {
+                "rows_sealed_total": self._stats.rows_sealed,
+                "retries_total": self._stats.retries,
+                "siblings_dropped_total": dict(self._stats.siblings_dropped),
+                "groups_discarded_total": dict(self._stats.groups_discarded),
+                "recovery_by_env_total": {env: dict(c) for env, c in sorted(self._stats.recovery_by_env.items())},
+            }),
             "wall_s": round(now - self._started, 2),
             "rss_tree_mib": round(self._sample_memory()),
             **{f"trainer_{key}": value for key, value in report.trainer.items() if key != "policy_version"},
         }
         self._last = now
+        self.steps_trained += 1
         self.peak_rss_mib = max(self.peak_rss_mib, line["rss_tree_mib"])
         append_jsonl(self.path, line, durable=False)
         self._print_progress(line)
