@@ -32,6 +32,31 @@ def _report_path(chaos_dir: Path) -> Path:
     return path
 
 
+NEEDED_COUNTS = ("restart_to_first_generation_s", "restores_by_source", "median_restart_to_first_generation_s",
+                 "tokens_regenerated", "tokens_generated", "tokens_regenerated_share", "continuations_restored",
+                 "continuations_sealed")
+"""What the table reads from the report's verdict counts (an older `turnkeep chaos` wrote fewer)."""
+
+
+def _readable_report(path: Path) -> dict:
+    """The report, or one line naming what it lacks and how to get a report this version reads."""
+    fix = ("run `turnkeep chaos` again with this version (or leave --chaos-dir out and this command runs one)")
+    try:
+        report = orjson.loads(path.read_bytes())
+        counts = report["verdict"]["counts"]
+        report["kills_by_point"]
+    except orjson.JSONDecodeError as err:
+        raise SystemExit(f"turnkeep bench recovery: {path} is not JSON ({err}); {fix}") from None
+    except (KeyError, TypeError) as err:
+        raise SystemExit(f"turnkeep bench recovery: {path} has no {err}: not a report of `turnkeep chaos`; {fix}") \
+            from None
+    missing = [key for key in NEEDED_COUNTS if key not in counts]
+    if missing:
+        raise SystemExit(f"turnkeep bench recovery: {path} was written by an older `turnkeep chaos` (its counts lack "
+                         f"{', '.join(missing)}); {fix}")
+    return report
+
+
 def run(args: argparse.Namespace) -> BenchResult:
     chaos_dir = args.chaos_dir
     if chaos_dir is None:
@@ -40,7 +65,7 @@ def run(args: argparse.Namespace) -> BenchResult:
         for setting in args.set:
             command += ["--set", setting]
         subprocess.call(command)
-    report = orjson.loads(_report_path(chaos_dir).read_bytes())
+    report = _readable_report(_report_path(chaos_dir))
     verdict, counts = report["verdict"], report["verdict"]["counts"]
     restarts = [s for s in counts["restart_to_first_generation_s"].values() if s is not None]
     rows = [

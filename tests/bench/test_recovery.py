@@ -36,3 +36,19 @@ def test_a_chaos_run_that_never_finished_is_named_in_one_line(tmp_path):
 
     assert str(tmp_path) in str(exit_.value)
     assert "no chaos/report.json" in str(exit_.value)
+
+
+@pytest.mark.parametrize("body, named", [
+    (b'{"verdict": {"counts": {"restores_by_source": {}}}, "kills_by_point": {}}',
+     "was written by an older `turnkeep chaos` (its counts lack restart_to_first_generation_s"),
+    (b'{"kills_by_point": {}}', "has no 'verdict': not a report of `turnkeep chaos`"),
+    (b'{"verdict": ', "is not JSON"),
+])
+def test_a_report_this_version_cannot_read_is_one_line_naming_what_it_lacks(tmp_path, body, named):
+    (tmp_path / "chaos").mkdir()
+    (tmp_path / "chaos" / "report.json").write_bytes(body)
+    args = argparse.Namespace(chaos_dir=tmp_path, out=tmp_path / "out", kills=20, set=[])
+    with pytest.raises(SystemExit) as exit_:
+        recovery.run(args)
+    message = str(exit_.value)
+    assert named in message and "run `turnkeep chaos` again" in message and "\n" not in message, message
