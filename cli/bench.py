@@ -91,19 +91,20 @@ def _results(out: Path) -> dict[str, dict]:
     benchmark's own file that is not a result stops the render with one line (its section would be lost)."""
     results = {}
     for path in sorted(out.glob("*.json")):
-        try:
-            value = orjson.loads(path.read_bytes())
-            problem = None if isinstance(value, dict) and RESULT_KEYS <= value.keys() else \
-                f"no {', '.join(sorted(RESULT_KEYS - (value.keys() if isinstance(value, dict) else set())))}"
-        except orjson.JSONDecodeError as err:
-            problem = f"not JSON: {err}"
         if path.stem not in BENCHMARKS:
             print(f"turnkeep bench: skipped {path}: no benchmark is named {path.stem!r}", file=sys.stderr)
-        elif problem is not None:
+            continue
+        try:
+            value = orjson.loads(path.read_bytes())
+        except orjson.JSONDecodeError as err:
+            value, problem = None, f"not JSON: {err}"
+        else:
+            missing = RESULT_KEYS - (value.keys() if isinstance(value, dict) else set())
+            problem = f"no {', '.join(sorted(missing))}" if missing else None
+        if problem is not None:
             raise SystemExit(f"{path} is not a result of `turnkeep bench {path.stem}` ({problem}); run that command "
                              "again or move the file out of --out")
-        else:
-            results[path.stem] = value
+        results[path.stem] = value
     return results
 
 

@@ -17,15 +17,10 @@ def add_make_model_parser(subparsers) -> None:
 def run_make_model(args: argparse.Namespace) -> int:
     try:
         cfg = checked_config(args)
-    except ConfigError as err:
-        print(f"turnkeep: {err}", file=sys.stderr)
-        return 2
-    from gpu_workers.tiny_model.model_files import ModelUnusable
-    from workers.model_maker import tiny_model_dir
+        from workers.model_maker import tiny_model_dir
 
-    try:
-        print(tiny_model_dir(cfg))
-    except ModelUnusable as err:  # model.path on a cluster's node is checked only where it is loaded
+        print(tiny_model_dir(cfg))  # a model.path on a cluster's node is checked only where it is loaded
+    except ConfigError as err:
         print(f"turnkeep: {err}", file=sys.stderr)
         return 2
     return 0

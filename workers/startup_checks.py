@@ -10,7 +10,7 @@ from controller.rollout_levels import check_rollout_levels
 from controller.state.prompt_files import check_prompt_file
 from envs.kinds import local_environments, resolve
 from envs.loading import EnvironmentLoadError
-from gpu_workers.tiny_model.model_files import ModelUnusable, check_model_files
+from gpu_workers.tiny_model.model_files import check_model_files
 from gpu_workers.tiny_model.transcripts import DemonstrationsError
 from schemas.config import TurnkeepConfig
 from workers.model_maker import transcript_source
@@ -26,10 +26,7 @@ def check_before_start(cfg: TurnkeepConfig) -> None:
         ray_temp_dir(cfg.run.run_dir)  # Ray's sockets must fit the unix path limit somewhere
         check_local_gpus(cfg.placement)
         if cfg.model.path is not None:  # on a cluster, the node that loads it checks it
-            try:
-                check_model_files(cfg.model.path.expanduser())
-            except ModelUnusable as err:
-                raise ConfigError(str(err)) from None
+            check_model_files(cfg.model.path.expanduser())
     check_rollout_levels(cfg)
     for name, spec in sorted(local_environments(cfg.environments).items()):
         try:

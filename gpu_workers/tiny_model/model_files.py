@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from controller.config_file import ConfigError
+
 REQUIRED_FILES = ("config.json", "tokenizer.json")
 """The model's shape (transformers, vLLM) and its fast tokenizer (the agents' codec reads tokenizer.json)."""
 
 
-class ModelUnusable(ValueError):
+class ModelUnusable(ConfigError):
     """The configured model cannot be used; the message names the setting and the fix."""
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cli.main import main
+from workers.temporal.ports import free_port
 
 
 def _config(tmp_path: Path, body: str) -> tuple[Path, Path]:
@@ -20,6 +20,11 @@ def _config(tmp_path: Path, body: str) -> tuple[Path, Path]:
     config = tmp_path / "run.toml"
     config.write_text(f'[run]\nrun_dir = "{run_dir}"\n{body}')
     return config, run_dir
+
+
+def _remote_config(tmp_path: Path, port: int, token_file: Path) -> tuple[Path, Path]:
+    return _config(tmp_path, f'[environments.far]\nkind = "remote"\nurl = "http://127.0.0.1:{port}"\n'
+                             f'token_file = "{token_file}"\n')
 
 
 def _one_line(capsys) -> str:
@@ -39,14 +44,11 @@ def test_a_malformed_prompts_file_is_named_by_file_and_line(tmp_path, capsys) ->
 
 
 def test_a_remote_server_that_does_not_answer_is_named(tmp_path, capsys) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]  # closed again: nothing listens there
+    port = free_port("127.0.0.1")  # nothing listens there
     token = tmp_path / "token"
     token.write_text("secret\n")
     token.chmod(0o600)
-    config, run_dir = _config(tmp_path, f'[environments.far]\nkind = "remote"\nurl = "http://127.0.0.1:{port}"\n'
-                                        f'token_file = "{token}"\n')
+    config, run_dir = _remote_config(tmp_path, port, token)
     assert main(["run", "--config", str(config)]) == 2
     line = _one_line(capsys)
     assert "environments.far" in line and f"127.0.0.1:{port} does not answer" in line and "turnkeep env-server" in line
@@ -82,9 +84,7 @@ def test_a_model_cache_that_cannot_be_written_is_named(tmp_path, capsys) -> None
 
 @pytest.mark.integration  # a real `turnkeep env-server` process
 def test_a_remote_server_that_refuses_the_token_is_named_before_anything_starts(tmp_path, capsys) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port("127.0.0.1")
     log = tmp_path / "env-server.log"
     server = subprocess.Popen(
         [sys.executable, "-m", "cli.main", "env-server", "--entry", "envs.calc_env:CalcEnvironment",
@@ -99,14 +99,12 @@ def test_a_remote_server_that_refuses_the_token_is_named_before_anything_starts(
         wrong = tmp_path / "wrong_token"
         wrong.write_text("not-the-servers-token\n")
         wrong.chmod(0o600)
-        config, run_dir = _config(tmp_path, f'[environments.far]\nkind = "remote"\nurl = "http://127.0.0.1:{port}"\n'
-                                            f'token_file = "{wrong}"\n')
+        config, run_dir = _remote_config(tmp_path, port, wrong)
         assert main(["run", "--config", str(config)]) == 2
         line = _one_line(capsys)
         assert f"environments.far: the server at http://127.0.0.1:{port} refuses the token in {wrong}" in line, line
         assert not run_dir.exists()
-        config, run_dir = _config(tmp_path, f'[environments.far]\nkind = "remote"\nurl = "http://127.0.0.1:{port}"\n'
-                                            f'token_file = "{tmp_path / "no_such_token"}"\n')
+        config, run_dir = _remote_config(tmp_path, port, tmp_path / "no_such_token")
         assert main(["run", "--config", str(config)]) == 2
         line = _one_line(capsys)
         assert "environments.far.token_file" in line and "no_such_token" in line, line

@@ -123,19 +123,22 @@ class Participants:
             yield
 
 
+async def _attempt_when(client, ready: asyncio.Event):
+    """A run workflow asked for a snapshot now, and its attempt's handle once the participants set `ready`."""
+    run = await client.start_workflow(RunWorkflow.run, _run_input(attempt_interval_s=600),
+                                      id=f"{RUN}.run.{uuid.uuid4().hex[:6]}", task_queue=controller_queue(RUN))
+    await run.signal(RunWorkflow.snapshot_now)
+    await asyncio.wait_for(ready.wait(), 30)
+    return run, client.get_workflow_handle((await run.query(RunWorkflow.status)).running_attempt)
+
+
 def test_a_cancelled_attempt_compensates_ends_canceled_and_the_run_records_its_result():
     async def scenario():
         async with await _dev_server() as env:
             parts = Participants()
             client = env.client
             async with parts.workers(client):
-                run = await client.start_workflow(RunWorkflow.run, _run_input(attempt_interval_s=600),
-                                                  id=f"{RUN}.run.{uuid.uuid4().hex[:6]}",
-                                                  task_queue=controller_queue(RUN))
-                await run.signal(RunWorkflow.snapshot_now)
-                await asyncio.wait_for(parts.preparing.wait(), 30)
-                attempt_id = (await run.query(RunWorkflow.status)).running_attempt
-                attempt = client.get_workflow_handle(attempt_id)
+                run, attempt = await _attempt_when(client, parts.preparing)
                 await attempt.cancel()  # what `temporal workflow cancel --workflow-id <id>` does
                 while not parts.records:
                     await asyncio.sleep(0.05)
@@ -185,12 +188,7 @@ def test_a_cancel_during_compensation_waits_for_it_and_the_run_records_the_failu
             parts = FailingParticipants()
             client = env.client
             async with parts.workers(client):
-                run = await client.start_workflow(RunWorkflow.run, _run_input(attempt_interval_s=600),
-                                                  id=f"{RUN}.run.{uuid.uuid4().hex[:6]}",
-                                                  task_queue=controller_queue(RUN))
-                await run.signal(RunWorkflow.snapshot_now)
-                await asyncio.wait_for(parts.aborting.wait(), 30)
-                attempt = client.get_workflow_handle((await run.query(RunWorkflow.status)).running_attempt)
+                run, attempt = await _attempt_when(client, parts.aborting)
                 await attempt.cancel()
                 await asyncio.sleep(0.5)  # the cancel is in the attempt's history while the abort runs
                 parts.let_abort_go.set()

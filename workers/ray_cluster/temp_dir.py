@@ -47,8 +47,11 @@ def prepare_ray_temp_dir(run_dir: Path) -> Path:
     """Make the run's Ray temp dir (0700) and, when it is not `<run_dir>/ray`, link `<run_dir>/ray` to it."""
     temp_dir = ray_temp_dir(run_dir)
     in_run_dir = Path(run_dir).resolve() / "ray"
-    for folder in (temp_dir.parent, temp_dir) if temp_dir != in_run_dir else (temp_dir,):
-        folder.mkdir(mode=0o700, exist_ok=True, parents=True)
-    if temp_dir != in_run_dir and not in_run_dir.is_symlink() and not in_run_dir.exists():
+    if temp_dir == in_run_dir:
+        temp_dir.mkdir(mode=0o700, exist_ok=True)
+        return temp_dir
+    temp_dir.parent.mkdir(mode=0o700, exist_ok=True)  # the user's folder under the shared temp dir
+    temp_dir.mkdir(mode=0o700, exist_ok=True)
+    if not in_run_dir.is_symlink() and not in_run_dir.exists():
         in_run_dir.symlink_to(temp_dir, target_is_directory=True)
     return temp_dir
