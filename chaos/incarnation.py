@@ -97,7 +97,8 @@ def one_round(current: Incarnation, run_dir: Path, target: str, point: str, time
         if current.proc.poll() is not None:
             reason = stop_reason(current.log.path)
             return record("stopped", kill.killed, reason, round(time.monotonic() - killed_at, 2))
-        if target in REPAIRED_BY_THE_RUN and repaired(run_dir, target, kill.pid) and current.steps() > steps_at_kill:
+        if (target in REPAIRED_BY_THE_RUN and repaired(run_dir, kill.role or target, kill.pid)
+                and current.steps() > steps_at_kill):
             return record("repaired", kill.killed, after_kill_s=round(time.monotonic() - killed_at, 2))
         time.sleep(POLL_S)
     expected = "stop with a reason" if target in STOPS_THE_RUN else "start it again and train"

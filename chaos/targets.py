@@ -3,9 +3,11 @@
 - `all`: the whole process tree, as a preempted machine loses it; the next start restores.
 - `controller`: the `turnkeep run` process alone (the OOM killer's pick); everything it
   started lives on, and the next start re-attaches to it (`workers.ray_cluster.survivors`).
-- `trainer`, `policy`: that process alone; the run stops with a one-line reason, and the
-  next start restores.
+- `trainer`: that process alone; the run stops with a one-line reason, and the next start
+  restores.
 - `env`, `temporal`: that process alone; the run starts it again and goes on, no restart.
+- `policy` (engine 0), `engine` (one engine of the run's, picked at random): the run routes
+  its turns to the other engines, starts a replacement, refits it and goes on, no restart.
 
 Processes are found through the pid files the run writes (`primitives.pid_files`), never
 through the product's own hooks, and killed with SIGKILL at a moment chaos picks.
@@ -14,6 +16,8 @@ through the product's own hooks, and killed with SIGKILL at a moment chaos picks
 from __future__ import annotations
 
 import os
+import random
+import re
 import signal
 import time
 from dataclasses import dataclass
@@ -24,11 +28,11 @@ import psutil
 from primitives.pid_files import live_pid, live_pids
 from primitives.process_tree import kill_tree
 
-TARGETS = ("all", "controller", "trainer", "policy", "env", "temporal")
+TARGETS = ("all", "controller", "trainer", "policy", "engine", "env", "temporal")
 EVERY = "every"
-REPAIRED_BY_THE_RUN = ("env", "temporal")
+REPAIRED_BY_THE_RUN = ("env", "temporal", "policy", "engine")
 """Targets the run starts again by itself: no restart follows their kill."""
-STOPS_THE_RUN = ("trainer", "policy")
+STOPS_THE_RUN = ("trainer",)
 """Targets whose death stops the run with a one-line reason."""
 STOP_LINE = "turnkeep: the run was stopped"
 
@@ -44,25 +48,38 @@ def parse_targets(text: str) -> list[str]:
     return list(dict.fromkeys(targets))
 
 
+ENGINE_ROLE = re.compile(r"^policy(\.\d+)?$")
+"""Engine 0's pid file is `policy` (as a one-engine run's always was), engine k's `policy.<k>`."""
+
+
 @dataclass
 class Kill:
     killed: int
     """Processes SIGKILLed (0: the target was not running)."""
     pid: int | None
+    role: str | None = None
+    """The pid file's role that named it (which engine an `engine` kill picked)."""
 
 
-def kill_target(target: str, run_dir: Path, root_pid: int) -> Kill:
+def kill_target(target: str, run_dir: Path, root_pid: int, rng: random.Random | None = None) -> Kill:
     """SIGKILL the target now; `root_pid` is the `turnkeep run` process of the current incarnation."""
     if target == "all":
         return Kill(kill_everything(run_dir, root_pid), root_pid)
-    pid = root_pid if target == "controller" else live_pid(run_dir, target)
+    role = pick_engine(run_dir, rng or random.Random()) if target == "engine" else target
+    pid = root_pid if target == "controller" else (live_pid(run_dir, role) if role else None)
     if pid is None:
-        return Kill(0, None)
+        return Kill(0, None, role)
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
-        return Kill(0, pid)
-    return Kill(1, pid)
+        return Kill(0, pid, role)
+    return Kill(1, pid, role)
+
+
+def pick_engine(run_dir: Path, rng: random.Random) -> str | None:
+    """One live engine's pid-file role, at random."""
+    engines = sorted(role for role in live_pids(run_dir) if ENGINE_ROLE.match(role))
+    return rng.choice(engines) if engines else None
 
 
 def kill_everything(run_dir: Path, root_pid: int | None) -> int:

@@ -14,6 +14,7 @@ from cli.env_server import add_env_server_parser, run_env_server
 from cli.make_model import add_make_model_parser, run_make_model
 from cli.plot import add_plot_parser, run_plot
 from cli.run import add_run_parser, run_run
+from cli.scale import add_scale_parser, run_scale
 from cli.status import add_status_parser, run_status
 
 COMMANDS = {
@@ -22,6 +23,7 @@ COMMANDS = {
     "bench": (add_bench_parser, run_bench),
     "env-server": (add_env_server_parser, run_env_server),
     "status": (add_status_parser, run_status),
+    "scale": (add_scale_parser, run_scale),
     "plot": (add_plot_parser, run_plot),
     "make-model": (add_make_model_parser, run_make_model),
 }

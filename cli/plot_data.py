@@ -19,7 +19,8 @@ import orjson
 from primitives.audit_log import read_audit
 from schemas.choices import MetricsKind
 
-RESTART_KINDS = {MetricsKind.ENV_RESTART: "env", MetricsKind.TEMPORAL_RESTART: "temporal"}
+RESTART_KINDS = {MetricsKind.ENV_RESTART: "env", MetricsKind.TEMPORAL_RESTART: "temporal",
+                 MetricsKind.ENGINE_RESTART: "engine"}
 
 
 @dataclass

@@ -64,6 +64,8 @@ def render(report: dict) -> list[str]:
         lines.append(f"  gate holders ({_ago(live['age_s'])}): {gates}")
         lines.append(f"  groups outstanding {live['outstanding_groups']}, rows waiting for the trainer "
                      f"{live['rows_waiting']}")
+        if engines := live.get("engines"):
+            lines.append(_engines_line(engines, training))
     lines += _temporal_lines(report)
     return lines
 
@@ -121,3 +123,18 @@ def _ago(seconds) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.0f} min ago"
     return f"{seconds / 3600:.1f} h ago"
+
+
+def _engines_line(engines: list[dict], training: dict | None) -> str:
+    """`engines 2 of 2 live: 0 live v12 (310 tok/s), 1 starting (restarts 1)`."""
+    rates = (training or {}).get("engine_tokens_per_s") or {}
+    parts = []
+    for engine in engines:
+        part = f"{engine['engine']} {engine['state']} v{engine['version']}"
+        if (rate := rates.get(str(engine["engine"]))) is not None:
+            part += f" ({_num(rate)} tok/s)"
+        if engine.get("restarts"):
+            part += f" (restarts {engine['restarts']})"
+        parts.append(part)
+    live = sum(engine["state"] == "live" for engine in engines)
+    return f"  engines {live} of {len(engines)} live: " + ", ".join(parts)

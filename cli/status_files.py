@@ -97,7 +97,8 @@ def _training(step: dict | None, metrics: Path, now: float) -> dict | None:
         age = round(now - metrics.stat().st_mtime, 1)
     except OSError:
         age = None
-    keys = ("step", "policy_version", "reward_mean", "rollout_tokens_per_s", "train_step_s", "staleness_max")
+    keys = ("step", "policy_version", "reward_mean", "rollout_tokens_per_s", "train_step_s", "staleness_max",
+            "engine_tokens_per_s")
     return {**{k: step.get(k) for k in keys}, "metrics_age_s": age}
 
 

@@ -22,7 +22,7 @@ async def temporal_view(run_dir: Path, run_id: str, address: str, namespace: str
     """{"answered": False, "why": ...} when Temporal or the run workflow does not answer in time."""
     asking = f"the server at {address}"
     try:
-        client = await asyncio.wait_for(connect(address, namespace, _security(run_dir)), ANSWER_S)
+        client = await asyncio.wait_for(connect(address, namespace, run_security(run_dir)), ANSWER_S)
         asking = f"the run workflow {run_workflow_id(run_id)} (its controller may be starting or stopping)"
         status = await asyncio.wait_for(
             client.get_workflow_handle(run_workflow_id(run_id)).query("status", result_type=RunStatus), ANSWER_S)
@@ -50,7 +50,7 @@ async def _open_attempts(client: Client, run_id: str) -> list[dict]:
     return found
 
 
-def _security(run_dir: Path):
+def run_security(run_dir: Path):
     """The run's TLS / API key settings, from the config it was started with (the embedded server needs none)."""
     try:
         config = orjson.loads((run_dir / "config.json").read_bytes())

@@ -30,6 +30,8 @@ def live_status(controller, remote_holders: dict[str, list[str]], incarnation: i
             "deadlines": sorted(controller.deadline_holds.holders()),
             **{name: sorted(holders) for name, holders in remote_holders.items()},
         },
+        "engines": [{"engine": e.index, "state": str(e.state), "url": e.url, "version": e.version,
+                     "restarts": e.restarts} for e in controller.processes.engines.all()],
         "outstanding_groups": len(controller.ledger.group_ids()),
         "rows_waiting": controller.data_plane.num_rows(),
     }

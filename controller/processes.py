@@ -6,9 +6,11 @@ adds the stand-alone environment servers it attached); the controller only uses 
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from controller.engines.engine_pool import Engine, EnginePool
 from schemas.environments import AttachRequest
 
 
@@ -33,12 +35,12 @@ class EnvServerEndpoint:
 @dataclass
 class Processes:
     trainer: object
-    policy: object
+    engines: EnginePool
+    """The policy engines (`policy.engines` of them; their keeper replaces the ones that die)."""
     env: object | None
     """The run's own environment server (`workers.local_env_server.LocalEnvServer`; None when every
     environment is remote); its `revive()` starts it again on the same port."""
     model_dir: Path
-    policy_url: str
     env_url: str | None
     control_token: str
     """Bearer token of the participants' `/checkpoint/*` routes."""
@@ -46,3 +48,14 @@ class Processes:
     """Every environment server of the run, the run's own first."""
     reused: bool = False
     """Left running by a controller that crashed, and re-attached (`workers.ray_cluster.survivors`)."""
+    spawn_engine: Callable[[int, int], Awaitable[Engine]] | None = None
+    """Starts engine k anew (its n-th replacement): `workers.ray_cluster.engines.EngineStarter.spawn`."""
+
+    @property
+    def policy(self) -> object:
+        """One engine's actor (the lowest-numbered live one), for what asks a single engine."""
+        return self.engines.first().actor
+
+    @property
+    def policy_url(self) -> str:
+        return self.engines.first().url

@@ -90,12 +90,13 @@ class RemoteHoldWatch:
 
 
 def process_samplers(processes) -> dict[str, Sampler]:
-    """The trainer's hold set and the policy server's admission gate, asked through their Ray actors."""
+    """The trainer's hold set and the engines' admission gates (one view: every holder with its shortest lease),
+    asked through their Ray actors."""
     async def trainer() -> list[tuple[str, float | None]]:
         return await processes.trainer.hold_leases.remote()
 
     async def policy() -> list[tuple[str, float | None]]:
-        return await processes.policy.admission_leases.remote()
+        return await processes.engines.admission_leases()
 
     return {"trainer": trainer, "policy_admission": policy}
 

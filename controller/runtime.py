@@ -83,6 +83,8 @@ class Controller:
         self.metrics = MetricsSink(cfg.run.run_dir, self.stats, max_steps)
         self.audit = audit
         self._checkpoint_identity = checkpoint_identity
+        self.engine_keeper = None
+        """`controller.engines.engine_keeper.EngineKeeper`, once the run keeps its engines (scaling goes to it)."""
         self._stop_requested = asyncio.Event()
         self.stop_reason: str | None = None
         self.last_metrics: dict | None = None
@@ -115,7 +117,7 @@ class Controller:
             self.claims,
             self.data_plane,
             processes.trainer,
-            processes.policy,
+            processes.engines,
             self.admission,
             self.stats,
             on_groups_finished=self.rollouts.group_finished,
@@ -151,10 +153,10 @@ class Controller:
     async def pause(self, holder: str) -> None:
         self.admission.add(holder)
         self.audit_hold("taken", holder, [self.admission.name])
-        await self.processes.policy.close_admission.remote(holder)
+        await self.processes.engines.close_admission(holder)
 
     async def resume(self, holder: str) -> None:
-        await self.processes.policy.open_admission.remote(holder)
+        await self.processes.engines.open_admission(holder)
         self.admission.release(holder)
         self.audit_hold("released", holder, [self.admission.name])
 
@@ -162,7 +164,7 @@ class Controller:
         return await self.processes.trainer.load_checkpoint.remote(directory, step)
 
     async def load_policy_weights(self, version: int) -> None:
-        await self.processes.policy.load_weights.remote(self.processes.trainer.weights_blob.remote(), version)
+        await self.processes.engines.load_weights(self.processes.trainer.weights_blob.remote(), version)
 
     def load_state(self, state: dict, policy_version: int, *, checkpointed: bool) -> None:
         """Restore the dataloader, data plane and ledgers; claims are dropped so their groups are offered again."""

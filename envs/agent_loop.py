@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from envs.codec import TurnCodec
 from envs.environment import Environment
-from envs.policy_client import PolicyClient
+from envs.policy_client import Policy
 from envs.turn_records import TurnRecords
 from schemas.policy import CompletionRequest
 from schemas.rollout import RolloutOutcome, RolloutRequest, RolloutResult, RolloutRow, Segment, TurnBoundary
@@ -41,7 +41,7 @@ async def run_agent(
     request: RolloutRequest,
     env: Environment,
     codec: TurnCodec,
-    policy: PolicyClient,
+    policy: Policy,
     records: TurnRecords,
     park: Callable[[], Awaitable[None]],
     limits: LoopLimits,
@@ -74,7 +74,8 @@ async def run_agent(
                 max_tokens=budget,
                 temperature=limits.temperature,
                 stop_token_ids=codec.stop_ids,
-            )
+            ),
+            rollout_id=request.rollout_id,
         )
         choice = completion.choices[0]
         turn_segment = Segment(

@@ -31,10 +31,11 @@ def loop_limits(cfg: TurnkeepConfig) -> LoopLimits:
 @ray.remote(num_cpus=0)
 class EnvServerActor(RunMember):
     async def start(
-        self, model_dir: str, policy_url: str, cfg_json: str, control_token: str | None = None,
+        self, model_dir: str, policy_urls: list[str], cfg_json: str, control_token: str | None = None,
         incarnation: int | None = None,
     ) -> str:
-        """Start the server; `control_token` guards its routes (None: they refuse every call).
+        """Start the server; its agents' calls are routed over the policy engines at `policy_urls`;
+        `control_token` guards its routes (None: they refuse every call).
 
         With `incarnation`, turn commits go to the run's audit log under that incarnation.
         """
@@ -51,8 +52,12 @@ class EnvServerActor(RunMember):
         self._server = EnvServer(factory, cfg.env, control, audit, group_size=cfg.rollout.group_size,
                                  journal_dir=journal)
         url = await self._server.start()
-        self._server.attach_local(Path(model_dir), policy_url, loop_limits(cfg), f"local:{incarnation}")
+        self._server.attach_local(Path(model_dir), policy_urls, loop_limits(cfg), f"local:{incarnation}")
         return url
+
+    async def set_engines(self, urls: list[str]) -> int:
+        """The controller's routable policy engines now (after it replaced one); answers how many there are."""
+        return self._server.set_engines(urls)
 
     async def fence(self, incarnation: int) -> dict:
         """A new controller took over: the dead one's agents and unACKed results are dropped (its controller will

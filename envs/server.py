@@ -1,6 +1,7 @@
 """The environment server: runs agent loops over HTTP for the controller.
 
-Routes: `POST /attach` (the run hands over its policy URL, limits and tokenizer files),
+Routes: `POST /attach` (the run hands over its policy engines' URLs, limits and tokenizer files), `PUT /engines`
+(the controller's routable policy engines now; agents' calls are routed over them by `envs/engine_router.py`),
 `POST /run` (a RolloutRequest; answers with a RolloutResult whose receipt must be
 ACKed), `POST /ack`, `POST /cancel`, `POST /cancel_all`, `POST /judge`, `GET /health`,
 and the checkpoint participant routes `/checkpoint/*` (see `env_participant` and
@@ -28,11 +29,12 @@ from pydantic import ValidationError
 from envs.agent_loop import LoopLimits, run_agent
 from envs.agent_registry import AgentRegistry
 from envs.codec import TurnCodec
+from envs.engine_router import EngineRouter
 from envs.env_participant import EnvParticipant, env_capabilities
 from envs.environment import Environment
 from envs.journal_restore import hold_from_journal
 from envs.kinds import EnvironmentFactory, capabilities_of
-from envs.policy_client import PolicyCallError, PolicyClient
+from envs.policy_client import PolicyCallError
 from envs.receipts import ReceiptBook
 from envs.restored_agents import RestoredAgents, RestoreError
 from envs.server_routes import AttachRefused, NotAttached, build_app
@@ -84,7 +86,7 @@ class EnvServer:
         self._group_size = group_size
         # Set by attach: a server runs no agent before a run has told it its policy and tokenizer.
         self.codec: TurnCodec | None = None
-        self._policy: PolicyClient | None = None
+        self._policy: EngineRouter | None = None
         self._limits: LoopLimits | None = None
         self.attachment: str | None = None
         self._model_files_dir: Path | None = None
@@ -114,14 +116,26 @@ class EnvServer:
     def _capabilities(self, names: list[str], group_size: int) -> list[EnvironmentCapabilities]:
         return [capabilities_of(name, self.factory.loaded(name), group_size) for name in names]
 
-    def attach_local(self, model_dir: Path, policy_url: str, limits: LoopLimits, attachment: str) -> None:
+    def attach_local(self, model_dir: Path, policy_urls: list[str], limits: LoopLimits, attachment: str) -> None:
         """Attach in-process (the run's own environment server shares the model directory)."""
-        self._attach(TurnCodec(model_dir), policy_url, limits, attachment)
+        self._attach(TurnCodec(model_dir), policy_urls, limits, attachment)
 
-    def _attach(self, codec: TurnCodec, policy_url: str, limits: LoopLimits, attachment: str) -> None:
+    def _attach(self, codec: TurnCodec, policy_urls: list[str], limits: LoopLimits, attachment: str) -> None:
         assert self._session is not None, "start() the server before attaching it"
         self.codec, self._limits, self.attachment = codec, limits, attachment
-        self._policy = PolicyClient(policy_url, self._session)
+        if self._policy is None:
+            self._policy = EngineRouter(policy_urls, self._session)
+        else:
+            # The same router: its counters go on, and calls in flight finish on the engines they went to.
+            self._policy.set_engines(policy_urls)
+
+    def set_engines(self, urls: list[str]) -> int:
+        """The controller's routable policy engines now (see `EngineRouter.set_engines`); answers their count.
+        Raises NotAttached before a run has attached the server."""
+        if self._policy is None:
+            raise NotAttached()
+        self._policy.set_engines(urls)
+        return self._policy.stats()["totals"]["routable"]
 
     async def start(self) -> str:
         # The default connector allows 100 connections; every running agent needs one.
@@ -183,7 +197,8 @@ class EnvServer:
             aborted = self.participant.abandon()
             log.info("attached to %s as %r (was %s; dropped %s, aborted checkpoint %s)", attachment, request.name,
                      self.attachment, dropped, aborted)
-        self._attach(codec, request.policy_url, LoopLimits(**request.limits.model_dump()), attachment)
+        limits = LoopLimits(**request.limits.model_dump())
+        self._attach(codec, request.policy_urls or [request.policy_url], limits, attachment)
         if self.factory.answers_any_name:
             self.environments = self._capabilities([request.name], request.group_size)
             self.participant.rename(self._participant_capabilities(request.name))
@@ -223,6 +238,7 @@ class EnvServer:
             "checkpoint_id": self.participant.current,
             "name": self.participant.name,
             "attachment": self.attachment,
+            "policy_engines": self._policy.stats()["totals"] if self._policy is not None else None,
         }
 
     def _codec_from_files(self, files: dict[str, str]) -> TurnCodec:
@@ -311,6 +327,7 @@ class EnvServer:
                 result = _failed(request, f"{type(err).__name__}: {err}")
             finally:
                 self.records.forget(request.rollout_id)
+                self._policy.forget(request.rollout_id)
                 await env.close()
             # Still inside `live`: the agent leaves the registry and its result becomes
             # unACKed in one step, so a checkpoint never sees it in neither.

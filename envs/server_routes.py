@@ -1,5 +1,6 @@
 """The environment server's HTTP routes (`envs/server.py` does the work): `POST /attach`, `/run`, `/ack`,
-`/cancel`, `/cancel_all`, `/judge` behind the run's bearer token and a body bound per route, `GET /health` open;
+`/cancel`, `/cancel_all`, `/judge` and `PUT /engines` behind the run's bearer token and a body bound per route,
+`GET /health` open;
 the checkpoint participant routes (`/checkpoint/*`) answer only once a run has attached the server."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from participants.http_server import ControlAuth, body_too_large
-from schemas.environments import AttachRequest, JudgeReply, JudgeRequest
+from schemas.environments import AttachRequest, EnginesUpdate, JudgeReply, JudgeRequest
 from schemas.participant import ParticipantError
 from schemas.rollout import AckRequest, CancelRequest, RolloutRequest
 
@@ -24,6 +25,7 @@ MAX_BODY_BYTES = {
     "/ack": 64 * 1024,
     "/cancel": 64 * 1024,
     "/cancel_all": 64 * 1024,
+    "/engines": 64 * 1024,
 }
 """Per route, checked against the declared length before the body is read (after the token)."""
 
@@ -105,6 +107,16 @@ def build_app(server: EnvServer, control: ControlAuth) -> web.Application:
             return _bad_request(f"not a CancelRequest: {err}")
         return web.json_response({"cancelled": server.cancel(request.rollout_id)})
 
+    async def engines(http: web.Request) -> web.Response:
+        try:
+            request = EnginesUpdate.model_validate_json(await http.read())
+        except ValidationError as err:
+            return _bad_request(f"not an EnginesUpdate: {err}")
+        try:
+            return web.json_response({"engines": server.set_engines(request.urls)})
+        except NotAttached:
+            return _not_attached()
+
     async def cancel_all(http: web.Request) -> web.Response:
         return web.json_response(await server.stop_all_agents())
 
@@ -120,7 +132,8 @@ def build_app(server: EnvServer, control: ControlAuth) -> web.Application:
                "/judge": judge}
     app.add_routes([web.post(path, _guarded(handler, control, MAX_BODY_BYTES[path]))
                     for path, handler in guarded.items()])
-    app.add_routes([web.get("/health", health), web.get("/auth", _guarded(auth, control, 0))])
+    app.add_routes([web.put("/engines", _guarded(engines, control, MAX_BODY_BYTES["/engines"])),
+                    web.get("/health", health), web.get("/auth", _guarded(auth, control, 0))])
     return app
 
 

@@ -19,14 +19,15 @@ from schemas.config_services import PolicyServerConfig
 
 @ray.remote
 class PolicyActor(RunMember):
-    """Owns one PolicyServer (vLLM engine + completions endpoint)."""
+    """Owns one PolicyServer (vLLM engine + completions endpoint): engine `engine` of the run."""
 
-    def __init__(self) -> None:
+    def __init__(self, engine: int = 0) -> None:
         # Imported in the actor's process only: the controller holds this class (to start the actor, or a handle
         # to re-attach to it) without importing vLLM, which takes seconds.
         from gpu_workers.policy_server import PolicyServer
 
-        self._server = PolicyServer()
+        self._engine = engine
+        self._server = PolicyServer(engine)
         self._worker = None
 
     async def start(self, model_dir: str, cfg_json: str, seed: int = 0, control_token: str | None = None) -> str:
@@ -38,9 +39,11 @@ class PolicyActor(RunMember):
         return await self._server.start(model_dir, cfg, seed=seed, control_token=control_token)
 
     async def load_weights(self, blob: bytes, version: int) -> dict[str, float]:
-        """Load safetensors bytes as `version`; the seconds admission was closed and the bytes loaded."""
+        """Load safetensors bytes as `version`; the seconds admission was closed, the bytes loaded, and this engine's
+        tokens generated so far (the run's per-engine tokens/s, at no extra call)."""
         closed_s = await self._server.load_weights(blob, version)
-        return {"admission_closed_s": closed_s, "bytes": len(blob)}
+        return {"admission_closed_s": closed_s, "bytes": len(blob), "engine": self._engine,
+                "tokens_generated": self._server.tokens_generated}
 
     async def health(self) -> dict[str, Any]:
         return self._server.health()
@@ -61,7 +64,7 @@ class PolicyActor(RunMember):
     async def start_temporal_worker(
         self, address: str, namespace: str, run_id: str, incarnation: int = 1, security=None
     ) -> None:
-        """The policy server's own worker on `<run_id>.policy`: its fence, drain, resume and weight loads."""
+        """The engine's own worker on `<run_id>.policy.<k>`: its fence, drain, resume and weight loads."""
         from activities.policy_activities import PolicyActivities
         from primitives.temporal_client import connect, start_worker, step_activities
         from schemas.names import policy_queue
@@ -71,7 +74,7 @@ class PolicyActor(RunMember):
         trainer = ray.get_actor("trainer")
         acts = PolicyActivities(self._server, self._server.faults, incarnation, trainer.weights_blob.remote)
         self._worker, _task = start_worker(
-            client, policy_queue(run_id),
+            client, policy_queue(run_id, self._engine),
             activities=step_activities(acts, runs=[Runs.POLICY]),
         )
 

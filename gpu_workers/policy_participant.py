@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from participants.core import Quiescence
 from primitives.atomic_files import atomic_write_json, fsync_dir
-from schemas.names import snapshot_holder
+from schemas.names import engine_name, snapshot_holder
 from schemas.participant import Capabilities
 
 if TYPE_CHECKING:
@@ -34,7 +34,9 @@ if TYPE_CHECKING:
 
 STATE_FILE = "state.json"
 
-POLICY_CAPABILITIES = Capabilities(name="policy", kind="policy", saves_state=True)
+def policy_capabilities(engine: int) -> Capabilities:
+    """Engine k is participant `policy.<k>`: its state lands in its own folder of a snapshot."""
+    return Capabilities(name=engine_name(engine), kind="policy", saves_state=True)
 
 
 class PolicyParticipant:

@@ -23,7 +23,7 @@ from aiohttp import web
 from gpu_workers.policy_admission import AdmissionGate
 from gpu_workers.policy_errors import RequestError, WeightsUnavailable
 from gpu_workers.policy_http import build_app
-from gpu_workers.policy_participant import POLICY_CAPABILITIES, PolicyParticipant
+from gpu_workers.policy_participant import PolicyParticipant, policy_capabilities
 from gpu_workers.vllm_engine import build_engine, generate
 from gpu_workers.vllm_refit import refit_engine
 from gpu_workers.weights_blob import Shapes, check_blob, checkpoint_shapes
@@ -40,7 +40,8 @@ logger = logging.getLogger("turnkeep.policy_server")
 class PolicyServer:
     """vLLM engine + HTTP endpoint + admission gate + policy version."""
 
-    def __init__(self) -> None:
+    def __init__(self, engine: int = 0) -> None:
+        self.engine = engine
         self.gate = AdmissionGate()
         self.policy_version = 0
         # False after a failed load: the model may hold a mix of two versions.
@@ -53,10 +54,12 @@ class PolicyServer:
         self._runner: web.AppRunner | None = None
         self._refit_lock = asyncio.Lock()
         self._restore_pending = False
-        self.participant = ParticipantCore(POLICY_CAPABILITIES, PolicyParticipant(self))
+        self.participant = ParticipantCore(policy_capabilities(engine), PolicyParticipant(self))
         self.faults = FaultInjector()
         """Injected checkpoint faults (served with `policy.fault_injection`; empty otherwise)."""
         self.url = ""
+        self.tokens_generated = 0
+        """Completion tokens this engine generated since it started."""
 
     async def start(
         self, model_dir: str | Path, cfg: PolicyServerConfig, seed: int = 0, control_token: str | None = None
@@ -122,6 +125,8 @@ class PolicyServer:
             "admission_open": self.gate.is_open(),
             "holders": self.gate.holders(),
             "weights_ok": self.weights_ok,
+            "engine": self.engine,
+            "tokens_generated": self.tokens_generated,
         }
 
     # -- completions ---------------------------------------------------------------
@@ -139,6 +144,7 @@ class PolicyServer:
             if self.policy_version != version:
                 # Cannot happen while refits drain first; refuse rather than mislabel.
                 raise RuntimeError(f"policy version moved from {version} to {self.policy_version} mid-call")
+            self.tokens_generated += len(sample.token_ids)
         choice = CompletionChoice(
             text=sample.text,
             token_ids=sample.token_ids,

@@ -48,6 +48,12 @@ class TrainerActor(RunMember):
         """The weights as the policy server loads them (its dtype), serialised on the trainer's device."""
         return self._trainer.weights_blob(self._policy_dtype)
 
+    async def versioned_weights(self) -> tuple[int, bytes]:
+        """The policy version and its weights, taken together between steps (call with `num_returns=2`, so the
+        bytes stay in Ray's object store and go to the engine that loads them, not through the caller)."""
+        async with self._stepping:
+            return self._trainer.policy_version, self._trainer.weights_blob(self._policy_dtype)
+
     async def load_checkpoint(self, directory: str, step: int) -> int:
         """Restore the `trainer/` folder of the checkpoint of train step `step`; returns the policy version."""
         async with self._stepping:

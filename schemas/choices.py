@@ -124,6 +124,8 @@ class MetricsKind(StrEnum):
     """Peak memory per process role."""
     ENV_RESTART = "env_restart"
     """The run started its own environment server again."""
+    ENGINE_RESTART = "engine_restart"
+    """A policy engine died and the run started a replacement (or an operator scaled the engines)."""
     TEMPORAL_RESTART = "temporal_restart"
     """The run started its embedded Temporal server again."""
     LOCAL_ACTIVITY = "local_activity"

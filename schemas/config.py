@@ -355,6 +355,13 @@ class TurnkeepConfig(StrictModel):
         if placement.policy_gpus and self.policy.tensor_parallel_size > placement.policy_gpus:
             raise ValueError(f"policy.tensor_parallel_size = {self.policy.tensor_parallel_size} needs as many GPUs, "
                              f"but placement.policy_gpus = {placement.policy_gpus}; raise policy_gpus or lower it")
+        if self.policy.port and self.policy.engines > 1:
+            raise ValueError(f"policy.port = {self.policy.port} with policy.engines = {self.policy.engines}: engines "
+                             "on one node cannot share a port; set policy.port = 0 (each picks a free one)")
+        if placement.share_gpus and self.policy.engines > 1:
+            raise ValueError(f"placement.share_gpus = true puts the trainer and one policy engine on one GPU, but "
+                             f"policy.engines = {self.policy.engines}; give each engine its own GPUs "
+                             "(share_gpus = false) or run one engine")
         if placement.share_gpus and (placement.trainer_gpus, placement.policy_gpus) != (1, 1):
             raise ValueError("placement.share_gpus = true puts the trainer and the policy server on one GPU, half "
                              "each: set placement.trainer_gpus = 1 and placement.policy_gpus = 1, or turn it off")

@@ -36,6 +36,17 @@ class PolicyServerConfig(StrictModel):
     """Run the model eagerly; false lets vLLM capture CUDA graphs on a GPU (faster decoding, slower start)."""
     fault_injection: bool = False
     """Serve `/checkpoint/faults` so tests and benchmarks can make checkpoint calls fail or lag."""
+    engines: int = Field(default=1, ge=1, le=256)
+    """vLLM engines, each its own Ray actor with its own endpoint and Temporal worker (`<run_id>.policy.<k>`), each
+    on `tensor_parallel_size` GPUs when placement.policy_gpus asks for GPUs. Agents' turns go to the engine with the
+    fewest outstanding calls, sticky per rollout; a dead engine is replaced and its turns go elsewhere."""
+    placement: Literal["spread", "pack"] = "spread"
+    """Spread the engines over the cluster's nodes (one node going away loses few of them), or pack them onto as
+    few nodes as Ray can."""
+    no_engine_stop_s: float = Field(default=300.0, gt=0)
+    """The run stops, with one line, when no engine has been live for this long (replacements kept failing)."""
+    engine_restart_s: float = Field(default=5.0, ge=0)
+    """Pause between starting replacements for an engine that keeps dying, so a broken node is not hammered."""
 
 
 class EnvServerConfig(StrictModel):
@@ -71,15 +82,16 @@ class PlacementConfig(StrictModel):
     trainer_gpus: int = Field(default=0, ge=0)
     """GPUs Ray reserves for the trainer (0: it runs on the CPU)."""
     policy_gpus: int = Field(default=0, ge=0)
-    """GPUs Ray reserves for the vLLM policy server (0: vLLM's CPU backend)."""
+    """GPUs Ray reserves for each vLLM policy engine (0: vLLM's CPU backend)."""
     share_gpus: bool = False
     """Trainer and policy server share one GPU, half each (fractional GPUs; set policy.gpu_memory_utilization
     below 0.5 so vLLM leaves the trainer room). Needs trainer_gpus = policy_gpus = 1. False: separate GPUs."""
 
-    def gpus_needed(self) -> int:
+    def gpus_needed(self, engines: int = 1) -> int:
+        """GPUs the run reserves: the trainer's, and `policy_gpus` for each of the `engines` policy engines."""
         if self.share_gpus:
             return max(self.trainer_gpus, self.policy_gpus)
-        return self.trainer_gpus + self.policy_gpus
+        return self.trainer_gpus + self.policy_gpus * engines
 
 
 class RayConfig(StrictModel):

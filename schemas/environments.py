@@ -7,6 +7,8 @@ from that report (`controller/rollout_levels.py`).
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import Field
 
 from schemas.choices import RecoveryLevel, RecoveryMode
@@ -61,6 +63,10 @@ class RolloutLimits(Wire):
     temperature: float = Field(ge=0)
 
 
+PolicyUrl = Annotated[str, Field(pattern=r"^https?://[^\s/]+(/\S*)?$", max_length=2048)]
+"""A policy engine's base URL (its completions are at `<url>/v1/completions`)."""
+
+
 class AttachRequest(Wire):
     """Body of `POST /attach`: the run gives an environment server what it needs to run agents."""
 
@@ -71,14 +77,24 @@ class AttachRequest(Wire):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
     """The server's participant name in this run (its `[environments.<name>]` for a remote server); also its
     folder inside a snapshot, hence a plain name."""
-    policy_url: str = Field(pattern=r"^https?://[^\s/]+(/\S*)?$", max_length=2048)
+    policy_url: PolicyUrl
     """Where the agents' policy calls go (`/v1/completions`)."""
+    policy_urls: list[PolicyUrl] = Field(default=[], max_length=1024)
+    """Every policy engine's base URL; the server routes the agents' calls over them. Empty: just `policy_url`."""
     limits: RolloutLimits
     """Turn and token limits of every episode."""
     model_files: dict[str, str]
     """The policy model's tokenizer and config files (name -> text): the server renders conversations with them."""
     group_size: int = Field(ge=1, le=4096)
     """rollout.group_size (a group-scored environment scores exactly one group)."""
+
+
+class EnginesUpdate(Wire):
+    """Body of `PUT /engines`: the controller's list of routable policy engines, sent after it replaces one."""
+
+    urls: list[PolicyUrl] = Field(min_length=1, max_length=1024)
+    """Every engine new calls may go to (live, at the current policy version), in tie-breaking order; an engine
+    left out takes no new calls, and one named again after a failure takes calls again."""
 
 
 class AttachReply(Wire):

@@ -29,9 +29,16 @@ def trainer_queue(run_id: str) -> str:
     return f"{run_id}.trainer"
 
 
-def policy_queue(run_id: str) -> str:
-    """Activities that change the policy server's own state (its gate, its weights), in its process."""
-    return f"{run_id}.policy"
+def policy_queue(run_id: str, engine: int | None = None) -> str:
+    """Activities that change one policy engine's own state (its gate, its weights), in its process:
+    `<run_id>.policy.<k>` for engine k; None names the single policy server's queue of histories recorded before
+    a run had several engines."""
+    return f"{run_id}.policy" if engine is None else f"{run_id}.policy.{engine}"
+
+
+def engine_name(engine: int) -> str:
+    """Engine k's Ray actor name and participant name (its folder in a snapshot)."""
+    return f"policy.{engine}"
 
 
 # -- workflows ---------------------------------------------------------------------------

@@ -96,6 +96,9 @@ class RecoveryInput(Wire):
     """The new controller's incarnation; the previous one's attempts are cancelled first."""
     phase_timeout_s: float
     """Start-to-close of each recovery activity."""
+    engines: list[int] | None = None
+    """The policy engines the restored weights are loaded into, in parallel (None: a history from before engines,
+    one policy server)."""
 
 
 class CancelStaleResult(Wire):

@@ -52,6 +52,9 @@ class SnapshotAttemptInput(Wire):
     nothing; mark the environment servers' turn journals (gym.mark) and cut."""
     timeouts: SnapshotTimeouts
     """Per-phase limits."""
+    engines: list[int] | None = None
+    """The policy engines a parked attempt fences, each on its own queue (`<run_id>.policy.<k>`): prepare, commit,
+    resume and abort fan out to all of them. None: the one policy server of a history recorded before engines."""
 
 
 class SnapshotAttemptResult(Wire):
@@ -109,6 +112,34 @@ class RunWorkflowInput(Wire):
     timeouts: SnapshotTimeouts
     carried: "RunCarryOver | None" = None
     """State carried across continue-as-new."""
+    engines: list[int] | None = None
+    """The run's policy engines at start (None: a history from before engines); its attempts fence these."""
+
+
+MAX_ENGINES = 256
+"""The most policy engines a run fences in one attempt (`set_engines` refuses more)."""
+
+
+class SetEnginesInput(Wire):
+    """The run workflow's `set_engines` update: the policy engines the attempts started after it fence."""
+
+    engines: list[int]
+    """Engine indices (engine k serves `<run_id>.policy.<k>`): at least one, none twice, none negative, at most
+    `MAX_ENGINES`."""
+
+
+class SetEnginesResult(Wire):
+    engines: list[int]
+    """The list the next attempts fence."""
+    previous: list[int]
+    """The list before the update (empty for a run started before engines, whose attempts fence the one policy
+    server)."""
+    started: list[int] = []
+    """Engines started, refitted and taking turns."""
+    retired: list[int] = []
+    """Engines that finished their calls and stopped."""
+    seconds: float = 0.0
+    """The controller's time to carry the change out."""
 
 
 class RunCarryOver(Wire):

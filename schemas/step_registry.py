@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import schemas.attempt_steps  # noqa: F401 - declares the attempt's and the run workflow's steps
+import schemas.engine_steps  # noqa: F401 - declares the engines' scaling step
 import schemas.recovery  # noqa: F401 - declares the recovery workflow's steps
 from schemas.steps import STEPS, Step
 

@@ -28,7 +28,7 @@ class Runs(StrEnum):
     TRAINER = "trainer"
     """On the trainer's task queue, in the trainer's process: it changes the trainer's own state."""
     POLICY = "policy"
-    """On the policy server's task queue, in its process."""
+    """On one policy engine's task queue (`<run_id>.policy.<k>`), in its process."""
 
 
 STEPS: dict[str, Step] = {}
@@ -51,14 +51,15 @@ class Step(str):
         STEPS[name] = step
         return step
 
-    def task_queue(self, run_id: str) -> str | None:
-        """The queue to schedule it on; None for the controller's own (the workflows' queue), and for a local one."""
+    def task_queue(self, run_id: str, engine: int | None = None) -> str | None:
+        """The queue to schedule it on; None for the controller's own (the workflows' queue), and for a local one.
+        `engine`: which policy engine runs a policy step (None: the queue of a history from before engines)."""
         if self.runs is Runs.TRAINER:
             return trainer_queue(run_id)
         if self.runs is Runs.POLICY:
-            return policy_queue(run_id)
+            return policy_queue(run_id, engine)
         return None
 
-    def queue_of_worker(self, run_id: str) -> str:
+    def queue_of_worker(self, run_id: str, engine: int | None = None) -> str:
         """The queue of the worker that implements it."""
-        return self.task_queue(run_id) or controller_queue(run_id)
+        return self.task_queue(run_id, engine) or controller_queue(run_id)

@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -26,11 +27,12 @@ log = logging.getLogger("turnkeep.env")
 
 
 class LocalEnvServer:
-    def __init__(self, cfg: TurnkeepConfig, model_dir: Path, policy_url: str, token: str,
+    def __init__(self, cfg: TurnkeepConfig, model_dir: Path, policy_urls: Callable[[], list[str]], token: str,
                  incarnation: int | None, identity: dict | None = None) -> None:
+        """`policy_urls()`: the live engines' URLs at the moment the server (re)starts."""
         self._cfg = cfg
         self._model_dir = model_dir
-        self._policy_url = policy_url
+        self._policy_urls = policy_urls
         self._token = token
         self._incarnation = incarnation
         self._identity = identity
@@ -79,7 +81,7 @@ class LocalEnvServer:
 
         detached = {"lifetime": "detached"} if self._identity is not None else {}
         self.actor = EnvServerActor.options(name=name, **detached).remote()
-        url = await self.actor.start.remote(str(self._model_dir), self._policy_url, cfg.model_dump_json(),
+        url = await self.actor.start.remote(str(self._model_dir), self._policy_urls(), cfg.model_dump_json(),
                                             self._token, self._incarnation)
         write_pid_file(cfg.run.run_dir, "env", await self.actor.__ray_call__.remote(_pid_of))
         if self._identity is not None:

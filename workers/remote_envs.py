@@ -50,8 +50,9 @@ async def attach_remote_servers(
     if not remotes:
         return []
     files = await asyncio.to_thread(model_files, processes.model_dir)
+    urls = processes.engines.routable_urls()
     requests = [
-        AttachRequest(run_id=run_id, incarnation=incarnation, name=name, policy_url=processes.policy_url,
+        AttachRequest(run_id=run_id, incarnation=incarnation, name=name, policy_url=urls[0], policy_urls=urls,
                       limits=rollout_limits(cfg), model_files=files, group_size=cfg.rollout.group_size)
         for name, _ in remotes
     ]

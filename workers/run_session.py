@@ -20,6 +20,7 @@ from pathlib import Path
 import aiohttp
 import ray
 
+from controller.engines.engine_keeper import keep_engines
 from controller.fingerprint import fingerprint_fields, process_digest
 from controller.processes import Processes
 from controller.restore.crash_restore import CrashRestore
@@ -93,7 +94,8 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
         )
         await attach_remote_servers(cfg, processes, session, identity.run_id, identity.incarnation)
         servers = ", ".join(f"{ep.name} {ep.url} ({', '.join(ep.environments)})" for ep in processes.env_servers)
-        log.info("policy server %s, environment servers: %s; model %s", processes.policy_url, servers,
+        engines = ", ".join(engine.url for engine in processes.engines.all())
+        log.info("policy engines %s, environment servers: %s; model %s", engines, servers,
                  processes.model_dir)
         reported = await _server_capabilities(cfg, processes, session)
         controller = Controller(
@@ -119,8 +121,12 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
         observers = start_observers(stack, cfg, controller, processes, run_dir, identity.incarnation)
         preemption = PreemptionHandler(controller, snapshots, cfg.snapshot.preemption_grace_s)
         preemption.install()
+        keeper = keep_engines(processes, session, run_dir=run_dir, no_engine_stop_s=cfg.policy.no_engine_stop_s,
+                              restart_pause_s=cfg.policy.engine_restart_s)
+        stack.push_async_callback(keeper.stop)  # before the processes stop: their stopping is no death to repair
+        controller.engine_keeper = keeper  # `turnkeep scale` reaches it through the run workflow's update
         died: list[str] = []
-        deaths = _noted(first_death({"trainer": processes.trainer, "policy server": processes.policy}), died)
+        deaths = _noted(first_of(first_death({"trainer": processes.trainer}), keeper.none_live()), died)
         try:
             temporal_lost = temporal_supervisor.lost() if temporal_supervisor is not None else None
             await controller.run(max_steps, first_of(watch, deaths, temporal_lost))

@@ -2,8 +2,8 @@
 
 cancel what the previous incarnation left open -> choose the source (newest verified
 snapshot, an older one, or the trainer checkpoint's own data plane) -> restore while
-paused -> load the restored weights into the policy server (its own activity, in its
-process) -> resume. Its summary and details say which source was used and why, so the
+paused -> load the restored weights into every policy engine at once (each its own activity,
+in its process) -> resume. Its summary and details say which source was used and why, so the
 Temporal UI answers "where did this run continue from?".
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
+from workflows.engine_fanout import fan_out
 from workflows.retry_policies import RECOVERY_FEW_TRIES
 from workflows.timed_activity import timed_activity
 
@@ -83,9 +84,10 @@ class RecoveryWorkflow:
                                     RestoreInput(run_id=inp.run_id, incarnation=inp.incarnation, source=source),
                                     inp, seconds)
         if source.kind is not SourceKind.FRESH:
-            await self._call("load_weights", POLICY_LOAD_WEIGHTS, PolicyLoadInput(
-                run_id=inp.run_id, incarnation=inp.incarnation, policy_version=restored.policy_version),
-                inp, seconds, heartbeat_s=30)
+            load = PolicyLoadInput(run_id=inp.run_id, incarnation=inp.incarnation,
+                                   policy_version=restored.policy_version)
+            await fan_out(seconds, "load_weights", inp.engines, lambda clock, engine: self._call(
+                "load_weights", POLICY_LOAD_WEIGHTS, load, inp, clock, heartbeat_s=30, engine=engine))
         await self._call("resume", RECOVERY_RESUME, step, inp, seconds)
         workflow.set_current_details(
             f"restored from {source.kind} (step {source.step}, policy version {restored.policy_version}): "
@@ -98,7 +100,7 @@ class RecoveryWorkflow:
                               seconds=seconds)
 
     async def _call(self, phase: str, step: Step, arg, inp: RecoveryInput, seconds: dict[str, float], *,
-                    heartbeat_s: float | None = None):
+                    heartbeat_s: float | None = None, engine: int | None = None):
         self._phase = phase
         return await timed_activity(seconds, phase, step, arg, inp.phase_timeout_s, RECOVERY_FEW_TRIES,
-                                    run_id=inp.run_id, heartbeat_s=heartbeat_s)
+                                    run_id=inp.run_id, heartbeat_s=heartbeat_s, engine=engine)

@@ -4,8 +4,8 @@ Attempts start every `attempt_interval_s` (when set), right after each trainer c
 an operator (or the preemption handler) signals `snapshot_now`. It finishes any release
 left pending by an earlier attempt before it starts another, counts consecutive
 failures, and stops the run on `max_consecutive_failures` or on a broken invariant. It
-answers `status` and takes `pause_snapshots` / `resume_snapshots`, and continues as new
-before its history grows large.
+answers `status` and takes `pause_snapshots` / `resume_snapshots` and the `set_engines` update (the policy
+engines the next attempts fence), and continues as new before its history grows large.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
         TrainerReleaseInput,
     )
     from schemas.choices import Outcome, Trigger
+    from schemas.engine_steps import ENGINES_SCALE, ScaleEnginesInput
     from schemas.names import (
         ATTEMPT_CANCELLED_SIGNAL,
         WorkflowType,
@@ -42,10 +43,13 @@ with workflow.unsafe.imports_passed_through():
         checkpoint_id,
     )
     from schemas.snapshot import (
+        MAX_ENGINES,
         RunCarryOver,
         RunStatus,
         RunWorkflowInput,
         RunWorkflowResult,
+        SetEnginesInput,
+        SetEnginesResult,
         SnapshotAttemptInput,
         SnapshotAttemptResult,
         SnapshotNowSignal,
@@ -53,6 +57,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from schemas.steps import Step
 
+from workflows.engine_fanout import fan_out
 from workflows.retry_policies import RUN_QUICK, RUN_UNTIL_IT_WORKS, WORKFLOW_TASK_TIMEOUT
 from workflows.snapshot_attempt import SnapshotAttemptWorkflow
 
@@ -84,6 +89,23 @@ def _more_urgent(a: Trigger, b: Trigger | None) -> Trigger:
     return a if b is None or URGENCY.index(a) >= URGENCY.index(b) else b
 
 
+SCALE_TIMEOUT_S = 900.0
+"""Starting engines takes a vLLM start each (in parallel) and their refit; retiring ones a drain."""
+
+
+def _engines_problem(engines: list[int]) -> str | None:
+    """Why `set_engines` refuses `engines`; None when it takes them."""
+    if not engines:
+        return "no policy engines: a run needs at least one"
+    if len(engines) > MAX_ENGINES:
+        return f"{len(engines)} policy engines: at most {MAX_ENGINES}"
+    twice = sorted({engine for engine in engines if engines.count(engine) > 1})
+    if twice:
+        return f"policy engines named more than once: {twice}"
+    negative = sorted(engine for engine in engines if engine < 0)
+    return f"negative policy engine indices: {negative}" if negative else None
+
+
 @workflow.defn(name=WorkflowType.RUN)
 class RunWorkflow:
     @workflow.init
@@ -101,8 +123,13 @@ class RunWorkflow:
         """Attempts finished in this run of the workflow (waiters of `snapshot_and_wait` count on it)."""
         self._last_by_trigger: dict[Trigger, tuple[int, SnapshotAttemptResult]] = {}
         self._run_id = inp.run_id
+        self._incarnation = inp.incarnation
+        self._scaling = False
+        """An operator's `set_engines` is being carried out: no attempt starts meanwhile."""
         self._cancelled: dict[str, SnapshotAttemptResult] = {}
         """Results handed over by attempts that were cancelled (a Canceled workflow returns none)."""
+        self._engines: list[int] | None = inp.engines
+        """The policy engines the next attempt fences (None: the one policy server of a run from before engines)."""
 
     @workflow.signal
     def trainer_checkpoint_saved(self, signal: TrainerCheckpointSignal) -> None:
@@ -148,6 +175,32 @@ class RunWorkflow:
                 return result
             workflow.logger.info("%s snapshot skipped (%s); asking again", trigger, result.reason)
 
+    @workflow.update
+    async def set_engines(self, inp: SetEnginesInput) -> SetEnginesResult:
+        """An operator's new set of policy engines (`turnkeep scale`): between attempts, so no parked attempt fences
+        a set that changes under it, the controller starts the new engines (refitted before they take turns) and
+        retires the removed ones; the attempts started from then on fence the new set."""
+        await workflow.wait_condition(lambda: self._running is None and not self._scaling)
+        previous, self._scaling = self._engines or [], True
+        try:
+            scaled = await workflow.execute_activity(
+                ENGINES_SCALE, ScaleEnginesInput(run_id=self._run_id, incarnation=self._incarnation,
+                                                 engines=list(inp.engines)),
+                result_type=ENGINES_SCALE.result, start_to_close_timeout=timedelta(seconds=SCALE_TIMEOUT_S),
+                heartbeat_timeout=timedelta(seconds=30), retry_policy=RUN_QUICK, summary=str(ENGINES_SCALE))
+        finally:
+            self._scaling = False
+        self._engines = list(scaled.engines)
+        return SetEnginesResult(engines=list(self._engines), previous=previous, started=scaled.started,
+                                retired=scaled.retired, seconds=scaled.seconds)
+
+    @set_engines.validator
+    def _refuse_bad_engines(self, inp: SetEnginesInput) -> None:
+        # Refused before it enters history: a bad list never reaches an attempt.
+        problem = _engines_problem(inp.engines)
+        if problem is not None:
+            raise ValueError(problem)
+
     @workflow.signal(name=ATTEMPT_CANCELLED_SIGNAL)
     def attempt_cancelled(self, result: SnapshotAttemptResult) -> None:
         self._cancelled[result.checkpoint_id] = result
@@ -191,7 +244,7 @@ class RunWorkflow:
                 return RunWorkflowResult(stopped_reason=stop, attempts_by_outcome=dict(self._state.counts))
             if (started_attempts >= ATTEMPTS_BEFORE_CONTINUE_AS_NEW and not self._triggers
                     and workflow.all_handlers_finished()):
-                workflow.continue_as_new(inp.model_copy(update={"carried": self._state}))
+                workflow.continue_as_new(inp.model_copy(update={"carried": self._state, "engines": self._engines}))
         await self._finish_pending_release(inp)  # never leave admission closed behind
         return RunWorkflowResult(stopped_reason=self._stop_reason, attempts_by_outcome=dict(self._state.counts))
 
@@ -226,6 +279,7 @@ class RunWorkflow:
 
     async def _attempt(self, inp: RunWorkflowInput, pending: PendingTrigger):
         """Run one attempt; None when it waits for a trainer checkpoint it asked for (that one starts it)."""
+        await workflow.wait_condition(lambda: not self._scaling)  # it fences the engines the scaling leaves
         trigger, step, note = pending.trigger, pending.step, pending.note
         held = step is not None and pending.held
         if step is None:
@@ -244,7 +298,7 @@ class RunWorkflow:
             run_id=inp.run_id, checkpoint_id=attempt_id, number=number, trigger=trigger, anchor_step=step,
             incarnation=inp.incarnation, trainer_hold=inp.trainer_hold, keep_latest_k=inp.keep_latest_k,
             checkpoint_hold=checkpoint_holder(step) if held and inp.trainer_hold else None, timeouts=inp.timeouts,
-            agents=inp.agents,
+            agents=inp.agents, engines=self._engines,
         )
         try:
             return await workflow.execute_child_workflow(
@@ -305,12 +359,18 @@ class RunWorkflow:
             return
         gym = GymInput(run_id=inp.run_id, checkpoint_id=pending, incarnation=inp.incarnation,
                        lease_s=inp.timeouts.lease_s)
-        for step in (POLICY_RESUME, GYM_RESUME):
-            released = await workflow.execute_activity(
-                step, gym, result_type=step.result, task_queue=step.task_queue(inp.run_id),
+
+        def release(step: Step, engine: int | None = None):
+            return workflow.execute_activity(
+                step, gym, result_type=step.result, task_queue=step.task_queue(inp.run_id, engine),
                 start_to_close_timeout=timedelta(seconds=inp.timeouts.phase_s), retry_policy=RUN_UNTIL_IT_WORKS,
                 summary=f"finish the release of {pending}",
             )
+
+        # The engines of now, not of the attempt: one gone since has no worker to answer (retried forever), and
+        # resuming one added since, never fenced, does nothing.
+        await fan_out({}, "resume", self._engines, lambda _clock, engine: release(POLICY_RESUME, engine))
+        released = await release(GYM_RESUME)
         workflow.logger.info("pending release of %s finished after %.1fs closed", pending,
                              released.admission_closed_s)
         self._state.release_pending = None

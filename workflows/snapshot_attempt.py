@@ -7,8 +7,8 @@ data_plane.cut -> (release the hold) -> publish. At a trainer checkpoint it take
 its own: the train pump's checkpoint hold keeps the step still until the cut, and the
 cut releases it once taken (through Ray, as the pump took it), so the whole attempt runs as
 local activities in one workflow task. The
-trainer's and the policy server's activities run on their own task queues, in their own
-processes. Any failure or cancellation before publish runs the
+trainer's and each policy engine's activities run on their own task queues, in their own
+processes; a policy step runs on every engine at once. Any failure or cancellation before publish runs the
 compensations in one place (`_compensate`): abort the participants, release the hold,
 delete the staging directory; the previous snapshot stays authoritative. A resume that
 keeps failing after publish ends as `published_release_pending`: the snapshot is valid,
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 
+from workflows import engine_fanout
 from workflows.timed_activity import timed_activity
 
 with workflow.unsafe.imports_passed_through():
@@ -191,13 +192,14 @@ class SnapshotAttemptWorkflow:
         progress.agents_parked_s = prepared.agents_parked_s
         # Only now: a mid-turn agent needs its policy call answered to reach its boundary.
         left_s = max(MIN_PREPARE_LEFT_S, prepare_ends - workflow.time())
-        fenced = await self._call(progress, "gym_prepare", POLICY_PREPARE, gym, left_s, ATTEMPT_FEW_TRIES,
-                                  heartbeat_s=10, total_s=left_s)
+        fenced = engine_fanout.prepared(await self._on_engines(
+            inp, progress, "gym_prepare", POLICY_PREPARE, gym, left_s, ATTEMPT_FEW_TRIES, heartbeat_s=10,
+            total_s=left_s))
         progress.participant_s += fenced.participant_s
         committed = await self._call(progress, "gym_commit", GYM_COMMIT, gym, budget.phase_s, ATTEMPT_TRANSIENT,
                                      heartbeat_s=10)
-        policy_committed = await self._call(progress, "gym_commit", POLICY_COMMIT, gym, budget.phase_s,
-                                            ATTEMPT_TRANSIENT)
+        policy_committed = engine_fanout.committed(await self._on_engines(
+            inp, progress, "gym_commit", POLICY_COMMIT, gym, budget.phase_s, ATTEMPT_TRANSIENT), inp.engines)
         progress.participant_s += committed.participant_s + policy_committed.participant_s
         cut, published = await self._cut_and_publish(
             inp, progress, gym, hold, committed.artifacts + policy_committed.artifacts,
@@ -205,7 +207,7 @@ class SnapshotAttemptWorkflow:
 
         outcome, reason = Outcome.PUBLISHED, f"published {published.snapshot_dir}"
         try:
-            await self._release(progress, gym, budget.phase_s, ATTEMPT_FEW_TRIES, abort=False)
+            await self._release(inp, progress, gym, budget.phase_s, ATTEMPT_FEW_TRIES, abort=False)
         except ActivityError as err:
             outcome = Outcome.PUBLISHED_RELEASE_PENDING
             reason = f"published {published.snapshot_dir}; release failed and is retried: {_cause(err)}"
@@ -287,7 +289,7 @@ class SnapshotAttemptWorkflow:
         if progress.gym_started:
             gym = GymInput(run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
                            lease_s=inp.timeouts.lease_s)
-            await self._release(progress, gym, budget, ATTEMPT_PERSISTENT, abort=True)
+            await self._release(inp, progress, gym, budget, ATTEMPT_PERSISTENT, abort=True)
             progress.gym_started = False
         holders = [progress.holder] if progress.trainer_held else []
         if inp.checkpoint_hold and not progress.checkpoint_hold_released:
@@ -301,22 +303,34 @@ class SnapshotAttemptWorkflow:
                 budget, ATTEMPT_PERSISTENT)
             progress.staging_dir = None
 
-    async def _release(self, progress: AttemptProgress, gym: GymInput, timeout_s: float, retry, abort: bool) -> None:
-        """The policy server first, then the agents, then admission (reopened by the last)."""
+    async def _release(self, inp: SnapshotAttemptInput, progress: AttemptProgress, gym: GymInput, timeout_s: float,
+                       retry, abort: bool) -> None:
+        """The policy engines first, then the agents, then admission (reopened by the last)."""
         phase = "compensate" if abort else "resume"
         policy_call, gym_call = ((POLICY_ABORT, GYM_ABORT) if abort else
                                  (POLICY_RESUME, GYM_RESUME))
-        policy = await self._call(progress, phase, policy_call, gym, timeout_s, retry)
+        policy = engine_fanout.released(await self._on_engines(inp, progress, phase, policy_call, gym, timeout_s,
+                                                                retry))
         released = await self._call(progress, phase, gym_call, gym, timeout_s, retry)
         progress.participant_s += policy.participant_s + released.participant_s
         progress.admission_closed_s = released.admission_closed_s
 
+    async def _on_engines(self, inp: SnapshotAttemptInput, progress: AttemptProgress, phase: str, step: Step,
+                          gym: GymInput, timeout_s: float, retry, **options) -> list:
+        """A policy step on every engine of the attempt at once (see `engine_fanout.fan_out`)."""
+        self._phase = phase
+        return await engine_fanout.fan_out(progress.phase_s, phase, inp.engines, lambda clock, engine: self._call(
+            progress, phase, step, gym, timeout_s, retry, engine=engine, clock=clock, **options))
+
     async def _call(self, progress: AttemptProgress, phase: str, step: Step, arg, timeout_s: float, retry, *,
-                    heartbeat_s: float | None = None, total_s: float | None = None):
+                    heartbeat_s: float | None = None, total_s: float | None = None, engine: int | None = None,
+                    clock: dict[str, float] | None = None):
+        """`step` as one activity; its seconds go to `clock` (the phase clock unless given)."""
         self._phase = phase
         local = step.runs is Runs.LOCAL and workflow.patched(LOCAL_CONTROLLER_PHASES)
-        return await timed_activity(progress.phase_s, phase, step, arg, timeout_s, retry, run_id=progress.run_id,
-                                    heartbeat_s=heartbeat_s, total_s=total_s, local=local)
+        return await timed_activity(progress.phase_s if clock is None else clock, phase, step, arg, timeout_s, retry,
+                                    run_id=progress.run_id, heartbeat_s=heartbeat_s, total_s=total_s, local=local,
+                                    engine=engine)
 
     def _result(self, inp, progress: AttemptProgress, outcome: Outcome, reason: str) -> SnapshotAttemptResult:
         return SnapshotAttemptResult(

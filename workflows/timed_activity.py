@@ -16,11 +16,11 @@ with workflow.unsafe.imports_passed_through():
 
 async def timed_activity(seconds: dict[str, float], phase: str, step: Step, arg, timeout_s: float, retry: RetryPolicy,
                          *, run_id: str, heartbeat_s: float | None = None, total_s: float | None = None,
-                         local: bool = False):
+                         local: bool = False, engine: int | None = None):
     """`step` of run `run_id` (its result type and task queue follow from it). `timeout_s` bounds one try; `total_s`,
     when given, every try together (schedule-to-close). `local` runs it as a local activity on the workflow's own
-    worker (no task queue, no heartbeat)."""
-    activity, result_type, task_queue = step, step.result, step.task_queue(run_id)
+    worker (no task queue, no heartbeat). `engine`: the policy engine a policy step runs on."""
+    activity, result_type, task_queue = step, step.result, step.task_queue(run_id, engine)
     began = workflow.time()
     try:
         if local:

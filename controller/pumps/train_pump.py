@@ -18,8 +18,9 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from controller.engines.engine_pool import EnginePool
 from controller.journal.records import REPLAY_CLEARED, STEP, TRAINED
 from controller.state.claim_ledger import ClaimLedger
 from controller.state.data_plane import DataPlane
@@ -46,6 +47,9 @@ class StepReport:
     """Serialising on the trainer, moving through Ray and loading into vLLM, end to end."""
     refit_bytes: int
     trainer: dict
+    engine_tokens: dict[int, int] = field(default_factory=dict)
+    """Tokens each live engine has generated since it started (engine index -> count), as of this step's refit."""
+    engines_live: int = 1
 
 
 class TrainPump:
@@ -56,7 +60,7 @@ class TrainPump:
         claims: ClaimLedger,
         data_plane: DataPlane,
         trainer,
-        policy,
+        engines: EnginePool,
         admission: HoldSet,
         stats: RunStats,
         on_groups_finished: Callable[[], None],
@@ -70,7 +74,7 @@ class TrainPump:
         self._claims = claims
         self._data_plane = data_plane
         self._trainer = trainer
-        self._policy = policy
+        self._engines = engines
         self._admission = admission
         self._stats = stats
         self._on_groups_finished = on_groups_finished
@@ -219,7 +223,7 @@ class TrainPump:
             self.policy_version = trainer_stats["policy_version"]
         self._on_groups_finished()
         self.waiting_on = f"the policy server: loading policy version {trainer_stats['policy_version']}"
-        refit_s, refit_bytes = await self._refit(trainer_stats["policy_version"])
+        refit_s, refit_bytes, engine_tokens = await self._refit(trainer_stats["policy_version"])
         self._release_replay_hold_once_fresh()  # after the refit: generation goes on with the newer policy
         if self.step % self._cfg.save_period == 0:
             # A pending request (a preemption, an operator) is served by this checkpoint: keep its trigger.
@@ -235,6 +239,8 @@ class TrainPump:
             refit_s=refit_s,
             refit_bytes=refit_bytes,
             trainer=trainer_stats,
+            engine_tokens=engine_tokens,
+            engines_live=len(self._engines.live()),
         )
         self._on_step(report)
         return report
@@ -308,14 +314,17 @@ class TrainPump:
         self._stats.groups_discarded[reason] += len(group_ids)
         self._on_groups_finished()
 
-    async def _refit(self, version: int) -> tuple[float, int]:
-        """Trainer weights into the policy server, in place: (seconds, bytes). The bytes go from the
-        trainer's process to the policy server's through Ray, never through this one."""
+    async def _refit(self, version: int) -> tuple[float, int, dict[int, int]]:
+        """Trainer weights into every live engine, in place and in parallel: (seconds, bytes of one copy, each
+        engine's tokens generated so far). The
+        bytes are serialized once, in the trainer's process, and go to the engines through Ray's object store,
+        never through this one."""
         started = time.monotonic()
         self._admission.add(REFIT_HOLDER)
         try:
             blob = self._trainer.weights_blob.remote()
-            loaded = await self._policy.load_weights.remote(blob, version)
+            loaded = await self._engines.load_weights(blob, version)
         finally:
             self._admission.release(REFIT_HOLDER)
-        return time.monotonic() - started, int(loaded["bytes"])
+        tokens = {int(one["engine"]): int(one["tokens_generated"]) for one in loaded if "engine" in one}
+        return time.monotonic() - started, max((int(one["bytes"]) for one in loaded), default=0), tokens

@@ -28,6 +28,7 @@ class MetricsSink:
         self.steps_trained = 0
         """Train steps this process trained (a restored run's earlier steps are not its own)."""
         self._base: dict | None = None
+        self._engine_tokens: dict[int, int] = {}
 
     def _base_totals(self, step: int) -> dict:
         """The lineage's totals at the step before this process's first: read once, at its first step."""
@@ -52,6 +53,8 @@ class MetricsSink:
             "policy_version": report.policy_version,
             "data_epoch": epoch,
             "staleness_max": report.staleness_max,
+            "engines_live": report.engines_live,
+            "engine_tokens_per_s": self._engine_rates(report.engine_tokens, now),
             **add_totals(self._base_totals(report.step), {
                 "rows_sealed_total": self._stats.rows_sealed,
                 "retries_total": self._stats.retries,
@@ -69,6 +72,17 @@ class MetricsSink:
         append_jsonl(self.path, line, durable=False)
         self._print_progress(line)
         return line
+
+    def _engine_rates(self, tokens: dict[int, int], now: float) -> dict[str, float]:
+        """Per engine, tokens/s since the last step (an engine new since then counts from its start)."""
+        elapsed = max(now - self._last, 1e-6)
+        rates = {}
+        for k, count in sorted(tokens.items()):
+            before = self._engine_tokens.get(k, 0)
+            # A replacement counts from zero again.
+            rates[str(k)] = round((count - before if count >= before else count) / elapsed, 1)
+        self._engine_tokens = dict(tokens)
+        return rates
 
     def _sample_memory(self) -> float:
         by_role = rss_mib_by_role()

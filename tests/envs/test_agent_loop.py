@@ -58,14 +58,16 @@ class ToolTurnsEnvironment(Environment):
 
 
 class ScriptedPolicy:
-    """A PolicyClient that answers with given token ids (vLLM's way: the stop token included)."""
+    """A policy that answers with given token ids (vLLM's way: the stop token included)."""
 
     def __init__(self, turns: list[list[int]]) -> None:
         self._turns = list(turns)
         self.requests: list[CompletionRequest] = []
+        self.rollout_ids: list[str | None] = []
 
-    async def complete(self, request: CompletionRequest) -> CompletionResponse:
+    async def complete(self, request: CompletionRequest, *, rollout_id: str | None = None) -> CompletionResponse:
         self.requests.append(request)
+        self.rollout_ids.append(rollout_id)
         ids = self._turns.pop(0)[: request.max_tokens]
         choice = CompletionChoice(text="", token_ids=ids, logprobs=CompletionLogprobs(token_logprobs=[-1.0] * len(ids)),
                                   finish_reason="stop")
@@ -122,6 +124,7 @@ def test_a_calc_rollout_keeps_the_line_protocols_ids(tmp_path: Path) -> None:
     assert env.turns == ["C 37+48", "C 85-12", "A 73"]  # without the end-of-turn newline
     assert all(r.stop_token_ids == codec.stop_ids for r in policy.requests)
     assert tok.token_to_id("\n") in codec.stop_ids
+    assert policy.rollout_ids == ["g.0.0"] * 3  # a router keeps the rollout on its engine
 
 
 def test_a_chat_rollout_is_the_templates_rendering_and_continues_token_for_token(tmp_path: Path) -> None:

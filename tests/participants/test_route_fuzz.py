@@ -104,7 +104,8 @@ async def fingerprint(session: aiohttp.ClientSession, env_url: str, policy_url: 
         async with session.get(f"{url}/checkpoint/status", headers=auth) as resp:
             status = await resp.json()
         health.pop("expired_results", None)
-        for volatile in ("uptime_s", "requests", "served", "completions", "policy_version_age_s"):
+        for volatile in ("uptime_s", "requests", "served", "completions", "policy_version_age_s", "tokens_generated",
+                         "policy_engines"):
             health.pop(volatile, None)
         status.pop("lease_remaining_s", None)
         state[name] = {"health": health, "status": status}

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 from temporalio import activity
 
+from activities.engine_activities import EngineActivities
 from activities.gym_activities import GymActivities
 from activities.policy_activities import PolicyActivities
 from activities.recovery_activities import RecoveryActivities
@@ -20,7 +21,7 @@ from schemas.step_registry import declared_steps
 from schemas.steps import Runs, Step
 
 PROCESS_CLASSES = {
-    Runs.CONTROLLER: (GymActivities, SnapshotActivities, RecoveryActivities),
+    Runs.CONTROLLER: (GymActivities, SnapshotActivities, RecoveryActivities, EngineActivities),
     Runs.LOCAL: (GymActivities, SnapshotActivities),
     Runs.TRAINER: (TrainerActivities,),
     Runs.POLICY: (PolicyActivities,),
@@ -34,7 +35,7 @@ def _implemented(classes) -> list[str]:
 
 def test_every_step_is_implemented_exactly_once_where_it_runs():
     steps = declared_steps()
-    assert len(steps) == 24  # every activity a history of this project names
+    assert len(steps) == 25  # every activity a history of this project names
     for runs, classes in PROCESS_CLASSES.items():
         implemented = _implemented(classes)
         wanted = sorted(name for name, step in steps.items() if step.runs is runs)
@@ -47,7 +48,8 @@ def test_a_step_is_its_name_for_temporal_and_knows_its_queue():
     assert GYM_MARK.input is GymInput and GYM_MARK.result is GymMarkResult and GYM_MARK.task_queue("r") is None
     steps = declared_steps()
     assert steps["trainer.hold"].task_queue("r") == "r.trainer"
-    assert steps["policy.load_weights"].queue_of_worker("r") == "r.policy"
+    assert steps["policy.load_weights"].queue_of_worker("r") == "r.policy"  # a history from before engines
+    assert steps["policy.load_weights"].queue_of_worker("r", engine=2) == "r.policy.2"
     assert steps["gym.prepare"].queue_of_worker("r") == "r.controller"
     with pytest.raises(ValueError, match="declared twice"):
         Step("gym.mark", GymInput, GymMarkResult, Runs.LOCAL)

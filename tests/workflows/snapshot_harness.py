@@ -13,13 +13,51 @@ from pathlib import Path
 
 import aiohttp
 import orjson
+from temporalio import activity
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
 
 from controller.errors import RunStopped
 from controller.runtime import Controller
+from schemas import search_attributes as sa
+from schemas.attempt_steps import (
+    CUT,
+    DISCARD_STAGING,
+    GYM_ABORT,
+    GYM_COMMIT,
+    GYM_PREPARE,
+    GYM_RESUME,
+    OPEN_STAGING,
+    POLICY_ABORT,
+    POLICY_COMMIT,
+    POLICY_PREPARE,
+    POLICY_RESUME,
+    PREFLIGHT,
+    PUBLISH,
+    CutInput,
+    CutResult,
+    DiscardStagingInput,
+    GymCommitResult,
+    GymInput,
+    GymPrepareResult,
+    GymReleaseResult,
+    PolicyPrepareResult,
+    PreflightInput,
+    PreflightResult,
+    PublishInput,
+    PublishResult,
+    StagingInput,
+    StagingResult,
+)
 from schemas.config import TurnkeepConfig
-from schemas.participant import FaultPlan
+from schemas.names import policy_queue
+from schemas.participant import Artifact, FaultPlan
+from schemas.snapshot import SnapshotAttemptInput, SnapshotAttemptResult, SnapshotTimeouts
 from tests.controller_inputs import controller_inputs
 from workers.temporal.controller_worker import SnapshotRuntime, participant_clients, start_snapshots, stop_snapshots
+from workers.temporal.dev_server import UNTHROTTLED, temporal_binary
+from workflows.snapshot_attempt import SnapshotAttemptWorkflow
 
 HISTORY_DIR = Path(__file__).parent / "histories"
 
@@ -126,3 +164,133 @@ def published_dirs(run_dir: Path) -> list[Path]:
 
 def staging_dirs(run_dir: Path) -> list[Path]:
     return sorted(run_dir.glob("checkpoints/step_*/snapshots/.staging-*"))
+
+
+# -- one attempt against stand-in participants (no stack) ------------------------------------------------------------
+
+
+class StandInParticipants:
+    """Every step a parked attempt without a trainer hold calls, answering at once. Each call is recorded with the
+    queue it ran on; a policy step answers as the engine of its queue."""
+
+    def __init__(self, policy_versions: dict[int, int] | None = None, prepare_s: float = 0.0):
+        self.calls: list[tuple[str, str]] = []
+        """(step, task queue), in the order they started."""
+        self.policy_versions = policy_versions or {}
+        """The policy version an engine's commit reports, by engine index (default 7)."""
+        self.prepare_s = prepare_s
+        """How long each engine's policy.prepare takes."""
+        self.published: PublishInput | None = None
+
+    def _called(self) -> str:
+        info = activity.info()
+        self.calls.append((info.activity_type, info.task_queue))
+        return info.task_queue
+
+    @activity.defn(name=PREFLIGHT)
+    async def preflight(self, inp: PreflightInput) -> PreflightResult:
+        self._called()
+        return PreflightResult(skip_reason=None)
+
+    @activity.defn(name=OPEN_STAGING)
+    async def open_staging(self, inp: StagingInput) -> StagingResult:
+        self._called()
+        return StagingResult(staging_dir="/nowhere/.staging")
+
+    @activity.defn(name=GYM_PREPARE)
+    async def gym_prepare(self, inp: GymInput) -> GymPrepareResult:
+        self._called()
+        return GymPrepareResult(participant_s=0.1)
+
+    @activity.defn(name=GYM_COMMIT)
+    async def gym_commit(self, inp: GymInput) -> GymCommitResult:
+        self._called()
+        return GymCommitResult(participant_s=0.1, artifacts=[_artifact("env/agents.jsonl")],
+                               counts={"parked_agents": 2})
+
+    @activity.defn(name=GYM_RESUME)
+    async def gym_resume(self, inp: GymInput) -> GymReleaseResult:
+        self._called()
+        return GymReleaseResult(participant_s=0.1, admission_closed_s=1.0)
+
+    @activity.defn(name=GYM_ABORT)
+    async def gym_abort(self, inp: GymInput) -> GymReleaseResult:
+        self._called()
+        return GymReleaseResult(participant_s=0.1, admission_closed_s=1.0)
+
+    @activity.defn(name=CUT)
+    async def cut(self, inp: CutInput) -> CutResult:
+        self._called()
+        return CutResult(artifacts=[], data_plane_rows=3, unfinished_groups=0, continuations=0, policy_version=7)
+
+    @activity.defn(name=PUBLISH)
+    async def publish(self, inp: PublishInput) -> PublishResult:
+        self._called()
+        self.published = inp
+        return PublishResult(snapshot_dir=f"snapshots/{inp.number}", bytes_written=1)
+
+    @activity.defn(name=DISCARD_STAGING)
+    async def discard_staging(self, inp: DiscardStagingInput) -> None:
+        self._called()
+
+    @activity.defn(name=POLICY_PREPARE)
+    async def policy_prepare(self, inp: GymInput) -> PolicyPrepareResult:
+        self._called()
+        await asyncio.sleep(self.prepare_s)
+        return PolicyPrepareResult(participant_s=0.1, drained=1)
+
+    @activity.defn(name=POLICY_COMMIT)
+    async def policy_commit(self, inp: GymInput) -> GymCommitResult:
+        queue = self._called()
+        engine = queue.rsplit(".", 1)[-1]  # `<run_id>.policy.<k>`, or `<run_id>.policy` before engines
+        version = self.policy_versions.get(int(engine), 7) if engine.isdigit() else 7
+        return GymCommitResult(participant_s=0.1, artifacts=[_artifact(f"{queue}/state.json")],
+                               counts={"policy_version": version})
+
+    @activity.defn(name=POLICY_RESUME)
+    async def policy_resume(self, inp: GymInput) -> GymReleaseResult:
+        self._called()
+        return GymReleaseResult(participant_s=0.1, admission_closed_s=0.0)
+
+    @activity.defn(name=POLICY_ABORT)
+    async def policy_abort(self, inp: GymInput) -> GymReleaseResult:
+        self._called()
+        return GymReleaseResult(participant_s=0.1, admission_closed_s=0.0)
+
+    def controller_activities(self) -> list:
+        return [self.preflight, self.open_staging, self.gym_prepare, self.gym_commit, self.gym_resume,
+                self.gym_abort, self.cut, self.publish, self.discard_staging]
+
+    def policy_activities(self) -> list:
+        return [self.policy_prepare, self.policy_commit, self.policy_resume, self.policy_abort]
+
+    def policy_calls(self, step: str) -> list[str]:
+        """The queues `step` ran on, sorted."""
+        return sorted(queue for name, queue in self.calls if name == step)
+
+
+def _artifact(path: str) -> Artifact:
+    return Artifact(path=path, sha256="0" * 64, bytes=1)
+
+
+async def attempt_with_stand_ins(participants: StandInParticipants,
+                                 engines: list[int] | None) -> SnapshotAttemptResult:
+    """One parked attempt on a dev server of its own: the controller's worker serves the workflow and the
+    controller's steps; the old policy server's queue and engines 0 and 1 each have a worker."""
+    run_id = f"fake-{uuid.uuid4().hex[:6]}"
+    async with await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_binary(), data_converter=pydantic_data_converter, search_attributes=sa.ALL,
+        dev_server_extra_args=[arg for value in UNTHROTTLED for arg in ("--dynamic-config-value", value)],
+    ) as env:
+        queues = [policy_queue(run_id, engine) for engine in (None, 0, 1)]
+        policy_workers = [Worker(env.client, task_queue=queue, activities=participants.policy_activities())
+                          for queue in queues]
+        controller = Worker(env.client, task_queue=f"{run_id}.controller", workflows=[SnapshotAttemptWorkflow],
+                            activities=participants.controller_activities())
+        async with controller, policy_workers[0], policy_workers[1], policy_workers[2]:
+            return await env.client.execute_workflow(
+                SnapshotAttemptWorkflow.run, SnapshotAttemptInput(
+                    run_id=run_id, checkpoint_id=f"{run_id}.snapshot.4.1", number=1, trigger="operator",
+                    anchor_step=4, incarnation=1, trainer_hold=False, engines=engines,
+                    timeouts=SnapshotTimeouts(prepare_s=10, phase_s=10, lease_s=10)),
+                id=f"{run_id}.snapshot.4.1", task_queue=f"{run_id}.controller")

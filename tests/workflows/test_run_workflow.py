@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from temporalio import activity, workflow
+from temporalio.client import WorkflowUpdateFailedError
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -27,9 +28,11 @@ from schemas.attempt_steps import (
     RecordResult,
 )
 from schemas.choices import Outcome, Trigger
+from schemas.engine_steps import ENGINES_SCALE, ScaleEnginesInput, ScaleEnginesResult
 from schemas.names import WorkflowType
 from schemas.snapshot import (
     RunWorkflowInput,
+    SetEnginesInput,
     SnapshotAttemptInput,
     SnapshotAttemptResult,
     SnapshotNowSignal,
@@ -52,9 +55,10 @@ async def _dev_server() -> WorkflowEnvironment:
     )
 
 
-def _run_input(attempt_interval_s: float | None) -> RunWorkflowInput:
+def _run_input(attempt_interval_s: float | None, engines: list[int] | None = None) -> RunWorkflowInput:
     return RunWorkflowInput(run_id="r", incarnation=1, attempt_interval_s=attempt_interval_s, max_consecutive_failures=3,
-                            keep_latest_k=2, timeouts=SnapshotTimeouts(prepare_s=5, phase_s=5, lease_s=5))
+                            keep_latest_k=2, timeouts=SnapshotTimeouts(prepare_s=5, phase_s=5, lease_s=5),
+                            engines=engines)
 
 
 class StandIns:
@@ -76,13 +80,15 @@ class StandIns:
 
 
 @asynccontextmanager
-async def _started_run(stand_ins: StandIns, attempt_interval_s: float | None, extra_workflows: tuple = ()):
+async def _started_run(stand_ins: StandIns, attempt_interval_s: float | None, extra_workflows: tuple = (),
+                       engines: list[int] | None = None):
     """A run workflow on a dev server of its own, its worker serving `stand_ins`' activities."""
     async with await _dev_server() as env:
         queue = f"q-{uuid.uuid4().hex[:6]}"
         async with Worker(env.client, task_queue=queue, workflows=[RunWorkflow, *extra_workflows],
-                          activities=[stand_ins.anchor, stand_ins.request_checkpoint, stand_ins.record]):
-            yield await env.client.start_workflow(RunWorkflow.run, _run_input(attempt_interval_s),
+                          activities=[stand_ins.anchor, stand_ins.request_checkpoint, stand_ins.record,
+                                      *([stand_ins.scale] if hasattr(stand_ins, "scale") else [])]):
+            yield await env.client.start_workflow(RunWorkflow.run, _run_input(attempt_interval_s, engines),
                                                   id=f"r.run.{queue}", task_queue=queue)
 
 
@@ -172,12 +178,13 @@ class OutrunOnceAttempt:
                                      snapshot_dir=f"snapshots/{inp.number}" if outcome is Outcome.PUBLISHED else None)
 
 
-def test_snapshot_and_wait_answers_what_was_saved_and_asks_again_after_a_skip():
-    class AtACheckpoint(StandIns):
-        @activity.defn(name=ANCHOR)
-        async def anchor(self, inp: AnchorQuery) -> AnchorResult:
-            return AnchorResult(current_step=5, newest_checkpoint_step=5)
+class AtACheckpoint(StandIns):
+    @activity.defn(name=ANCHOR)
+    async def anchor(self, inp: AnchorQuery) -> AnchorResult:
+        return AnchorResult(current_step=5, newest_checkpoint_step=5)
 
+
+def test_snapshot_and_wait_answers_what_was_saved_and_asks_again_after_a_skip():
     async def scenario():
         async with _started_run(AtACheckpoint(), attempt_interval_s=600, extra_workflows=(OutrunOnceAttempt,)) as handle:
             saved = await handle.execute_update(
@@ -195,3 +202,55 @@ def test_snapshot_and_wait_answers_what_was_saved_and_asks_again_after_a_skip():
     assert saved.outcome is Outcome.PUBLISHED and saved.trigger is Trigger.PREEMPTION
     assert saved.checkpoint_id == "r.snapshot.5.2" and saved.snapshot_dir == "snapshots/2"
     assert status.attempts_by_outcome == {"skipped": 1, "published": 1}
+
+
+@workflow.defn(name=WorkflowType.SNAPSHOT_ATTEMPT, sandboxed=False)
+class EngineEchoAttempt:
+    """Stands in for an attempt: publishes, its reason naming the engines it was asked to fence."""
+
+    @workflow.run
+    async def run(self, inp: SnapshotAttemptInput) -> SnapshotAttemptResult:
+        return SnapshotAttemptResult(checkpoint_id=inp.checkpoint_id, outcome=Outcome.PUBLISHED,
+                                     reason=f"engines {inp.engines}", anchor_step=inp.anchor_step,
+                                     trigger=inp.trigger)
+
+
+class ScalingController(AtACheckpoint):
+    """The controller's side of `set_engines`: records the lists it was asked for and has them at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[list[int]] = []
+
+    @activity.defn(name=ENGINES_SCALE)
+    async def scale(self, inp: ScaleEnginesInput) -> ScaleEnginesResult:
+        self.asked.append(inp.engines)
+        return ScaleEnginesResult(engines=inp.engines, started=[k for k in inp.engines if k > 0], retired=[],
+                                  seconds=0.5)
+
+
+def test_set_engines_refuses_a_bad_list_and_the_next_attempt_fences_the_new_one():
+    controller = ScalingController()
+
+    async def scenario():
+        async with _started_run(controller, attempt_interval_s=600, extra_workflows=(EngineEchoAttempt,),
+                                engines=[0]) as handle:
+            refusals = []
+            for engines in ([], [0, 1, 0], [2, -1], list(range(257))):
+                with pytest.raises(WorkflowUpdateFailedError) as refused:
+                    await handle.execute_update(RunWorkflow.set_engines, SetEnginesInput(engines=engines))
+                refusals.append(str(refused.value.cause))
+            before = await handle.execute_update(RunWorkflow.snapshot_and_wait, SnapshotNowSignal(reason="before"))
+            changed = await handle.execute_update(RunWorkflow.set_engines, SetEnginesInput(engines=[0, 1, 2]))
+            after = await handle.execute_update(RunWorkflow.snapshot_and_wait, SnapshotNowSignal(reason="after"))
+            await handle.signal(RunWorkflow.stop, "test over")
+            await handle.result()
+        return refusals, before, changed, after
+
+    refusals, before, changed, after = asyncio.run(scenario())
+    assert "at least one" in refusals[0] and "more than once: [0]" in refusals[1]
+    assert "negative" in refusals[2] and "257 policy engines" in refusals[3]
+    assert before.reason == "engines [0]"
+    assert changed.previous == [0] and changed.engines == [0, 1, 2] and changed.started == [1, 2]
+    assert controller.asked == [[0, 1, 2]]  # refused lists never reached the controller
+    assert after.reason == "engines [0, 1, 2]"

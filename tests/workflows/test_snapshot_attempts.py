@@ -13,7 +13,14 @@ from bench.attempt_history import history_times
 from schemas.participant import FaultPlan
 from schemas.snapshot import SnapshotManifest
 from tests.stack_training import in_new_run_dir, train_shared_stack
-from tests.workflows.snapshot_harness import published_dirs, run_scenario, scenario_config, staging_dirs
+from tests.workflows.snapshot_harness import (
+    StandInParticipants,
+    attempt_with_stand_ins,
+    published_dirs,
+    run_scenario,
+    scenario_config,
+    staging_dirs,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -54,6 +61,47 @@ def test_happy_path_publishes_a_complete_verified_snapshot(stack, stack_config, 
     assert state["step"] == manifest.anchor_step
     assert manifest.counts["continuations"] == len(state["continuations"])
     assert_released(result)
+
+
+def test_a_parked_attempt_fences_every_policy_engine_and_publishes_all_their_artifacts():
+    participants = StandInParticipants(prepare_s=0.5)
+    result = asyncio.run(attempt_with_stand_ins(participants, engines=[0, 1]))
+
+    assert result.outcome == "published", result.reason
+    run_id = result.checkpoint_id.split(".")[0]
+    for step in ("policy.prepare", "policy.commit", "policy.resume"):
+        assert participants.policy_calls(step) == [f"{run_id}.policy.0", f"{run_id}.policy.1"], step
+    assert participants.policy_calls("policy.abort") == []
+    published = participants.published
+    assert {a.path for a in published.artifacts} == {
+        "env/agents.jsonl", f"{run_id}.policy.0/state.json", f"{run_id}.policy.1/state.json"}
+    assert published.counts["policy_version"] == 7 and published.counts["parked_agents"] == 2
+    # Side by side: each step's engines count once (the slowest), on the phase clock as in participant seconds.
+    assert result.participant_s == pytest.approx(0.1 * 6)
+    assert 0.5 <= result.phase_s["gym_prepare"] < 0.9, result.phase_s
+
+
+def test_engines_at_different_policy_versions_fail_the_attempt_and_every_engine_aborts():
+    participants = StandInParticipants(policy_versions={0: 7, 1: 8})
+    result = asyncio.run(attempt_with_stand_ins(participants, engines=[0, 1]))
+
+    assert result.outcome == "failed", result.reason
+    assert "engine 0 at policy version 7" in result.reason and "engine 1 at policy version 8" in result.reason
+    assert participants.published is None
+    run_id = result.checkpoint_id.split(".")[0]
+    assert participants.policy_calls("policy.abort") == [f"{run_id}.policy.0", f"{run_id}.policy.1"]
+    assert participants.policy_calls("policy.resume") == []
+    assert ("snapshot.discard_staging", f"{run_id}.controller") in participants.calls
+
+
+def test_an_attempt_from_before_engines_uses_the_one_policy_servers_queue():
+    participants = StandInParticipants()
+    result = asyncio.run(attempt_with_stand_ins(participants, engines=None))
+
+    assert result.outcome == "published", result.reason
+    run_id = result.checkpoint_id.split(".")[0]
+    for step in ("policy.prepare", "policy.commit", "policy.resume"):
+        assert participants.policy_calls(step) == [f"{run_id}.policy"], step
 
 
 async def _version(trainer) -> int:

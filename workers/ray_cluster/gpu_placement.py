@@ -35,65 +35,81 @@ class Seat:
 class GpuPlan:
     bundles: list[dict[str, float]]
     trainer: Seat | None
-    policy: Seat | None
+    engines: list[Seat | None]
+    """Engine k's seat; a replacement for engine k takes the same bundle once the dead one has left it."""
+
+    @property
+    def policy(self) -> Seat | None:
+        return self.engines[0]
 
 
-def plan_gpus(placement: PlacementConfig) -> GpuPlan:
+def plan_gpus(placement: PlacementConfig, engines: int = 1) -> GpuPlan:
     if placement.share_gpus:
-        return GpuPlan([{"GPU": 1.0}], Seat(0, SHARED_FRACTION), Seat(0, SHARED_FRACTION))
+        return GpuPlan([{"GPU": 1.0}], Seat(0, SHARED_FRACTION), [Seat(0, SHARED_FRACTION)])
     bundles: list[dict[str, float]] = []
-    seats: dict[str, Seat | None] = {"trainer": None, "policy": None}
-    for role, gpus in (("trainer", placement.trainer_gpus), ("policy", placement.policy_gpus)):
-        if gpus:
-            seats[role] = Seat(len(bundles), float(gpus))
-            bundles.append({"GPU": float(gpus)})
-    return GpuPlan(bundles, seats["trainer"], seats["policy"])
+    trainer = None
+    if placement.trainer_gpus:
+        trainer = Seat(0, float(placement.trainer_gpus))
+        bundles.append({"GPU": float(placement.trainer_gpus)})
+    seats: list[Seat | None] = []
+    for _ in range(engines):
+        seats.append(Seat(len(bundles), float(placement.policy_gpus)) if placement.policy_gpus else None)
+        if placement.policy_gpus:
+            bundles.append({"GPU": float(placement.policy_gpus)})
+    return GpuPlan(bundles, trainer, seats)
 
 
-def check_gpus(placement: PlacementConfig, cluster_gpus: float, where: str = "the Ray cluster") -> None:
-    needed = placement.gpus_needed()
+def check_gpus(placement: PlacementConfig, cluster_gpus: float, where: str = "the Ray cluster",
+               engines: int = 1) -> None:
+    needed = placement.gpus_needed(engines)
     if needed > cluster_gpus:
+        each = f" x {engines} engines" if engines > 1 else ""
         how = ("shared by the trainer and the policy server" if placement.share_gpus else
-               f"trainer {placement.trainer_gpus} + policy server {placement.policy_gpus}")
+               f"trainer {placement.trainer_gpus} + policy server {placement.policy_gpus}{each}")
         raise PlacementError(
             f"[placement] asks for {needed} GPU(s) ({how}), but {where} has {cluster_gpus:g}; lower "
-            "placement.trainer_gpus / placement.policy_gpus (0 runs that process on the CPU), or join a cluster "
-            "with more GPUs (ray.address)"
+            "placement.trainer_gpus / placement.policy_gpus (0 runs that process on the CPU) or policy.engines, or "
+            "join a cluster with more GPUs (ray.address)"
         )
 
 
-def reserve(placement: PlacementConfig, detached: bool = False):
+def reserve(placement: PlacementConfig, detached: bool = False, engines: int = 1, spread: bool = False):
     """Check the cluster, then reserve the plan's bundles; None when nothing asks for a GPU. `detached`: the
-    reservation outlives this controller, as the detached actors placed in it do."""
+    reservation outlives this controller, as the detached actors placed in it do. `spread`: the bundles go to
+    different nodes where Ray can (one node lost takes few engines with it)."""
     import ray
     from ray.util.placement_group import placement_group
 
-    check_gpus(placement, ray.cluster_resources().get("GPU", 0.0))
-    plan = plan_gpus(placement)
+    check_gpus(placement, ray.cluster_resources().get("GPU", 0.0), engines=engines)
+    plan = plan_gpus(placement, engines)
     if not plan.bundles:
         return None
-    group = placement_group(plan.bundles, strategy="PACK", name="turnkeep-gpus",
+    group = placement_group(plan.bundles, strategy="SPREAD" if spread else "PACK", name="turnkeep-gpus",
                             lifetime="detached" if detached else None)
     ray.get(group.ready(), timeout=READY_TIMEOUT_S)
     return group
 
 
-def actor_options(placement: PlacementConfig, group, role: str) -> dict:
-    """Ray options of the trainer (`role="trainer"`) or the policy server (`"policy"`)."""
-    seat = getattr(plan_gpus(placement), role)
+def actor_options(placement: PlacementConfig, group, role: str, engine: int = 0, engines: int = 1,
+                  spread: bool = False) -> dict:
+    """Ray options of the trainer (`role="trainer"`) or policy engine `engine` (`"policy"`). Without GPUs, `spread`
+    engines go to different nodes where Ray can."""
+    plan = plan_gpus(placement, max(engines, engine + 1))
+    seat = plan.trainer if role == "trainer" else plan.engines[engine]
     if seat is None or group is None:
-        return {"num_gpus": 0}
+        return {"num_gpus": 0, **({"scheduling_strategy": "SPREAD"} if spread and role == "policy" else {})}
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     strategy = PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=seat.bundle)
     return {"num_gpus": seat.num_gpus, "scheduling_strategy": strategy}
 
 
-def check_local_gpus(placement: PlacementConfig) -> None:
+def check_local_gpus(placement: PlacementConfig, engines: int = 1) -> None:
     """Before anything starts: a run that starts its own Ray (no `ray.address`) gets this machine's GPUs, so a
     placement this machine cannot meet is refused here, not after Temporal and Ray have started."""
-    if not placement.gpus_needed():
+    if not placement.gpus_needed(engines):
         return
     import torch
 
-    check_gpus(placement, float(torch.cuda.device_count()), where="this machine (the run starts its own Ray here)")
+    check_gpus(placement, float(torch.cuda.device_count()), where="this machine (the run starts its own Ray here)",
+               engines=engines)

@@ -1,4 +1,4 @@
-"""Ray placement of the trainer, the policy server and the environment server.
+"""Ray placement of the trainer, the policy engines and the environment server.
 
 Local by default (Ray's temp dir inside the run directory, listening on loopback, with
 token authentication: `workers/ray_cluster/security.py`); `ray.address` joins an existing
@@ -16,6 +16,7 @@ from pathlib import Path
 import ray
 
 from controller.config_file import ConfigError
+from controller.engines.engine_pool import EnginePool, EngineState
 from controller.processes import EnvServerEndpoint, Processes
 from envs.kinds import local_environments
 from primitives.control_token import create_control_token
@@ -23,6 +24,7 @@ from primitives.pid_files import write_pid_file
 from schemas.config import TurnkeepConfig
 from workers.local_env_server import LocalEnvServer
 from workers.model_maker import cached_tiny_model_dir
+from workers.ray_cluster.engines import EngineStarter
 from workers.ray_cluster.gpu_placement import PlacementError, actor_options, reserve
 from workers.ray_cluster.head import RayHead, start_or_find_head
 from workers.ray_cluster.security import ensure_ray_token
@@ -66,7 +68,7 @@ def reserve_gpus(cfg: TurnkeepConfig, detached: bool = False):
     Refused with the numbers when the cluster has too few; Ray is shut down again then.
     """
     try:
-        return reserve(cfg.placement, detached)
+        return reserve(cfg.placement, detached, cfg.policy.engines, cfg.policy.placement == "spread")
     except PlacementError:
         ray.shutdown()
         raise
@@ -93,11 +95,11 @@ def _make_model(cfg_json: str) -> str:
 
 async def launch(cfg: TurnkeepConfig, incarnation: int | None = None, gpus=None,
                  identity: dict | None = None) -> Processes:
-    """Start the three processes; with `incarnation`, the environment server writes turn commits to the audit log.
+    """Start the trainer, the engines and the run's environment server; with `incarnation`, the environment server
+    writes turn commits to the audit log.
 
     With `identity` (the run id and `process_digest` of the config) they are detached actors, stamped with it, that
     outlive this controller: a restarted one re-attaches to them (`workers.ray_cluster.survivors`)."""
-    from gpu_workers.policy_actor import PolicyActor
     from gpu_workers.trainer_actor import TrainerActor
 
     detached = {"lifetime": "detached"} if identity is not None else {}
@@ -106,27 +108,28 @@ async def launch(cfg: TurnkeepConfig, incarnation: int | None = None, gpus=None,
     # The actors' processes start (and import torch) while the model is found or made.
     trainer = TrainerActor.options(name="trainer", **detached,
                                    **actor_options(cfg.placement, gpus, "trainer")).remote()
-    policy = PolicyActor.options(name="policy", num_cpus=0, **detached,
-                                 **actor_options(cfg.placement, gpus, "policy")).remote()
+    starter = EngineStarter(cfg, "", token, gpus, identity)
+    actors = [starter.create(k) for k in range(cfg.policy.engines)]
     model_dir = str(cached) if (cached := cached_tiny_model_dir(cfg)) is not None else await _model_dir(cfg_json)
-    policy_cfg = cfg.policy.model_copy(update={"dtype": cfg.policy.dtype or cfg.model.dtype})
-    # The trainer loads its model while the engine starts: neither waits for the other.
-    policy_url, _ = await asyncio.gather(
-        policy.start.remote(model_dir, policy_cfg.model_dump_json(), cfg.run.seed, token),
+    starter.model_dir = model_dir
+    # The trainer loads its model while the engines start: none waits for another.
+    *engines, _ = await asyncio.gather(
+        *(starter.begin(k, actor) for k, actor in enumerate(actors)),
         trainer.setup.remote(model_dir, cfg_json),
     )
-    for role, actor in (("trainer", trainer), ("policy", policy)):
-        write_pid_file(cfg.run.run_dir, role, await actor.__ray_call__.remote(_pid_of))
+    for engine in engines:
+        engine.state = EngineState.LIVE
+    pool = EnginePool(engines)
+    write_pid_file(cfg.run.run_dir, "trainer", await trainer.__ray_call__.remote(_pid_of))
     local = sorted(local_environments(cfg.environments))
     env, env_url, servers = None, None, []
     if local:
-        env = LocalEnvServer(cfg, Path(model_dir), policy_url, token, incarnation, identity=identity)
+        env = LocalEnvServer(cfg, Path(model_dir), pool.routable_urls, token, incarnation, identity=identity)
         env_url = await env.start()
         servers.append(EnvServerEndpoint("env", env_url, token, local))
     if identity is not None:
         await trainer.stamp.remote({**identity, "model_dir": model_dir})
-        await policy.stamp.remote({**identity, "model_dir": model_dir, "url": policy_url})
-    return Processes(trainer, policy, env, Path(model_dir), policy_url, env_url, token, servers)
+    return Processes(trainer, pool, env, Path(model_dir), env_url, token, servers, spawn_engine=starter.spawn)
 
 
 def _pid_of(actor) -> int:
@@ -135,8 +138,9 @@ def _pid_of(actor) -> int:
 
 async def shutdown(processes: Processes | None) -> None:
     if processes is not None:
+        engines = [engine.actor for engine in processes.engines.all() if engine.state is not EngineState.DEAD]
         stops = [process.stop() if isinstance(process, LocalEnvServer) else process.stop.remote()
-                 for process in (processes.env, processes.policy) if process is not None]
+                 for process in (processes.env, *engines) if process is not None]
         # Best effort on the way out, both at once: neither waits for the other.
         await asyncio.gather(*stops, return_exceptions=True)
     ray.shutdown()

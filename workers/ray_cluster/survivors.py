@@ -25,11 +25,14 @@ from pathlib import Path
 import ray
 from ray.util.placement_group import get_placement_group, remove_placement_group
 
+from controller.engines.engine_pool import Engine, EnginePool
 from controller.processes import EnvServerEndpoint, Processes
 from envs.kinds import local_environments
 from primitives.control_token import create_control_token
 from schemas.config import TurnkeepConfig
+from schemas.names import engine_name
 from workers.local_env_server import LocalEnvServer
+from workers.ray_cluster.engines import EngineStarter
 
 log = logging.getLogger("turnkeep.run")
 
@@ -38,18 +41,20 @@ FENCE_TIMEOUT_S = 120.0
 """The trainer's fence waits out a train step the dead controller left running."""
 STOP_TIMEOUT_S = 30.0
 ENV_ACTOR = re.compile(r"^env(?:-restart-(\d+))?$")
+ENGINE_ACTOR = re.compile(r"^policy\.(\d+)$")
 GPU_GROUP = "turnkeep-gpus"
 
 
 @dataclass(frozen=True)
 class Found:
     trainer: object | None
-    policy: object | None
+    engines: dict[int, object]
+    """Engine index -> its actor."""
     env: object | None
     env_restarts: int
 
     def handles(self) -> list:
-        return [h for h in (self.trainer, self.policy, self.env) if h is not None]
+        return [h for h in (self.trainer, *self.engines.values(), self.env) if h is not None]
 
 
 def find_survivors() -> Found:
@@ -60,7 +65,8 @@ def find_survivors() -> Found:
         if (match := ENV_ACTOR.match(name)) and int(match.group(1) or 0) > env_restarts:
             env_name, env_restarts = name, int(match.group(1) or 0)
     get = lambda name: ray.get_actor(name) if name in names else None  # noqa: E731
-    return Found(get("trainer"), get("policy"), get(env_name) if env_name else None, max(env_restarts, 0))
+    engines = {int(match.group(1)): ray.get_actor(name) for name in names if (match := ENGINE_ACTOR.match(name))}
+    return Found(get("trainer"), engines, get(env_name) if env_name else None, max(env_restarts, 0))
 
 
 async def reattach(cfg: TurnkeepConfig, stamp: dict, incarnation: int, restorable: bool) -> Processes | None:
@@ -77,24 +83,36 @@ async def reattach(cfg: TurnkeepConfig, stamp: dict, incarnation: int, restorabl
         await stop_survivors(found)
         return None
     await asyncio.wait_for(found.trainer.fence.remote(), FENCE_TIMEOUT_S)
-    fenced = await asyncio.wait_for(found.policy.fence.remote(), FENCE_TIMEOUT_S)
-    log.info("policy server fenced: %s", fenced)
+    fenced = await asyncio.gather(*(asyncio.wait_for(actor.fence.remote(), FENCE_TIMEOUT_S)
+                                    for actor in found.engines.values()))
+    log.info("policy engines fenced: %s", fenced)
     token = create_control_token(cfg.run.run_dir)
-    policy_url, model_dir = identities["policy"]["url"], Path(identities["policy"]["model_dir"])
+    model_dir = Path(identities["trainer"]["model_dir"])
+    pool = EnginePool([Engine(k, actor, identities[engine_name(k)]["url"]) for k, actor in sorted(found.engines.items())])
     env, env_url, servers = None, None, []
     if found.env is not None:
         log.info("environment server fenced: %s", await asyncio.wait_for(found.env.fence.remote(incarnation),
                                                                         FENCE_TIMEOUT_S))
         env_url = identities["env"]["url"]
-        env = LocalEnvServer(cfg, model_dir, policy_url, token, incarnation, identity=stamp)
+        env = LocalEnvServer(cfg, model_dir, pool.routable_urls, token, incarnation, identity=stamp)
         env.adopt(found.env, env_url, found.env_restarts)
         servers.append(EnvServerEndpoint("env", env_url, token, sorted(local_environments(cfg.environments))))
-    return Processes(found.trainer, found.policy, env, model_dir, policy_url, env_url, token, servers, reused=True)
+    starter = EngineStarter(cfg, str(model_dir), token, get_gpu_group(), stamp)
+    return Processes(found.trainer, pool, env, model_dir, env_url, token, servers, reused=True,
+                     spawn_engine=starter.spawn)
+
+
+def get_gpu_group():
+    """The run's GPU reservation a replacement engine is placed in (None: none was made)."""
+    try:
+        return get_placement_group(GPU_GROUP)
+    except Exception:  # noqa: BLE001 - none reserved (no GPUs)
+        return None
 
 
 async def stop_survivors(found: Found) -> None:
     """Stopped the way a run stops them (vLLM's engine processes go with the policy server), then killed."""
-    for handle in (found.env, found.policy):
+    for handle in (found.env, *found.engines.values()):
         if handle is not None:
             try:
                 await asyncio.wait_for(handle.stop.remote(), STOP_TIMEOUT_S)
@@ -116,7 +134,7 @@ async def stop_survivors(found: Found) -> None:
 
 
 async def _identities(found: Found, cfg: TurnkeepConfig, stamp: dict) -> tuple[dict[str, dict], str | None]:
-    wanted = {"trainer": found.trainer, "policy": found.policy}
+    wanted = {"trainer": found.trainer, **{engine_name(k): found.engines.get(k) for k in range(cfg.policy.engines)}}
     if local_environments(cfg.environments):
         wanted["env"] = found.env
     missing = sorted(name for name, handle in wanted.items() if handle is None)

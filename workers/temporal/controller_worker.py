@@ -17,9 +17,11 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
+from activities.engine_activities import EngineActivities
 from activities.gym_activities import GymActivities
 from activities.recovery_activities import RecoveryActivities
 from activities.snapshot_activities import SnapshotActivities
+from controller.engines.engine_pool import Engine
 from controller.fingerprint import config_fingerprint
 from controller.restore.crash_restore import CrashRestore
 from controller.runtime import Controller
@@ -37,6 +39,7 @@ from schemas.names import (
     CHECKPOINT_HOLDER_PREFIX,
     checkpoint_holder,
     controller_queue,
+    engine_name,
     recovery_workflow_id,
     run_workflow_id,
 )
@@ -119,10 +122,11 @@ def timeouts(cfg: TurnkeepConfig) -> SnapshotTimeouts:
 
 
 def participant_clients(processes, session: aiohttp.ClientSession, timeout_s: float) -> tuple[list, ParticipantClient]:
-    """Every environment server (a remote one's files travel inside its calls), and the policy server."""
+    """Every environment server (a remote one's files travel inside its calls), and the first live engine."""
     environments = [ParticipantClient(ep.name, ep.url, ep.token, session, timeout_s, inline_files=ep.remote)
                     for ep in processes.env_servers]
-    policy = ParticipantClient("policy", processes.policy_url, processes.control_token, session, timeout_s)
+    first = processes.engines.first()
+    policy = ParticipantClient(engine_name(first.index), first.url, processes.control_token, session, timeout_s)
     return environments, policy
 
 
@@ -143,7 +147,7 @@ CONTROLLER_STEPS = (Runs.CONTROLLER, Runs.LOCAL)
 
 def controller_activities(ctx: SnapshotCoordinator) -> list:
     """Every attempt and run phase the controller itself carries out."""
-    return step_activities(GymActivities(ctx), SnapshotActivities(ctx), runs=CONTROLLER_STEPS)
+    return step_activities(GymActivities(ctx), SnapshotActivities(ctx), EngineActivities(ctx), runs=CONTROLLER_STEPS)
 
 
 def local_steps() -> list[str]:
@@ -173,9 +177,15 @@ async def start_snapshots(
     if cfg.temporal.address is not None:
         await register_search_attributes(client, cfg.temporal.namespace)
     # The GPU-side processes run their own workers, so an attempt's history shows which process did what.
-    await asyncio.gather(*(gpu_process.start_temporal_worker.remote(address, cfg.temporal.namespace, run_id,
-                                                                     incarnation, security)
-                           for gpu_process in (processes.trainer, processes.policy)))
+    async def engine_worker(engine: Engine) -> None:
+        await engine.actor.start_temporal_worker.remote(address, cfg.temporal.namespace, run_id, incarnation,
+                                                        security)
+
+    await asyncio.gather(
+        processes.trainer.start_temporal_worker.remote(address, cfg.temporal.namespace, run_id, incarnation,
+                                                       security),
+        *(engine_worker(engine) for engine in processes.engines.live()))
+    processes.engines.on_start.append(engine_worker)  # a replacement serves its queue before it goes live
     environments, _policy = participant_clients(processes, session, cfg.snapshot.phase_timeout_s)
     interval_s = periodic_interval_s(cfg.snapshot.attempt_interval_s, agents_mode)
     ctx = SnapshotCoordinator(
@@ -194,7 +204,7 @@ async def start_snapshots(
     try:
         worker, worker_task = controller_worker(client, ctx, recovery_acts)
         if recovery is not None:
-            ctx.recovery = await _recover(cfg, client, run_id, incarnation)
+            ctx.recovery = await _recover(cfg, client, run_id, incarnation, processes.engines.indices())
         handle = await client.start_workflow(
             RunWorkflow.run,
             RunWorkflowInput(
@@ -203,6 +213,7 @@ async def start_snapshots(
                 trainer_hold=cfg.snapshot.trainer_hold, checkpoint_on_demand=cfg.snapshot.checkpoint_on_demand,
                 agents=agents_mode, timeouts=timeouts(cfg),
                 carried=RunCarryOver(numbers=next_snapshot_numbers(cfg.run.run_dir)),
+                engines=processes.engines.indices(),
             ),
             id=run_workflow_id(run_id), task_queue=controller_queue(run_id), task_timeout=WORKFLOW_TASK_TIMEOUT,
             static_summary=f"turnkeep run {run_id} ({cfg.run.run_dir})",
@@ -217,13 +228,15 @@ async def start_snapshots(
     return runtime
 
 
-async def _recover(cfg: TurnkeepConfig, client: Client, run_id: str, incarnation: int) -> RecoveryResult:
+async def _recover(cfg: TurnkeepConfig, client: Client, run_id: str, incarnation: int,
+                   engines: list[int]) -> RecoveryResult:
     """Run the recovery workflow to its end; a failure stops the run with its reason."""
     recovery_id = recovery_workflow_id(run_id, incarnation)
     try:
         result = await client.execute_workflow(
             RecoveryWorkflow.run,
-            RecoveryInput(run_id=run_id, incarnation=incarnation, phase_timeout_s=cfg.snapshot.phase_timeout_s),
+            RecoveryInput(run_id=run_id, incarnation=incarnation, phase_timeout_s=cfg.snapshot.phase_timeout_s,
+                          engines=engines),
             id=recovery_id, task_queue=controller_queue(run_id), task_timeout=WORKFLOW_TASK_TIMEOUT,
             static_summary=f"recovery of {run_id}: incarnation {incarnation} continues the run",
             search_attributes=TypedSearchAttributes([SearchAttributePair(sa.RUN_ID, run_id)]),
@@ -292,10 +305,11 @@ async def stop_snapshots(runtime: SnapshotRuntime | None, reason: str, grace_s: 
         await runtime.ctx.trainer.stop_temporal_worker.remote()
     except RayActorError as err:  # the trainer died alone: its holds and its worker went with it
         log.info("trainer gone while stopping: %s", str(err).splitlines()[0] if str(err) else err)
-    try:
-        await runtime.ctx.controller.processes.policy.stop_temporal_worker.remote()
-    except RayActorError as err:
-        log.info("policy server gone while stopping: %s", str(err).splitlines()[0] if str(err) else err)
+    for engine in runtime.ctx.controller.processes.engines.live():
+        try:
+            await engine.actor.stop_temporal_worker.remote()
+        except RayActorError as err:
+            log.info("engine %d gone while stopping: %s", engine.index, str(err).splitlines()[0] if str(err) else err)
     for what, stopping in (("activity worker", runtime.worker.shutdown()), ("workflow worker", runtime.workflows.stop())):
         try:
             await asyncio.wait_for(stopping, WORKER_SHUTDOWN_S)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from types import MethodType, SimpleNamespace
 
+from controller.engines.engine_pool import Engine, EnginePool
 from controller.pumps.rollout_pump import Continuation
 from controller.restore.crash_restore import CrashRestore
 from controller.runtime import Controller
@@ -41,8 +42,9 @@ def _restore(target) -> CrashRestore:
 
 def test_the_restore_pause_is_a_hold_taken_and_released_on_admission_and_the_policy_gate():
     changes, gate = [], []
+    engines = EnginePool([Engine(0, _Gate(gate), "http://e0")])
     controller = SimpleNamespace(admission=HoldSet("admission"), audit_hold=lambda *args: changes.append(args),
-                                 processes=SimpleNamespace(policy=_Gate(gate)))
+                                 processes=SimpleNamespace(engines=engines))
     controller.pause = MethodType(Controller.pause, controller)
     controller.resume = MethodType(Controller.resume, controller)
     restore = _restore(controller)

@@ -49,3 +49,17 @@ def test_a_run_asking_for_more_gpus_than_this_machine_has_stops_in_one_line_befo
     assert ("[placement] asks for 2 GPU(s) (trainer 1 + policy server 1), but this machine (the run starts its own "
             "Ray here) has 1") in line, line
     assert not run_dir.exists()
+
+
+def test_each_engine_gets_its_own_bundle_and_a_replacement_the_same_one() -> None:
+    plan = plan_gpus(PlacementConfig(trainer_gpus=1, policy_gpus=2), engines=3)
+    assert plan.bundles == [{"GPU": 1.0}, {"GPU": 2.0}, {"GPU": 2.0}, {"GPU": 2.0}]
+    assert plan.engines == [Seat(1, 2.0), Seat(2, 2.0), Seat(3, 2.0)]
+    with pytest.raises(PlacementError, match=r"trainer 1 \+ policy server 2 x 3 engines.*has 4"):
+        check_gpus(PlacementConfig(trainer_gpus=1, policy_gpus=2), cluster_gpus=4, engines=3)
+
+
+def test_cpu_engines_spread_over_the_nodes_when_asked() -> None:
+    assert actor_options(PlacementConfig(), None, "policy", engine=1, engines=2, spread=True) == {
+        "num_gpus": 0, "scheduling_strategy": "SPREAD"}
+    assert actor_options(PlacementConfig(), None, "policy", engine=1, engines=2) == {"num_gpus": 0}

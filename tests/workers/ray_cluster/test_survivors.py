@@ -36,7 +36,8 @@ class _Actor:
 def _found(trainer=STAMP, policy=STAMP, env=STAMP, delays: dict[str, float] | None = None) -> Found:
     delays = delays or {}
     make = lambda stamp, name: None if stamp is None else _Actor(stamp, delays.get(name, 0.0))  # noqa: E731
-    return Found(make(trainer, "trainer"), make(policy, "policy"), make(env, "env"), 0)
+    engine = make(policy, "policy.0")
+    return Found(make(trainer, "trainer"), {} if engine is None else {0: engine}, make(env, "env"), 0)
 
 
 def _problem(found: Found) -> str | None:
@@ -45,7 +46,7 @@ def _problem(found: Found) -> str | None:
 
 def test_all_three_of_this_run_with_this_config_are_reused() -> None:
     identities, problem = asyncio.run(_identities(_found(), TurnkeepConfig(), STAMP))
-    assert problem is None and set(identities) == {"trainer", "policy", "env"}
+    assert problem is None and set(identities) == {"trainer", "policy.0", "env"}
 
 
 def test_a_missing_process_means_a_fresh_start() -> None:
@@ -53,7 +54,7 @@ def test_a_missing_process_means_a_fresh_start() -> None:
 
 
 def test_another_runs_process_is_not_reused() -> None:
-    assert _problem(_found(policy={**STAMP, "run_id": "run-2"})) == "policy belongs to another run"
+    assert _problem(_found(policy={**STAMP, "run_id": "run-2"})) == "policy.0 belongs to another run"
     assert _problem(_found(trainer={})) == "trainer belongs to another run"  # never stamped
 
 
@@ -63,18 +64,24 @@ def test_a_process_started_with_other_settings_is_not_reused() -> None:
 
 def test_a_process_that_does_not_answer_is_not_reused(monkeypatch) -> None:
     monkeypatch.setattr(survivors, "IDENTITY_TIMEOUT_S", 0.2)
-    assert _problem(_found(delays={"policy": 5.0})) == "policy does not answer (TimeoutError)"
+    assert _problem(_found(delays={"policy.0": 5.0})) == "policy.0 does not answer (TimeoutError)"
     assert _problem(_found(env=RuntimeError("actor died"))) == "env does not answer (RuntimeError)"
 
 
 @pytest.mark.parametrize("names, chosen, restarts", [
-    ({"trainer", "policy", "env"}, "env", 0),
-    ({"trainer", "policy", "env-restart-1", "env-restart-3"}, "env-restart-3", 3),
-    ({"trainer", "policy"}, None, 0),
+    ({"trainer", "policy.0", "env"}, "env", 0),
+    ({"trainer", "policy.0", "policy.1", "env-restart-1", "env-restart-3"}, "env-restart-3", 3),
+    ({"trainer", "policy.0"}, None, 0),
 ])
 def test_the_newest_environment_server_is_the_one_found(monkeypatch, names, chosen, restarts) -> None:
     monkeypatch.setattr(survivors.ray.util, "list_named_actors", lambda: sorted(names))
     monkeypatch.setattr(survivors.ray, "get_actor", lambda name: f"handle:{name}")
     found = find_survivors()
     assert found.env == (f"handle:{chosen}" if chosen else None) and found.env_restarts == restarts
-    assert found.trainer == "handle:trainer" and found.policy == "handle:policy"
+    assert found.trainer == "handle:trainer" and found.engines[0] == "handle:policy.0"
+    assert set(found.engines) == {k for k in (0, 1) if f"policy.{k}" in names}
+
+
+def test_every_configured_engine_must_be_there_to_reuse_them() -> None:
+    cfg = TurnkeepConfig.model_validate({"policy": {"engines": 2}})
+    assert asyncio.run(_identities(_found(), cfg, STAMP))[1] == "policy.1 not running"

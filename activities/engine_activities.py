@@ -1,0 +1,41 @@
+"""`engines.scale`: the run workflow's `set_engines` update, carried out by the controller that owns the engines.
+
+The update's validator has refused a bad list before this runs, and the workflow runs it only between attempts,
+so no parked attempt fences a set of engines that is changing under it.
+"""
+
+from __future__ import annotations
+
+import time
+
+from temporalio import activity
+
+from activities.errors import check_incarnation, expected_failure
+from activities.heartbeat import heartbeating
+from controller.engines.engine_scaling import scale_to
+from controller.snapshot.coordinator import SnapshotCoordinator
+from schemas.engine_steps import ENGINES_SCALE, ScaleEnginesInput, ScaleEnginesResult
+from schemas.names import ErrorType
+
+DRAIN_S = 120.0
+"""A retiring engine's accepted calls get this long to finish before it stops anyway (their turns fail over)."""
+
+
+class EngineActivities:
+    def __init__(self, snapshots: SnapshotCoordinator) -> None:
+        self._snapshots = snapshots
+
+    @activity.defn(name=ENGINES_SCALE)
+    async def scale(self, inp: ScaleEnginesInput) -> ScaleEnginesResult:
+        snapshots = self._snapshots
+        check_incarnation(inp.incarnation, snapshots.incarnation)
+        controller = snapshots.controller
+        keeper = getattr(controller, "engine_keeper", None)
+        if keeper is None:
+            raise expected_failure("this controller does not keep its engines (it is starting or stopping); ask "
+                                   "again in a moment", ErrorType.PARTICIPANT_REFUSED)
+        began = time.monotonic()
+        with heartbeating(f"scaling the policy engines to {inp.engines}"):
+            scaled = await scale_to(keeper, controller.processes.engines, inp.engines, DRAIN_S)
+        return ScaleEnginesResult(engines=controller.processes.engines.indices(), started=scaled.started,
+                                  retired=scaled.retired, seconds=round(time.monotonic() - began, 3))

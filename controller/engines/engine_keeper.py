@@ -1,0 +1,182 @@
+"""Keeps the run's engines live: a dead engine is replaced, refitted to the current version, and routed to again.
+
+One watcher per engine index holds a pending `__ray_ready__` call on its actor (free while it lives, failing at once
+when its process dies, as `workers.process_watch` does for the trainer). On a death the engine leaves the routes at
+once (the environment servers send its interrupted turns to another engine, spending none of the rollouts'
+attempts), a replacement is started on the same index (same task queue, same GPU bundle), loads the version the
+others serve, and joins the routes. The run stops, with one line, only when no engine has been live for
+`policy.no_engine_stop_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import ray
+import ray.exceptions
+
+from controller.engines.engine_pool import Engine, EnginePool, EngineState
+from primitives.atomic_files import append_jsonl
+from schemas.choices import MetricsKind
+
+log = logging.getLogger("turnkeep.engines")
+
+PROBE_INTERVAL_S = 1.0
+
+Spawn = Callable[[int, int], Awaitable[Engine]]
+"""Start engine `index` (its `restarts`-th replacement): the actor, its endpoint and its Temporal worker."""
+
+
+class EngineKeeper:
+    def __init__(self, pool: EnginePool, spawn: Spawn, trainer, *, run_dir: Path,
+                 no_engine_stop_s: float, restart_pause_s: float) -> None:
+        self._pool = pool
+        self._spawn = spawn
+        self._trainer = trainer
+        """The trainer's actor: a replacement loads its newest weights (`TrainerActor.versioned_weights`)."""
+        self._run_dir = run_dir
+        self._no_engine_stop_s = no_engine_stop_s
+        self._restart_pause_s = restart_pause_s
+        self._watchers: dict[int, asyncio.Task] = {}
+        self.restarts = 0
+        self.last_replacement_s: float | None = None
+        """Seconds from the newest death noticed to its replacement taking turns."""
+
+    def start(self) -> None:
+        for engine in self._pool.all():
+            self.watch_engine(engine.index)
+
+    def watch_engine(self, index: int) -> None:
+        if index not in self._watchers or self._watchers[index].done():
+            self._watchers[index] = asyncio.create_task(self._keep(index), name=f"engine-{index}")
+
+    async def stop(self) -> None:
+        for task in self._watchers.values():
+            task.cancel()
+        await asyncio.gather(*self._watchers.values(), return_exceptions=True)
+
+    async def add(self, index: int) -> None:
+        """Scale up: engine `index` started, refitted, live and routed to, then watched like the others."""
+        engine = await self._spawn(index, 0)
+        self._pool.put(engine)
+        try:
+            await self._pool.started(engine)
+            await self._pool.catch_up(engine, self._trainer)
+        except BaseException:
+            self._pool.drop(index)
+            await _stop_quietly(engine.actor)
+            raise
+        self.watch_engine(index)
+        await self._pool.changed()
+
+    async def retire(self, index: int, drain_s: float) -> None:
+        """Scale down: engine `index` takes no new turns (the servers are told first), finishes the calls it
+        accepted (up to `drain_s`), then stops."""
+        engine = self._pool.get(index)
+        if engine is None:
+            return
+        engine.state = EngineState.RETIRING
+        await self._pool.changed()
+        try:
+            await engine.actor.drain.remote(drain_s)
+            await engine.actor.stop_temporal_worker.remote()
+        except ray.exceptions.RayActorError:
+            pass  # it died meanwhile: nothing left to finish
+        await _stop_quietly(engine.actor)
+        self._pool.drop(index)
+        if (watcher := self._watchers.pop(index, None)) is not None:
+            watcher.cancel()
+
+    async def none_live(self) -> str:
+        """Resolves to the run's stop reason once no engine has been live for `no_engine_stop_s`."""
+        since = None
+        while True:
+            if self._pool.live():
+                since = None
+            elif since is None:
+                since = time.monotonic()
+            elif time.monotonic() - since >= self._no_engine_stop_s:
+                reason = (f"no policy engine has been live for {self._no_engine_stop_s:g}s (replacements keep "
+                          "failing; see the engines' lines in the Ray logs); run the same command again to continue "
+                          "from the last snapshot")
+                log.error("%s", reason)
+                return reason
+            await asyncio.sleep(PROBE_INTERVAL_S)
+
+    async def _keep(self, index: int) -> None:
+        while (engine := self._pool.get(index)) is not None and engine.state is not EngineState.RETIRING:
+            await _until_dead(engine.actor)
+            if self._pool.get(index) is not engine or engine.state is EngineState.RETIRING:
+                return  # scaled away, or already replaced
+            died_at = time.monotonic()
+            engine.state = EngineState.DEAD
+            log.warning("policy engine %d (%s) died; its turns go to the other engines while a replacement starts",
+                        index, engine.url)
+            await self._pool.changed()
+            await self._replace(engine, died_at)
+
+    async def _replace(self, dead: Engine, died_at: float) -> None:
+        restarts = dead.restarts
+        while True:
+            restarts += 1
+            try:
+                fresh = await self._spawn(dead.index, restarts)
+                fresh.restarts = restarts
+                await self._pool.started(fresh)
+                await self._pool.catch_up(fresh, self._trainer)
+            except (ray.exceptions.RayError, OSError, RuntimeError) as err:
+                log.warning("replacement %d of engine %d failed (%s); trying again in %.0fs", restarts, dead.index,
+                            str(err).splitlines()[0] if str(err) else type(err).__name__, self._restart_pause_s)
+                await asyncio.sleep(self._restart_pause_s)
+                continue
+            break
+        self._pool.put(fresh)
+        self.restarts += 1
+        self.last_replacement_s = round(time.monotonic() - died_at, 3)
+        log.info("policy engine %d is live again at %s (version %d, %.1fs after it died)", dead.index, fresh.url,
+                 fresh.version, self.last_replacement_s)
+        append_jsonl(self._run_dir / "metrics.jsonl", {
+            "kind": MetricsKind.ENGINE_RESTART, "t": round(time.time(), 3), "engine": dead.index,
+            "restarts": self.restarts, "url": fresh.url, "seconds": self.last_replacement_s}, durable=False)
+        await self._pool.changed()
+
+
+async def _stop_quietly(actor) -> None:
+    try:
+        await actor.stop.remote()
+    except ray.exceptions.RayActorError:
+        pass
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:  # noqa: BLE001 - already gone
+        pass
+
+
+async def _until_dead(actor) -> None:
+    while True:
+        try:
+            await actor.__ray_ready__.remote()
+        except ray.exceptions.RayActorError:
+            return
+        await asyncio.sleep(PROBE_INTERVAL_S)
+
+
+def keep_engines(processes, session, *, run_dir: Path, no_engine_stop_s: float, restart_pause_s: float) -> EngineKeeper:
+    """Watch every engine of `processes`, replace the ones that die, and tell the environment servers each time
+    the live set changes."""
+    from controller.engines.engine_routes import push_routes
+
+    pool = processes.engines
+
+    async def tell_servers() -> None:
+        await push_routes(processes.env_servers, session, pool.routable_urls())
+
+    pool.on_change.append(tell_servers)
+    keeper = EngineKeeper(pool, processes.spawn_engine, processes.trainer, run_dir=run_dir,
+                          no_engine_stop_s=no_engine_stop_s, restart_pause_s=restart_pause_s)
+    keeper.start()
+    return keeper

@@ -1,0 +1,81 @@
+"""Stand-ins for engine and trainer actors (a unit test of the pool and the keeper; the real ones are exercised by
+tests/workers/test_engines.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import ray.exceptions
+
+
+class _Call:
+    def __init__(self, fn) -> None:
+        self._fn = fn
+
+    def remote(self, *args):
+        return self._fn(*args)
+
+
+class FakeEngineActor:
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.dead = False
+        self.loaded: list[tuple[object, int]] = []
+        self.holders: set[str] = set()
+        self.tokens = 0
+        self.load_delay_s = 0.0
+
+    def kill(self) -> None:
+        self.dead = True
+
+    async def _alive(self) -> None:
+        if self.dead:
+            raise ray.exceptions.RayActorError()
+
+    def __getattr__(self, name: str):
+        calls = {
+            "__ray_ready__": self._ready, "load_weights": self._load, "close_admission": self._close,
+            "open_admission": self._open, "admission_leases": self._leases,
+        }
+        if name in calls:
+            return _Call(calls[name])
+        raise AttributeError(name)
+
+    async def _ready(self) -> bool:
+        await self._alive()
+        return True
+
+    async def _load(self, blob, version: int) -> dict:
+        await self._alive()
+        await asyncio.sleep(self.load_delay_s)
+        self.loaded.append((blob, version))
+        return {"bytes": 10, "engine": self.index, "tokens_generated": self.tokens}
+
+    async def _close(self, holder: str) -> bool:
+        await self._alive()
+        self.holders.add(holder)
+        return True
+
+    async def _open(self, holder: str) -> bool:
+        await self._alive()
+        self.holders.discard(holder)
+        return True
+
+    async def _leases(self) -> list:
+        await self._alive()
+        return [(h, 5.0 + self.index) for h in sorted(self.holders)]
+
+
+class FakeTrainer:
+    def __init__(self, version: int) -> None:
+        self.version = version
+        self.versioned_weights = self
+
+    def options(self, num_returns: int):
+        assert num_returns == 2
+        return self
+
+    def remote(self):
+        async def version() -> int:
+            return self.version
+        return version(), f"blob-{self.version}"

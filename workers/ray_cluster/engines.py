@@ -1,0 +1,58 @@
+"""Starting one policy engine: its Ray actor (placed on its own GPU bundle, or spread over the nodes), its vLLM
+engine and endpoint, its pid file and its stamp; the Temporal worker is started by whoever runs the workflows."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from controller.engines.engine_pool import Engine, EngineState
+from primitives.pid_files import write_pid_file
+from schemas.config import TurnkeepConfig
+from schemas.names import engine_name
+from workers.ray_cluster.gpu_placement import actor_options
+
+
+def engine_pid_role(index: int) -> str:
+    """Engine 0 keeps the `policy` pid file a one-engine run always had (chaos and tests find it so)."""
+    return "policy" if index == 0 else engine_name(index)
+
+
+@dataclass
+class EngineStarter:
+    """Everything it takes to start engine k, now or as a replacement later."""
+
+    cfg: TurnkeepConfig
+    model_dir: str
+    control_token: str
+    gpus: object | None
+    """The placement group holding the engines' GPU bundles (None: no GPUs)."""
+    identity: dict | None
+    """The run's stamp: engines are detached actors that outlive the controller."""
+
+    def create(self, index: int):
+        """The actor, not yet started (its process starts and imports vLLM meanwhile)."""
+        from gpu_workers.policy_actor import PolicyActor
+
+        detached = {"lifetime": "detached"} if self.identity is not None else {}
+        options = actor_options(self.cfg.placement, self.gpus, "policy", engine=index,
+                                engines=self.cfg.policy.engines, spread=self.cfg.policy.placement == "spread")
+        return PolicyActor.options(name=engine_name(index), num_cpus=0, **detached, **options).remote(index)
+
+    async def begin(self, index: int, actor, restarts: int = 0) -> Engine:
+        """Start the created actor's engine and endpoint; it takes no turns until it is live."""
+        policy_cfg = self.cfg.policy.model_copy(update={"dtype": self.cfg.policy.dtype or self.cfg.model.dtype})
+        url = await actor.start.remote(self.model_dir, policy_cfg.model_dump_json(), self.cfg.run.seed,
+                                       self.control_token)
+        write_pid_file(self.cfg.run.run_dir, engine_pid_role(index), await actor.__ray_call__.remote(_pid_of))
+        if self.identity is not None:
+            await actor.stamp.remote({**self.identity, "model_dir": self.model_dir, "url": url, "engine": index})
+        return Engine(index, actor, url, state=EngineState.STARTING, restarts=restarts)
+
+    async def spawn(self, index: int, restarts: int) -> Engine:
+        """A replacement for engine `index` (the dead one's name is free once Ray saw it die)."""
+        return await self.begin(index, self.create(index), restarts)
+
+
+def _pid_of(actor) -> int:
+    return os.getpid()
