@@ -72,6 +72,9 @@ def recovery_workflow_id(run_id: str, incarnation: int) -> str:
 REFIT_HOLDER = "refit"
 """Admission (controller and policy server) while new weights load."""
 
+ENGINES_REFIT_HOLDER = "refit:all-engines"
+"""Every engine's gate while a refit loads into several engines: none reopens before all have the new version."""
+
 REPLAY_HOLDER = "replay"
 """Admission while a restored trainer trains its undone steps again and a turn generated now, with the policy of
 the moment, could not be trained within `train.max_staleness` behind them and the groups already open: its whole

@@ -17,6 +17,8 @@ from enum import StrEnum
 
 import ray.exceptions
 
+from schemas.names import ENGINES_REFIT_HOLDER
+
 log = logging.getLogger("turnkeep.engines")
 
 
@@ -111,8 +113,17 @@ class EnginePool:
         """`blob` (one Ray object ref) into every live engine in parallel: Ray hands each the same stored bytes
         (one serialization, shared memory on a node), not one copy made per engine here."""
         async with self.refit_lock:
-            loaded = await self._each(f"load version {version}",
-                                      lambda e: e.actor.load_weights.remote(blob, version))
+            # Every gate stays closed until every engine has the new version: no engine takes a turn of it while
+            # another still serves the old one (a single engine's load reopens its own gate when it is done).
+            together = len(self.live()) > 1
+            if together:
+                await self.close_admission(ENGINES_REFIT_HOLDER)
+            try:
+                loaded = await self._each(f"load version {version}",
+                                          lambda e: e.actor.load_weights.remote(blob, version))
+            finally:
+                if together:
+                    await self.open_admission(ENGINES_REFIT_HOLDER)
             for engine, _ in loaded:
                 engine.version = version
             self.version = version

@@ -48,7 +48,7 @@ def test_prepare_fences_commit_records_the_version_and_resume_reopens(loop, poli
         assert err.value.type == ErrorType.INVALID_INPUT and err.value.non_retryable
     assert not (tmp_path / "policy").exists()
     committed = _call(loop, acts.commit, gym)
-    assert [a.path for a in committed.artifacts] == ["policy/state.json"]
+    assert [a.path for a in committed.artifacts] == ["policy.0/state.json"]  # engine 0 of the run
     assert committed.counts == {"policy_version": policy_server.policy_version}
 
     other = gym.model_copy(update={"checkpoint_id": f"{ck}-other"})

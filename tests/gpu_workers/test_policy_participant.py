@@ -23,7 +23,7 @@ def test_policy_fences_after_agents_park_and_commits_its_version(stack, stack_co
         async with aiohttp.ClientSession() as session:
             driver = RolloutDriver(session, stack.env_url, stack.control_token, stack_config.task)
             env = driver.client("env", stack.env_url)
-            policy = driver.client("policy", stack.policy_url)
+            policy = driver.client("policy.0", stack.policy_url)
             ck = f"ck-{uuid.uuid4().hex[:8]}"
             try:
                 assert (await policy.capabilities()).kind == "policy"
@@ -74,7 +74,7 @@ async def check_refusals(driver: RolloutDriver, policy, ck: str) -> None:
         body = await resp.json()
         assert resp.status == 401 and body["code"] == "unauthorized" and "control_token" in body["error"]
     with pytest.raises(ParticipantInvariantBroken) as info:
-        await policy.commit("someone-else", "/tmp/snap/policy")
+        await policy.commit("someone-else", "/tmp/snap/policy.0")
     assert info.value.code == "wrong_checkpoint"
 
 
@@ -82,15 +82,15 @@ async def commit_with_faults(driver: RolloutDriver, policy, ck: str, tmp_path) -
     await policy.set_faults(FaultPlan(fail={"commit": 1}, enospc={"commit": 1}))
     try:
         with pytest.raises(ParticipantUnavailable, match="HTTP 500"):
-            await policy.commit(ck, tmp_path / "policy")
+            await policy.commit(ck, tmp_path / "policy.0")
         with pytest.raises(ParticipantUnavailable) as info:
-            await policy.commit(ck, tmp_path / "policy")
+            await policy.commit(ck, tmp_path / "policy.0")
         assert info.value.code == "io_error"
-        result = await policy.commit(ck, tmp_path / "policy")
+        result = await policy.commit(ck, tmp_path / "policy.0")
     finally:
         await policy.set_faults(FaultPlan())
     [artifact] = result.artifacts
-    assert artifact.path == "policy/state.json"
+    assert artifact.path == "policy.0/state.json"
     data = (tmp_path / artifact.path).read_bytes()
     assert artifact.sha256 == hashlib.sha256(data).hexdigest() and artifact.bytes == len(data)
     version = (await driver.health(policy.base_url))["policy_version"]

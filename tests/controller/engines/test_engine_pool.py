@@ -59,3 +59,26 @@ def test_a_new_engine_loads_the_trainers_newest_version_before_it_is_live() -> N
     at_start = Engine(2, FakeEngineActor(2), "http://e2", state=EngineState.STARTING)
     asyncio.run(pool.catch_up(at_start, FakeTrainer(version=0)))
     assert at_start.actor.loaded == [] and at_start.state is EngineState.LIVE  # the model's own weights
+
+
+def test_no_engine_reopens_before_every_engine_has_the_new_version() -> None:
+    pool, actors = _pool(2)
+    actors[1].load_delay_s = 0.2
+    order: list[str] = []
+    for actor in actors:
+        load, reopen = actor._load, actor._open
+
+        async def logged_load(blob, version, load=load, k=actor.index):
+            result = await load(blob, version)
+            order.append(f"loaded {k}")
+            return result
+
+        async def logged_open(holder, reopen=reopen, k=actor.index):
+            order.append(f"open {k} {holder}")
+            return await reopen(holder)
+
+        actor._load, actor._open = logged_load, logged_open
+    asyncio.run(pool.load_weights("b", 2))
+    assert order[:2] == ["loaded 0", "loaded 1"] and sorted(order[2:]) == [
+        "open 0 refit:all-engines", "open 1 refit:all-engines"]
+    assert all(not actor.holders for actor in actors)
