@@ -22,6 +22,8 @@ BENCHMARKS = {
     "memory": "peak RSS of each process of the overhead runs",
     "fanout": "one attempt's Gym phase over 1, 4 and 16 environment servers, some slow: all at once vs one by one",
     "soak": "1,000 snapshot attempts back to back: file descriptors, threads, RSS and Temporal histories stay flat",
+    "engines": "1 and 2 engines: rollout tokens/s, the refit against one memory copy, an engine's death to its "
+               "replacement taking turns",
 }
 ORDER = list(BENCHMARKS)
 REPO = Path(__file__).resolve().parents[1]

@@ -46,6 +46,7 @@ from participants.faults import FaultInjector
 from participants.http_server import ControlAuth, add_participant_routes
 from primitives.audit_log import AuditLog
 from primitives.holds import HoldSet
+from primitives.node_address import advertised_host, listen_host
 from primitives.segment_format import JournalCorrupt
 from schemas.audit import TurnCommitted
 from schemas.choices import RecoveryMode
@@ -155,10 +156,10 @@ class EnvServer:
                 self._cfg.journal_flush_s, self._cfg.journal_keep_mib << 20), name="turn-journal")
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._cfg.host, self._cfg.port)
+        site = web.TCPSite(self._runner, listen_host(self._cfg.host), self._cfg.port)
         await site.start()
         port = self._runner.addresses[0][1]
-        return f"http://{self._cfg.host}:{port}"
+        return f"http://{advertised_host(self._cfg.host)}:{port}"
 
     async def stop(self) -> None:
         for task in list(self.running.values()):

@@ -30,6 +30,7 @@ from gpu_workers.weights_blob import Shapes, check_blob, checkpoint_shapes
 from participants.core import ParticipantCore
 from participants.faults import FaultInjector
 from participants.http_server import ControlAuth
+from primitives.node_address import advertised_host, listen_host
 from schemas.config_services import PolicyServerConfig
 from schemas.names import REFIT_HOLDER
 from schemas.policy import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
@@ -79,10 +80,10 @@ class PolicyServer:
         app = build_app(self, ControlAuth(control_token), fault_injection=cfg.fault_injection)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, cfg.host, cfg.port)
+        site = web.TCPSite(self._runner, listen_host(cfg.host), cfg.port)
         await site.start()
-        host, port = self._runner.addresses[0][:2]
-        self.url = f"http://{host}:{port}"
+        port = self._runner.addresses[0][1]
+        self.url = f"http://{advertised_host(cfg.host)}:{port}"
         logger.info("policy server listening on %s", self.url)
         return self.url
 

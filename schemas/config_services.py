@@ -13,8 +13,10 @@ from schemas.participant import FaultPlan
 
 
 class PolicyServerConfig(StrictModel):
-    host: str = "127.0.0.1"
-    """Interface the completions endpoint listens on."""
+    host: str = "node"
+    """Interface each engine's completions endpoint listens on. `node`: the address Ray knows the engine's node by
+    (loopback on the run's own Ray; the node's address on a cluster, so environment servers on other nodes reach
+    it); `0.0.0.0` listens everywhere and is advertised as the node's address."""
     port: int = Field(default=0, ge=0, le=65535)
     """Port (0: pick a free one)."""
     kv_cache_memory_bytes: int = Field(default=32 * 1024 * 1024, ge=1024 * 1024)
@@ -50,8 +52,10 @@ class PolicyServerConfig(StrictModel):
 
 
 class EnvServerConfig(StrictModel):
-    host: str = "127.0.0.1"
-    """Interface the environment server listens on."""
+    host: str = "node"
+    """Interface the run's environment server listens on. `node`: the address Ray knows its node by (loopback on
+    the run's own Ray and for `turnkeep env-server`); `0.0.0.0` listens everywhere and is advertised as the node's
+    address."""
     port: int = Field(default=0, ge=0, le=65535)
     """Port (0: pick a free one)."""
     tool_latency_s: float = Field(default=0.0, ge=0)

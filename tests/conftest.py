@@ -28,8 +28,9 @@ def small_config(run_dir: Path, cache_dir: Path) -> TurnkeepConfig:
             "rollout": {"group_size": 4, "rollout_timeout_s": 60},
             "train": {"prompts_per_step": 4, "save_period": 2, "max_staleness": 1},
             # Fault injection on: participant tests make checkpoint calls fail on cue.
-            "policy": {"max_num_seqs": 64, "fault_injection": True},
-            "env": {"fault_injection": True, "tool_latency_s": 0.1},  # slow tools keep agents mid-rollout
+            # Loopback as a run's own Ray gives it (this in-process Ray may take the machine's address as its node's).
+            "policy": {"max_num_seqs": 64, "fault_injection": True, "host": "127.0.0.1"},
+            "env": {"fault_injection": True, "tool_latency_s": 0.1, "host": "127.0.0.1"},  # slow tools: agents mid-rollout
         }
     )
 

@@ -22,6 +22,7 @@ from primitives.atomic_files import append_jsonl
 from primitives.pid_files import write_pid_file
 from schemas.choices import MetricsKind
 from schemas.config import TurnkeepConfig
+from workers.ray_cluster.gpu_placement import on_head_node
 
 log = logging.getLogger("turnkeep.env")
 
@@ -80,7 +81,7 @@ class LocalEnvServer:
         from envs.env_actor import EnvServerActor
 
         detached = {"lifetime": "detached"} if self._identity is not None else {}
-        self.actor = EnvServerActor.options(name=name, **detached).remote()
+        self.actor = EnvServerActor.options(name=name, **detached, **on_head_node()).remote()
         url = await self.actor.start.remote(str(self._model_dir), self._policy_urls(), cfg.model_dump_json(),
                                             self._token, self._incarnation)
         write_pid_file(cfg.run.run_dir, "env", await self.actor.__ray_call__.remote(_pid_of))

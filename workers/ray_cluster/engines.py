@@ -50,8 +50,19 @@ class EngineStarter:
         return Engine(index, actor, url, state=EngineState.STARTING, restarts=restarts)
 
     async def spawn(self, index: int, restarts: int) -> Engine:
-        """A replacement for engine `index` (the dead one's name is free once Ray saw it die)."""
+        """A replacement for engine `index`. The dead one is killed for good first: when its node went away, Ray
+        keeps its name taken until it notices the node is gone (seconds to a minute)."""
+        _kill_named(engine_name(index))
         return await self.begin(index, self.create(index), restarts)
+
+
+def _kill_named(name: str) -> None:
+    import ray
+
+    try:
+        ray.kill(ray.get_actor(name), no_restart=True)
+    except Exception:  # noqa: BLE001 - no such actor any more, or its node is gone: nothing to free
+        pass
 
 
 def _pid_of(actor) -> int:

@@ -97,11 +97,52 @@ def actor_options(placement: PlacementConfig, group, role: str, engine: int = 0,
     plan = plan_gpus(placement, max(engines, engine + 1))
     seat = plan.trainer if role == "trainer" else plan.engines[engine]
     if seat is None or group is None:
-        return {"num_gpus": 0, **({"scheduling_strategy": "SPREAD"} if spread and role == "policy" else {})}
+        if role == "policy":
+            return {"num_gpus": 0, **(spread_over_nodes(engine) if spread else {})}
+        return {"num_gpus": 0, **on_head_node()}
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     strategy = PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=seat.bundle)
     return {"num_gpus": seat.num_gpus, "scheduling_strategy": strategy}
+
+
+HEAD_RESOURCE = "node:__internal_head__"
+
+
+def live_nodes() -> list[str]:
+    """The cluster's live node ids, the head first (then by id: a stable order for round robin)."""
+    import ray
+
+    nodes = [node for node in ray.nodes() if node.get("Alive")]
+    return [node["NodeID"] for node in sorted(nodes, key=lambda n: (HEAD_RESOURCE not in n["Resources"], n["NodeID"]))]
+
+
+def on_head_node() -> dict:
+    """Ray options that put an actor on the cluster's head node where it can (the trainer without GPUs, the run's
+    environment server): the other nodes are where engines spread, and losing one must not take these. Soft: a
+    head that cannot take it lets Ray pick."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if not ray.is_initialized():
+        return {}
+    nodes = live_nodes()
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[0], soft=True)} if len(nodes) > 1 else {}
+
+
+def spread_over_nodes(engine: int) -> dict:
+    """Engine k on the k-th live node, the head's first (round robin, soft: a full or lost node lets Ray pick
+    another). Ray's own SPREAD does not spread actors that ask for no CPU, which engines do (vLLM's threads are its
+    own)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if not ray.is_initialized():
+        return {"scheduling_strategy": "SPREAD"}
+    nodes = live_nodes()
+    if len(nodes) < 2:
+        return {}
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[engine % len(nodes)], soft=True)}
 
 
 def check_local_gpus(placement: PlacementConfig, engines: int = 1) -> None:
