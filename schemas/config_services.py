@@ -108,9 +108,10 @@ class RayConfig(StrictModel):
     """Ray's authentication token (0600). Local Ray: made there if absent (None: `<run_dir>/ray_token`). Joining a
     cluster (address): the token the cluster was started with; the run refuses to start without it."""
     survive_controller_s: float = Field(default=300.0, ge=0, le=86_400)
-    """Local Ray only: how long the trainer, the policy server and the environment server wait for a new controller
-    after the controller process died alone; the same command started within it re-attaches to them instead of
-    starting them again. 0: they die with the controller."""
+    """How long the trainer, the engines and the environment server wait for a new controller after the controller
+    process died alone; the same command started within it re-attaches to them instead of starting them again. On
+    the run's own Ray its head's keeper watches the controller; on a cluster (`ray.address`) a detached warden actor
+    that the controller beats does. 0: they die with the controller."""
 
 
 class TemporalSecurity(StrictModel):

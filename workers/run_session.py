@@ -10,6 +10,7 @@ when a later one failed to start.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sys
@@ -45,6 +46,7 @@ from workers.prompts import prompt_source
 from workers.ray_cluster.head import RayHead, stop_head
 from workers.ray_cluster.placement import join_ray, launch, reserve_gpus, shutdown
 from workers.ray_cluster.survivors import reattach
+from workers.ray_cluster.warden import beat_forever
 from workers.remote_envs import attach_remote_servers, probe_remote_servers
 from workers.run_observers import start_observers
 from workers.startup_checks import check_before_start
@@ -88,7 +90,11 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
             # process before the error that ended the run is printed.
             stack.callback(ray.shutdown)
         processes = await _processes(cfg, identity, head)
-        stack.push_async_callback(shutdown, processes)
+        on_cluster = bool(cfg.ray.address) and cfg.ray.survive_controller_s > 0
+        stack.push_async_callback(shutdown, processes, on_cluster)
+        if on_cluster:
+            beating = asyncio.create_task(beat_forever(cfg.ray.survive_controller_s), name="warden-beat")
+            stack.push_async_callback(_cancelled, beating)  # before the shutdown, which stops the warden
         session = await stack.enter_async_context(
             aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None))
         )
@@ -147,6 +153,11 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
         )
 
 
+async def _cancelled(task: asyncio.Task) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
 async def _noted(watch, noted: list[str]) -> str:
     reason = await watch
     noted.append(reason)
@@ -156,10 +167,12 @@ async def _noted(watch, noted: list[str]) -> str:
 async def _processes(cfg: TurnkeepConfig, identity: RunIdentity, head: RayHead | None) -> Processes:
     """The trainer, the policy server and the environment server: re-attached when a crashed controller of this run
     left them running in its Ray, started otherwise."""
-    if head is None:
+    survives = cfg.ray.survive_controller_s > 0
+    if head is None and not (cfg.ray.address and survives):
         return await launch(cfg, identity.incarnation, reserve_gpus(cfg))
     stamp = {"run_id": identity.run_id, "digest": process_digest(cfg)}
-    if head.reused:
+    # On a user's cluster anything this run left is found in its namespace; the run's own head says so itself.
+    if head is None or head.reused:
         began = time.monotonic()
         restorable = identity.resumed and has_trainer_checkpoint(cfg.run.run_dir)
         survivors = await reattach(cfg, stamp, identity.incarnation, restorable)

@@ -1,7 +1,8 @@
 """A run on a two-node Ray cluster (head 127.0.0.2, second node 127.0.0.3, token authentication, as a user's
 cluster is reached through `ray.address`): its two engines spread over both nodes and serve on their node's
 address; the second node goes away mid-run, its engine with it, and the run trains on with a replacement on the
-node that is left. The nodes are stopped by their pids, never with `ray stop`."""
+node that is left; then the controller alone is killed, the run's actors wait on the cluster, and the same
+command re-attaches to them and finishes, stopping them. The nodes are stopped by their pids, never `ray stop`."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from chaos.targets import kill_everything
+from primitives.pid_files import live_pid
 from tests.run_command import metrics, short_run_dir, small_run_settings, train_steps, turnkeep, wait_until
 from tests.workers.ray_cluster.two_nodes import HEAD_IP, WORKER_IP, two_node_cluster
 
@@ -45,10 +47,24 @@ def test_a_two_node_cluster_loses_a_node_and_the_run_trains_on(stack_config) -> 
             wait_until(lambda: len(_engine_hosts(run_dir)) == 2, 60, "two live engines again", proc)
             assert set(_engine_hosts(run_dir).values()) == {HEAD_IP}, _engine_hosts(run_dir)
             assert cluster.nodes_alive() == 1
+            engines_before = {role: live_pid(run_dir, role) for role in ("trainer", "policy", "policy.1")}
+
+            # The controller alone dies; the run's actors wait on the cluster and the same command re-attaches.
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            steps = train_steps(run_dir)
+            again_log = run_dir.parent / "again.log"
+            again = turnkeep("run", "--run-dir", str(run_dir), "--steps", str(steps + 3), *settings, log=again_log)
+            assert again.wait(timeout=600) == 0, again_log.read_text()[-3000:]
+            assert "re-attached the trainer, the policy server and the environment server" in again_log.read_text()
+            assert train_steps(run_dir) > steps
+            assert {role: live_pid(run_dir, role) for role in engines_before} == {role: None for role in engines_before}
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+            for running in (proc, locals().get("again")):
+                if running is not None and running.poll() is None:
+                    os.killpg(running.pid, signal.SIGKILL)
             kill_everything(run_dir, None)
+    print(f"re-attached on the cluster: the engines kept pids {engines_before} until the run ended")
     [restart] = metrics(run_dir, "engine_restart")
     assert restart["engine"] == lost
     print(f"\nengine {lost} lost with its node; its replacement took turns {restart['seconds']:.1f} s later")

@@ -109,40 +109,45 @@ def actor_options(placement: PlacementConfig, group, role: str, engine: int = 0,
 HEAD_RESOURCE = "node:__internal_head__"
 
 
-def live_nodes() -> list[str]:
-    """The cluster's live node ids, the head first (then by id: a stable order for round robin)."""
+def live_nodes() -> list[dict]:
+    """The cluster's live nodes, the head first (then by id: a stable order for round robin)."""
     import ray
 
     nodes = [node for node in ray.nodes() if node.get("Alive")]
-    return [node["NodeID"] for node in sorted(nodes, key=lambda n: (HEAD_RESOURCE not in n["Resources"], n["NodeID"]))]
+    return sorted(nodes, key=lambda n: (HEAD_RESOURCE not in n["Resources"], n["NodeID"]))
 
 
-def on_head_node() -> dict:
-    """Ray options that put an actor on the cluster's head node where it can (the trainer without GPUs, the run's
-    environment server): the other nodes are where engines spread, and losing one must not take these. Soft: a
-    head that cannot take it lets Ray pick."""
-    import ray
+def _on(node: dict) -> dict:
+    # Hard affinity: Ray's soft one was seen placing actors on the other node of two with room on both. A node
+    # that goes away meanwhile fails the actor's start, which the caller retries on the nodes then alive.
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)}
+
+
+def on_head_node(cpus: float = 0.0) -> dict:
+    """Ray options that put an actor asking for `cpus` on the cluster's head node when it has them (the trainer
+    without GPUs, the run's environment server): the other nodes are where engines spread, and losing one must not
+    take these. A head without the CPUs (often started with --num-cpus=0) leaves the choice to Ray."""
+    import ray
 
     if not ray.is_initialized():
         return {}
     nodes = live_nodes()
-    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[0], soft=True)} if len(nodes) > 1 else {}
+    if len(nodes) < 2 or nodes[0]["Resources"].get("CPU", 0.0) < cpus:
+        return {}
+    return _on(nodes[0])
 
 
 def spread_over_nodes(engine: int) -> dict:
-    """Engine k on the k-th live node, the head's first (round robin, soft: a full or lost node lets Ray pick
-    another). Ray's own SPREAD does not spread actors that ask for no CPU, which engines do (vLLM's threads are its
-    own)."""
+    """Engine k on the k-th live node, the head's first (round robin). Ray's own SPREAD does not spread actors that
+    ask for no CPU, which engines do (vLLM's threads are its own)."""
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     if not ray.is_initialized():
         return {"scheduling_strategy": "SPREAD"}
     nodes = live_nodes()
-    if len(nodes) < 2:
-        return {}
-    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[engine % len(nodes)], soft=True)}
+    return _on(nodes[engine % len(nodes)]) if len(nodes) > 1 else {}
 
 
 def check_local_gpus(placement: PlacementConfig, engines: int = 1) -> None:

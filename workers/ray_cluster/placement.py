@@ -136,11 +136,19 @@ def _pid_of(actor) -> int:
     return os.getpid()
 
 
-async def shutdown(processes: Processes | None) -> None:
+async def shutdown(processes: Processes | None, on_cluster: bool = False) -> None:
+    """Stop the run's processes. `on_cluster`: they are detached actors on a user's cluster, which nothing else
+    stops when the run ends (the run's own Ray goes with its head): every one of them, and the warden, go too."""
     if processes is not None:
         engines = [engine.actor for engine in processes.engines.all() if engine.state is not EngineState.DEAD]
         stops = [process.stop() if isinstance(process, LocalEnvServer) else process.stop.remote()
                  for process in (processes.env, *engines) if process is not None]
         # Best effort on the way out, both at once: neither waits for the other.
         await asyncio.gather(*stops, return_exceptions=True)
+    if on_cluster:
+        from workers.ray_cluster.survivors import find_survivors, stop_survivors
+        from workers.ray_cluster.warden import stop_warden
+
+        await stop_survivors(find_survivors())
+        await stop_warden()
     ray.shutdown()
