@@ -126,12 +126,13 @@ def _report(args, runs: dict[str, dict], death: dict) -> BenchResult:
     notes = [
         f"2 engines / 1 engine rollout tokens/s: {speedup:.2f} (median of {args.pairs} alternating pairs, "
         f"{args.steps} steps a run). On 2 cores both engines share the CPUs with the trainer and the environment "
-        "server, so a second engine cannot double generation here; `scripts/gpu_check.py` measures it on a GPU.",
+        "server, so a second engine cannot add generation here; what it gives needs a machine with a GPU per engine "
+        "and vLLM (the lent GPU machine has no vLLM).",
         f"Refit into 1 engine {summary[1]['refit_s']:.3f} s, into 2 engines {summary[2]['refit_s']:.3f} s "
         "(median step; the weights are serialized once and both engines load the one Ray object at once); one "
         f"in-memory copy of the same bytes {summary[1]['copy_s'] * 1000:.2f} ms.",
         f"Engine 1 SIGKILLed after step {death['steps_at_kill']}: its replacement took turns "
-        f"{death['replacement_s']} s after the death; the run reached step {death['steps']} with "
+        f"{death['replacement_s']:.1f} s after the death (vLLM's start on a CPU shared with the run); the run reached step {death['steps']} with "
         f"retries_total {death['retries_total']} (its interrupted turns went to engine 0 inside their policy "
         "calls).",
     ]

@@ -27,6 +27,7 @@ from workers.model_maker import cached_tiny_model_dir
 from workers.ray_cluster.engines import EngineStarter
 from workers.ray_cluster.gpu_placement import PlacementError, actor_options, reserve
 from workers.ray_cluster.head import RayHead, start_or_find_head
+from workers.ray_cluster.node_checks import check_nodes
 from workers.ray_cluster.security import ensure_ray_token
 from workers.ray_cluster.temp_dir import prepare_ray_temp_dir
 
@@ -38,6 +39,11 @@ def start_ray(cfg: TurnkeepConfig, run_dir: Path, namespace: str | None = None) 
     ensure_ray_token(cfg)
     if cfg.ray.address:
         ray.init(address=cfg.ray.address, namespace=namespace, logging_level="WARNING")
+        try:
+            check_nodes(cfg)
+        except ConfigError:
+            ray.shutdown()
+            raise
         return
     ray.init(
         num_cpus=cfg.ray.num_cpus or os.cpu_count(),
