@@ -1,4 +1,4 @@
-"""`turnkeep bench fanout`: one attempt's Gym phase over 1, 4 and 16 environment servers.
+"""`turnkeep bench fanout`: one attempt's Gym phase over 16, 64 and 256 environment servers.
 
 Each server is a real participant over real HTTP (its own aiohttp server and port, the
 real participant routes and the environment server's participant over agents parked
@@ -34,7 +34,7 @@ TOKEN = "bench-fanout"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--servers", default="1,4,16", help="comma-separated server counts")
+    parser.add_argument("--servers", default="16,64,256", help="comma-separated server counts")
     parser.add_argument("--agents", type=int, default=20, help="agents parked on each server")
     parser.add_argument("--slow-s", type=float, default=0.5, help="injected prepare delay of the slow servers")
     parser.add_argument("--repeats", type=int, default=5)

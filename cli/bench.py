@@ -20,7 +20,7 @@ BENCHMARKS = {
     "scaling": "synthetic agents and rows: seconds per phase and bytes as they grow",
     "recovery": "restart to first generation and tokens generated again, from a chaos run",
     "memory": "peak RSS of each process of the overhead runs",
-    "fanout": "one attempt's Gym phase over 1, 4 and 16 environment servers, some slow: all at once vs one by one",
+    "fanout": "one attempt's Gym phase over 16, 64 and 256 environment servers, some slow: all at once vs one by one",
     "soak": "1,000 snapshot attempts back to back: file descriptors, threads, RSS and Temporal histories stay flat",
     "engines": "1 and 2 engines: rollout tokens/s, the refit against one memory copy, an engine's death to its "
                "replacement taking turns",
