@@ -17,7 +17,7 @@ from controller.snapshot.coordinator import SnapshotCoordinator
 from schemas.engine_steps import ENGINES_SCALE, ScaleEnginesInput, ScaleEnginesResult
 from schemas.names import ErrorType
 
-DRAIN_S = 120.0
+DRAIN_S = 30.0
 """A retiring engine's accepted calls get this long to finish before it stops anyway (their turns fail over)."""
 
 

@@ -26,6 +26,8 @@ from schemas.choices import MetricsKind
 log = logging.getLogger("turnkeep.engines")
 
 PROBE_INTERVAL_S = 1.0
+RETIRE_STEP_S = 30.0
+"""A retiring engine's worker stop and its own stop get this long each before it is killed."""
 
 Spawn = Callable[[int, int], Awaitable[Engine]]
 """Start engine `index` (its `restarts`-th replacement): the actor, its endpoint and its Temporal worker."""
@@ -81,11 +83,15 @@ class EngineKeeper:
             return
         engine.state = EngineState.RETIRING
         await self._pool.changed()
-        try:
-            await engine.actor.drain.remote(drain_s)
-            await engine.actor.stop_temporal_worker.remote()
-        except ray.exceptions.RayActorError:
-            pass  # it died meanwhile: nothing left to finish
+        # Each step bounded: a call that does not finish fails over to another engine when the engine stops, and
+        # the run's attempts wait for the scaling to end.
+        for what, call, limit_s in (("drain", lambda: engine.actor.drain.remote(drain_s), drain_s + 5),
+                                    ("stop its worker", engine.actor.stop_temporal_worker.remote, RETIRE_STEP_S)):
+            try:
+                await asyncio.wait_for(call(), limit_s)
+            except (ray.exceptions.RayError, TimeoutError) as err:
+                log.info("retiring engine %d: %s did not finish (%s); stopping it anyway", index, what,
+                         type(err).__name__)
         await _stop_quietly(engine.actor)
         self._pool.drop(index)
         if (watcher := self._watchers.pop(index, None)) is not None:
@@ -147,9 +153,9 @@ class EngineKeeper:
 
 async def _stop_quietly(actor) -> None:
     try:
-        await actor.stop.remote()
-    except ray.exceptions.RayActorError:
-        pass
+        await asyncio.wait_for(actor.stop.remote(), RETIRE_STEP_S)
+    except (ray.exceptions.RayError, TimeoutError):
+        pass  # gone already, or hung: the kill below ends it
     try:
         ray.kill(actor, no_restart=True)
     except Exception:  # noqa: BLE001 - already gone

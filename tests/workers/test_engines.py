@@ -76,6 +76,8 @@ def test_two_engines_share_the_turns_survive_a_kill_and_restore_together(stack_c
         wait_until(lambda: metrics(run_dir, "engine_restart"), 240, "the replacement to take turns", proc)
         wait_until(lambda: train_steps(run_dir) >= steps_at_kill + 3 and len(_published(run_dir)) > published_at_kill,
                    420, "training and a parked snapshot of both engines after the kill", proc)
+        # Its interrupted turns went to engine 0 inside their policy calls: no rollout was retried, no step undone.
+        assert _last_step(run_dir)["retries_total"] == 0, _last_step(run_dir)
         _scale_down_refuse_and_up_again(run_dir, proc)
     finally:
         if proc.poll() is None:
@@ -86,8 +88,6 @@ def test_two_engines_share_the_turns_survive_a_kill_and_restore_together(stack_c
     print(f"\nengine 1 replaced and taking turns {restart['seconds']:.1f} s after its death")
     assert restart["engine"] == 1
     assert "policy engine 1" in text and "died" in text, text[-3000:]
-    # Its interrupted turns went to engine 0 inside their policy calls: no rollout was retried, no step undone.
-    assert _last_step(run_dir)["retries_total"] == 0, _last_step(run_dir)
     assert _last_step(run_dir)["engines_live"] == 2
 
     # The whole tree crashed; the same command restores into both engines and trains on.

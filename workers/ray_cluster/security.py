@@ -44,6 +44,10 @@ def ray_environment(cfg: TurnkeepConfig) -> dict[str, str]:
 
 
 def apply_ray_environment(cfg: TurnkeepConfig) -> None:
+    if cfg.ray.address is not None:
+        # A local run's loopback settings (inherited from a parent that ran one) would refuse a cluster.
+        for local_only in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "VLLM_HOST_IP"):
+            os.environ.pop(local_only, None)
     os.environ.update(ray_environment(cfg))
 
 

@@ -59,7 +59,10 @@ def test_each_engine_gets_its_own_bundle_and_a_replacement_the_same_one() -> Non
         check_gpus(PlacementConfig(trainer_gpus=1, policy_gpus=2), cluster_gpus=4, engines=3)
 
 
-def test_cpu_engines_spread_over_the_nodes_when_asked() -> None:
+def test_cpu_engines_spread_over_the_nodes_when_asked(monkeypatch) -> None:
+    import ray
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # the suite's shared stack may run Ray in-process
     assert actor_options(PlacementConfig(), None, "policy", engine=1, engines=2, spread=True) == {
         "num_gpus": 0, "scheduling_strategy": "SPREAD"}
     assert actor_options(PlacementConfig(), None, "policy", engine=1, engines=2) == {"num_gpus": 0}

@@ -50,7 +50,9 @@ def two_node_cluster(root: Path, cpus_per_node: int = 2) -> Iterator[Cluster]:
     root.mkdir(parents=True, exist_ok=True)
     token = root / "ray_token"
     create_token_file(token)
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    # A local run's settings left in this process's environment would refuse a second node.
+    inherited = {k: v for k, v in os.environ.items() if k not in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "VLLM_HOST_IP")}
+    env = {**inherited, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
     port = free_port("0.0.0.0")  # GCS listens on every interface off 127.0.0.1
     address = f"{HEAD_IP}:{port}"
     common = ["--block", "--num-cpus", str(cpus_per_node), "--disable-usage-stats"]
