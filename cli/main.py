@@ -46,10 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     return COMMANDS[args.command][1](args)
 
 
-QUICK_EXIT_COMMANDS = frozenset({"status"})
-"""Short-lived commands that leave without the interpreter's finalization. `status` asks Temporal with a deadline;
-a call that outlives it completes on the client's Rust threads while Python finalizes, and Python aborts the
-process ("Fatal Python error: PyGILState_Release", SIGABRT) after the report was already printed."""
+QUICK_EXIT_COMMANDS = frozenset({"status", "scale"})
+"""Short-lived commands that leave without the interpreter's finalization. `status` and `scale` talk to Temporal; a
+call still on the client's Rust threads while Python finalizes makes Python abort the process ("Fatal Python error:
+PyGILState_Release", SIGABRT) after the answer was already printed (seen with `scale` refusing a count)."""
 
 
 def entry() -> None:
