@@ -45,8 +45,6 @@ class EngineKeeper:
         self._restart_pause_s = restart_pause_s
         self._watchers: dict[int, asyncio.Task] = {}
         self.restarts = 0
-        self.last_replacement_s: float | None = None
-        """Seconds from the newest death noticed to its replacement taking turns."""
 
     def start(self) -> None:
         for engine in self._pool.all():
@@ -131,7 +129,6 @@ class EngineKeeper:
             restarts += 1
             try:
                 fresh = await self._spawn(dead.index, restarts)
-                fresh.restarts = restarts
                 await self._pool.started(fresh)
                 await self._pool.catch_up(fresh, self._trainer)
             except (ray.exceptions.RayError, OSError, RuntimeError) as err:
@@ -142,12 +139,12 @@ class EngineKeeper:
             break
         self._pool.put(fresh)
         self.restarts += 1
-        self.last_replacement_s = round(time.monotonic() - died_at, 3)
+        replaced_s = round(time.monotonic() - died_at, 3)
         log.info("policy engine %d is live again at %s (version %d, %.1fs after it died)", dead.index, fresh.url,
-                 fresh.version, self.last_replacement_s)
+                 fresh.version, replaced_s)
         append_jsonl(self._run_dir / "metrics.jsonl", {
             "kind": MetricsKind.ENGINE_RESTART, "t": round(time.time(), 3), "engine": dead.index,
-            "restarts": self.restarts, "url": fresh.url, "seconds": self.last_replacement_s}, durable=False)
+            "restarts": self.restarts, "url": fresh.url, "seconds": replaced_s}, durable=False)
         await self._pool.changed()
 
 

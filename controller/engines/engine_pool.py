@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
 import ray.exceptions
@@ -43,7 +42,6 @@ class Engine:
     """The policy version it serves."""
     restarts: int = 0
     """Replacements started for this index so far."""
-    live_since: float = field(default_factory=time.monotonic)
 
 
 class EngineGone(RuntimeError):
@@ -53,8 +51,6 @@ class EngineGone(RuntimeError):
 class EnginePool:
     def __init__(self, engines: list[Engine]) -> None:
         self._engines: dict[int, Engine] = {e.index: e for e in engines}
-        self.version = max((e.version for e in engines), default=0)
-        """The policy version the live engines serve (the last one loaded into all of them)."""
         self.refit_lock = asyncio.Lock()
         """Held by every weight load: a replacement catching up and a train step's refit never interleave, so an
         engine goes live at the version the others serve."""
@@ -64,6 +60,11 @@ class EnginePool:
         """Called for every engine started after the run's start, before it loads weights (its Temporal worker)."""
 
     # -- what the run has --------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        """The newest policy version a live engine serves."""
+        return max((e.version for e in self.live()), default=0)
 
     def all(self) -> list[Engine]:
         return [self._engines[k] for k in sorted(self._engines)]
@@ -126,7 +127,6 @@ class EnginePool:
                     await self.open_admission(ENGINES_REFIT_HOLDER)
             for engine, _ in loaded:
                 engine.version = version
-            self.version = version
         return [result for _, result in loaded]
 
     async def catch_up(self, engine: Engine, trainer) -> None:
@@ -139,8 +139,7 @@ class EnginePool:
             version = await version_ref
             if version > 0:  # version 0 is the model's own weights, which the engine started with
                 await engine.actor.load_weights.remote(blob, version)
-            engine.version, engine.state, engine.live_since = version, EngineState.LIVE, time.monotonic()
-            self.version = max(self.version, version)
+            engine.version, engine.state = version, EngineState.LIVE
 
     async def admission_leases(self) -> list[tuple[str, float | None]]:
         """Every holder of any live engine's gate, with the shortest remaining lease across engines."""
