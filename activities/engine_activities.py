@@ -13,6 +13,7 @@ from temporalio import activity
 from activities.errors import check_incarnation, expected_failure
 from activities.heartbeat import heartbeating
 from controller.engines.engine_scaling import scale_to
+from controller.engines.scaled_count import save_scaled
 from controller.snapshot.coordinator import SnapshotCoordinator
 from schemas.engine_steps import ENGINES_SCALE, ScaleEnginesInput, ScaleEnginesResult
 from schemas.names import ErrorType
@@ -37,5 +38,6 @@ class EngineActivities:
         began = time.monotonic()
         with heartbeating(f"scaling the policy engines to {inp.engines}"):
             scaled = await scale_to(keeper, controller.processes.engines, inp.engines, DRAIN_S)
+        save_scaled(snapshots.run_dir, len(inp.engines), controller.cfg)  # the next start of the run keeps it
         return ScaleEnginesResult(engines=controller.processes.engines.indices(), started=scaled.started,
                                   retired=scaled.retired, seconds=round(time.monotonic() - began, 3))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import orjson
 
+from chaos.local_cluster import LocalCluster
 from chaos.report import Round
 from chaos.schedule import RANDOM, RANDOM_MIN_DELAY_S, TRAINING
 from chaos.targets import REPAIRED_BY_THE_RUN, STOPS_THE_RUN, kill_everything, kill_target, repaired, stop_reason
@@ -69,22 +70,25 @@ class Incarnation:
 
 
 def one_round(current: Incarnation, run_dir: Path, target: str, point: str, timeout_s: float,
-               rng: random.Random, max_delay_s: float) -> Round:
+              rng: random.Random, max_delay_s: float, cluster: LocalCluster | None = None) -> Round:
     started = time.monotonic()
     fresh_first_step = current.first_step_s is None
     moment = _wait_for_kill_moment(current, point, timeout_s, rng, max_delay_s)
+
+    lost: list[str] = []
 
     def record(outcome: str, killed: int = 0, reason: str = "", after_kill_s: float | None = None) -> Round:
         current.log.settle()
         return Round(current.number, point, outcome, current.proc.poll(), round(time.monotonic() - started, 2),
                      killed, str(current.log.path), target, reason, after_kill_s,
-                     current.first_step_s if fresh_first_step else None)
+                     current.first_step_s if fresh_first_step else None, lost)
 
     if moment == "exited":
         code = current.proc.wait()
         return record("finished" if code == 0 else "crashed")
-    kill = kill_target(target, run_dir, current.proc.pid)
+    kill = kill_target(target, run_dir, current.proc.pid, rng, cluster)
     killed_at = time.monotonic()
+    lost += sorted(kill.lost)
     if kill.killed == 0:
         return record("missing", reason=f"no live {target} process was found in {run_dir / 'pids'}")
     if target in ("all", "controller"):
@@ -94,10 +98,12 @@ def one_round(current: Incarnation, run_dir: Path, target: str, point: str, time
     deadline = killed_at + AFTER_KILL_TIMEOUT_S
     while time.monotonic() < deadline:
         current.log.settle()
+        if current.proc.poll() == 0:  # it reached its last step before it was training again
+            return record("finished", kill.killed, after_kill_s=round(time.monotonic() - killed_at, 2))
         if current.proc.poll() is not None:
             reason = stop_reason(current.log.path)
             return record("stopped", kill.killed, reason, round(time.monotonic() - killed_at, 2))
-        if (target in REPAIRED_BY_THE_RUN and repaired(run_dir, kill.role or target, kill.pid)
+        if (target in REPAIRED_BY_THE_RUN and repaired(run_dir, kill)
                 and current.steps() > steps_at_kill):
             return record("repaired", kill.killed, after_kill_s=round(time.monotonic() - killed_at, 2))
         time.sleep(POLL_S)

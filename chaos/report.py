@@ -4,9 +4,9 @@ themselves, and `report.json` with the invariant verdict, printed as a table."""
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
-from chaos.targets import REPAIRED_BY_THE_RUN
+from chaos.targets import NODE, REPAIRED_BY_THE_RUN
 from chaos.verdict import Verdict
 
 
@@ -29,6 +29,8 @@ class Round:
     """Seconds from the kill until the run stopped (`stopped`) or was training again (`repaired`)."""
     first_step_s: float | None = None
     """A fresh start: seconds from the start until its first train step (a restart's recovery included)."""
+    lost: list[str] = field(default_factory=list)
+    """A `node` kill: the run's processes (pid-file roles) that went with the node."""
 
     @property
     def label(self) -> str:
@@ -88,6 +90,7 @@ def build_report(
         "repair_s_by_target": {target: _median([r.after_kill_s for r in rounds if r.target == target
                                                 and r.outcome == "repaired"])
                                for target in REPAIRED_BY_THE_RUN if any(r.target == target for r in rounds)},
+        "lost_with_node": dict(sorted(Counter(role for r in rounds if r.target == NODE for role in r.lost).items())),
         "restores_by_source": dict(sorted(counts.restores_by_source.items())),
         "snapshot_checks": snapshot_checks,
         "newest_snapshot_problems": list(snapshot_problems),
@@ -143,6 +146,8 @@ def format_report(report: dict, verdict: Verdict) -> str:
     if report.get("restart_to_first_step_s"):
         lines.append("restart -> first train step (median s), by what was killed: "
                      + listing(report["restart_to_first_step_s"]))
+    if any(r["target"] == NODE for r in report["rounds"]):
+        lines.append("run processes lost with the node: " + listing(report.get("lost_with_node", {})))
     if report.get("repair_s_by_target"):
         lines.append("kill -> training again without a restart (median s): " + listing(report["repair_s_by_target"]))
     lines += [

@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import random
 import sys
+import tempfile
 from pathlib import Path
 
 import orjson
 
 from chaos.incarnation import Incarnation, final_round, one_round
+from chaos.local_cluster import HEAD_IP, WORKER_IP, ClusterError, LocalCluster
 from chaos.report import Round, build_report, format_report
 from chaos.schedule import RANDOM, RANDOM_MIN_DELAY_S, kill_schedule, parse_points, random_max_delay_s
-from chaos.targets import kill_everything, parse_targets, sessions_cleanup
+from chaos.targets import NODE, kill_everything, parse_targets, sessions_cleanup
 from chaos.verdict import check_run_dir
 from controller.config_file import ConfigError, load_config, parse_overrides
 from primitives.atomic_files import atomic_write_json
@@ -51,8 +53,17 @@ def run_chaos(args) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     rng = random.Random(seed)
     schedule = kill_schedule(targets, points, args.kills, rng)
+    try:
+        cluster = _cluster_for(targets)
+    except ClusterError as err:
+        print(f"turnkeep chaos: the two-node cluster for the node target did not start: {err}", file=sys.stderr)
+        return 1
+    sets = [*args.set, *(cluster.settings() if cluster is not None else [])]
     command = [sys.executable, "-m", "cli.main", "run", "--config", str(config), "--run-dir", str(run_dir),
-               "--steps", str(args.steps), *[arg for pair in args.set for arg in ("--set", pair)]]
+               "--steps", str(args.steps), *[arg for pair in sets for arg in ("--set", pair)]]
+    if cluster is not None:
+        print(f"turnkeep chaos: the run is on a two-node Ray cluster (head {HEAD_IP}, node {WORKER_IP}; logs in "
+              f"{cluster.root}); a node kill takes the second node, which then joins again", flush=True)
     print(f"turnkeep chaos: {args.kills} kills of {run_dir} (seed {seed}): "
           f"{', '.join(f'{target}@{point}' for target, point in schedule)}; random moments {RANDOM_MIN_DELAY_S}-"
           f"{max_delay_s:.0f}s after a train step", flush=True)
@@ -69,11 +80,15 @@ def run_chaos(args) -> int:
                 sessions.append(current.proc.pid)
             elif point in POINTS:
                 point = RANDOM  # a running incarnation's hooks are armed only at its start
-            record = one_round(current, run_dir, target, point, args.phase_timeout_s, rng, max_delay_s)
+            record = one_round(current, run_dir, target, point, args.phase_timeout_s, rng, max_delay_s, cluster)
             rounds.append(record)
+            node_lost = target == NODE and record.processes_killed > 0
+            lost = f" (lost with it: {', '.join(record.lost) or 'none of the run'})" if node_lost else ""
             print(f"turnkeep chaos: incarnation {record.incarnation}: {record.target} {record.outcome} at "
-                  f"{record.label} after {record.seconds:.0f}s{f' ({record.reason})' if record.reason else ''}",
+                  f"{record.label} after {record.seconds:.0f}s{f' ({record.reason})' if record.reason else ''}{lost}",
                   flush=True)
+            if node_lost and cluster is not None:
+                _node_back(cluster)
             if current.proc.poll() is not None:
                 current.close()
                 current = None
@@ -94,6 +109,8 @@ def run_chaos(args) -> int:
             current.close()
         sessions_cleanup(sessions)
         kill_everything(run_dir, None)
+        if cluster is not None:
+            cluster.close()
 
     verdict = check_run_dir(run_dir, newest_snapshot_problems=problems, snapshot_checks=checks)
     meta = {"run_dir": str(run_dir), "config": str(config), "steps": args.steps, "seed": seed,
@@ -104,6 +121,21 @@ def run_chaos(args) -> int:
     print(format_report(report, verdict))
     print(f"report: {run_dir / 'chaos' / 'report.json'}")
     return 0 if report["ok"] else 1
+
+
+def _node_back(cluster: LocalCluster) -> None:
+    try:
+        cluster.restart_worker_node()
+    except ClusterError as err:  # later node kills find no node ("missing"), which the report shows
+        print(f"turnkeep chaos: warning: the second node did not join again: {err}", flush=True)
+
+
+def _cluster_for(targets: list[str]) -> LocalCluster | None:
+    """A node can only be lost from a cluster of two: a chaos run with the node target brings its own, in a short
+    folder of the machine's temporary directory (Ray's socket paths have a length limit)."""
+    if NODE not in targets:
+        return None
+    return LocalCluster(Path(tempfile.mkdtemp(prefix="tk-nodes-")))
 
 
 def newest_snapshot_problem(run_dir: Path) -> str | None:

@@ -8,6 +8,9 @@
 - `env`, `temporal`: that process alone; the run starts it again and goes on, no restart.
 - `policy` (engine 0), `engine` (one engine of the run's, picked at random): the run routes
   its turns to the other engines, starts a replacement, refits it and goes on, no restart.
+- `node`: the second node of the chaos run's own two-node Ray cluster (`chaos.local_cluster`), every process
+  on it; the run replaces what it lost there (engines) on the node that is left and goes on, no restart. The
+  chaos run then starts the node again, so the next `node` kill has one to take.
 
 Processes are found through the pid files the run writes (`primitives.pid_files`), never
 through the product's own hooks, and killed with SIGKILL at a moment chaos picks.
@@ -20,17 +23,20 @@ import random
 import re
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
+from chaos.local_cluster import LocalCluster
 from primitives.pid_files import live_pid, live_pids
 from primitives.process_tree import kill_tree
 
-TARGETS = ("all", "controller", "trainer", "policy", "engine", "env", "temporal")
+TARGETS = ("all", "controller", "trainer", "policy", "engine", "env", "temporal", "node")
 EVERY = "every"
-REPAIRED_BY_THE_RUN = ("env", "temporal", "policy", "engine")
+NODE = "node"
+"""The one target that needs a cluster of more than one node: a chaos run with it starts its own."""
+REPAIRED_BY_THE_RUN = ("env", "temporal", "policy", "engine", NODE)
 """Targets the run starts again by itself: no restart follows their kill."""
 STOPS_THE_RUN = ("trainer",)
 """Targets whose death stops the run with a one-line reason."""
@@ -59,12 +65,17 @@ class Kill:
     pid: int | None
     role: str | None = None
     """The pid file's role that named it (which engine an `engine` kill picked)."""
+    lost: dict[str, int] = field(default_factory=dict)
+    """A `node` kill: the run's processes that went with the node, by pid-file role."""
 
 
-def kill_target(target: str, run_dir: Path, root_pid: int, rng: random.Random | None = None) -> Kill:
+def kill_target(target: str, run_dir: Path, root_pid: int, rng: random.Random | None = None,
+                cluster: LocalCluster | None = None) -> Kill:
     """SIGKILL the target now; `root_pid` is the `turnkeep run` process of the current incarnation."""
     if target == "all":
         return Kill(kill_everything(run_dir, root_pid), root_pid)
+    if target == NODE:
+        return kill_node(run_dir, cluster)
     role = pick_engine(run_dir, rng or random.Random()) if target == "engine" else target
     pid = root_pid if target == "controller" else (live_pid(run_dir, role) if role else None)
     if pid is None:
@@ -74,6 +85,15 @@ def kill_target(target: str, run_dir: Path, root_pid: int, rng: random.Random | 
     except ProcessLookupError:
         return Kill(0, pid, role)
     return Kill(1, pid, role)
+
+
+def kill_node(run_dir: Path, cluster: LocalCluster | None) -> Kill:
+    """Take the cluster's second node away, noting which of the run's processes were on it."""
+    if cluster is None:
+        return Kill(0, None, NODE)
+    on_node = cluster.worker_node_pids()
+    lost = {role: pid for role, pid in live_pids(run_dir).items() if pid in on_node}
+    return Kill(cluster.lose_worker_node(), cluster.worker.pid if cluster.worker else None, NODE, lost)
 
 
 def pick_engine(run_dir: Path, rng: random.Random) -> str | None:
@@ -91,9 +111,13 @@ def kill_everything(run_dir: Path, root_pid: int | None) -> int:
     return killed
 
 
-def repaired(run_dir: Path, target: str, killed_pid: int | None) -> bool:
-    """The run started the target again: a live process under its pid file, not the one killed."""
-    pid = live_pid(run_dir, target)
+def repaired(run_dir: Path, kill: Kill) -> bool:
+    """The run started again what the kill took: a live process under each pid file, not the one killed."""
+    lost = kill.lost if kill.role == NODE else {kill.role or "": kill.pid}
+    return all(_replaced(live_pid(run_dir, role), pid) for role, pid in lost.items())
+
+
+def _replaced(pid: int | None, killed_pid: int | None) -> bool:
     return pid is not None and pid != killed_pid
 
 

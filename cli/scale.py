@@ -3,7 +3,8 @@
 It sends the run workflow's `set_engines` update through Temporal (the same call an operator can make with
 `temporal workflow update execute --name set_engines`), so the change is validated, recorded in the run's history
 and carried out between snapshot attempts; a bad count is refused with the reason. Engines 0..N-1 are kept: added
-ones are started and refitted before they take turns, removed ones finish their calls and stop.
+ones are started and refitted before they take turns, removed ones finish their calls and stop. The count is kept
+for the run's next start (`controller/engines/scaled_count.py`).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ import aiohttp
 import ray
 
 from controller.engines.engine_keeper import keep_engines
+from controller.engines.scaled_count import count_at_start
 from controller.fingerprint import fingerprint_fields, process_digest
 from controller.processes import Processes
 from controller.restore.crash_restore import CrashRestore
@@ -68,6 +69,10 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
     # Participants in other processes get paths from us; they must not depend on our cwd.
     cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"run_dir": cfg.run.run_dir.resolve()})})
     run_dir = cfg.run.run_dir
+    start_count = count_at_start(cfg)  # the engines an operator scaled the run to, if the config is as it was
+    cfg = start_count.cfg
+    if start_count.note:
+        print(f"turnkeep: {start_count.note}", flush=True)
     check_before_start(cfg)  # before anything is started or written
     await probe_remote_servers(cfg)
     await check_temporal_service(cfg)

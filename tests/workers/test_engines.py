@@ -6,6 +6,7 @@ One run serves every check (a start costs more than any of them)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import sys
 import pytest
 
 from chaos.targets import kill_everything
+from controller.engines.scaled_count import SCALED_FILE
 from primitives.pid_files import live_pid
 from tests.run_command import metrics, short_run_dir, small_run_settings, train_steps, turnkeep, wait_until
 
@@ -41,6 +43,8 @@ def _scale_down_refuse_and_up_again(run_dir, proc) -> None:
     """2 -> 1 -> 2 while training, through the run workflow's update; a bad count is refused with its reason."""
     down = _scale(run_dir, 1)
     assert down.returncode == 0 and "retired [1]" in down.stdout, down.stdout + down.stderr
+    # Kept for the run's next start (tests/controller/engines/test_scaled_count.py: what a start does with it).
+    assert json.loads((run_dir / SCALED_FILE).read_text()) == {"engines": 1, "config_engines": 2}
     steps = train_steps(run_dir)
     wait_until(lambda: train_steps(run_dir) >= steps + 2, 300, "training on one engine", proc)
     assert _last_step(run_dir)["engines_live"] == 1 and set(_last_step(run_dir)["engine_tokens_per_s"]) == {"0"}
@@ -48,6 +52,7 @@ def _scale_down_refuse_and_up_again(run_dir, proc) -> None:
     assert refused.returncode == 2 and "refused: no policy engines" in refused.stderr, refused.stderr
     up = _scale(run_dir, 2)
     assert up.returncode == 0 and "started [1]" in up.stdout, up.stdout + up.stderr
+    assert json.loads((run_dir / SCALED_FILE).read_text())["engines"] == 2
     steps = train_steps(run_dir)
     wait_until(lambda: train_steps(run_dir) >= steps + 2, 300, "training on two engines again", proc)
     assert _last_step(run_dir)["engines_live"] == 2

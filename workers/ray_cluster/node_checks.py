@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import logging
+import time
 
 import ray
 
@@ -23,6 +25,8 @@ from schemas.config import TurnkeepConfig
 RUN_MODULES = ("gpu_workers.policy_actor", "gpu_workers.trainer_actor", "envs.env_actor", "vllm", "torch")
 VERSIONED = ("turnkeep", "vllm", "torch", "ray")
 ANSWER_S = 120.0
+
+log = logging.getLogger("turnkeep.run")
 
 
 class NodeUnfit(ConfigError):
@@ -80,9 +84,29 @@ def check_nodes(cfg: TurnkeepConfig) -> None:
     nodes = live_nodes()
     refs = [_installed_on_node.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
             .remote(modules) for node in nodes]
-    answers = ray.get(refs, timeout=ANSWER_S)
-    found = problems(installed(modules), {node["NodeManagerAddress"]: answer for node, answer in zip(nodes, answers)})
+    found = problems(installed(modules), _answers(nodes, refs))
     if found:
         raise NodeUnfit("the cluster's nodes must have what this run imports, in the versions this machine has: "
                         + "; ".join(found) + "; install the same turnkeep (and your environments' packages) on "
                         "every node, or start the nodes from the same environment")
+
+
+def _answers(nodes: list[dict], refs: list) -> dict[str, dict]:
+    """Each node's answer by its address. A node that left while asked (preempted as the run starts) is not checked:
+    nothing will be placed on it. One that does not answer in time is let be with a warning: a busy node is not an
+    unfit one, and an actor placed on a broken one fails by itself."""
+    from ray.exceptions import GetTimeoutError, RayError
+
+    answers: dict[str, dict] = {}
+    deadline = time.monotonic() + ANSWER_S
+    for node, ref in zip(nodes, refs, strict=True):
+        address = node["NodeManagerAddress"]
+        try:
+            answers[address] = ray.get(ref, timeout=max(deadline - time.monotonic(), 0.1))
+        except GetTimeoutError:
+            log.warning("node %s did not say what it has installed within %.0f s; it was not checked", address,
+                        ANSWER_S)
+        except RayError as err:
+            log.info("node %s left while it was checked (%s); it was not checked", address,
+                     str(err).splitlines()[0])
+    return answers

@@ -1,0 +1,75 @@
+"""The `node` target: what it finds of the run on the second node, and when the run counts as repaired. The
+cluster here is a stand-in with one real process as its node (the real two-node cluster is in
+tests/chaos/test_runner_nodes.py)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from chaos.report import Round, build_report, format_report
+from chaos.targets import NODE, Kill, kill_target, parse_targets, repaired
+from chaos.verdict import check_invariants
+from primitives.pid_files import write_pid_file
+from primitives.process_tree import kill_tree
+
+
+def _sleeper() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
+class _OneProcessNode:
+    """The second node's process tree is one process: the engine the run placed there."""
+
+    def __init__(self) -> None:
+        self.worker = _sleeper()
+
+    def worker_node_pids(self) -> set[int]:
+        return {self.worker.pid}
+
+    def lose_worker_node(self) -> int:
+        return kill_tree(self.worker.pid)
+
+
+def test_every_includes_the_node():
+    assert NODE in parse_targets("every")
+
+
+def test_a_node_kill_without_a_cluster_finds_nothing(tmp_path: Path):
+    assert kill_target(NODE, tmp_path, root_pid=0) == Kill(0, None, NODE)
+
+
+def test_a_node_kill_names_what_the_run_lost_with_it_and_waits_for_its_replacement(tmp_path: Path):
+    node, trainer = _OneProcessNode(), _sleeper()
+    write_pid_file(tmp_path, "policy.1", node.worker.pid)
+    write_pid_file(tmp_path, "trainer", trainer.pid)
+    replacement = None
+    try:
+        kill = kill_target(NODE, tmp_path, root_pid=0, cluster=node)
+        node.worker.wait(timeout=10)
+        assert (kill.killed, kill.role, kill.lost) == (1, NODE, {"policy.1": node.worker.pid})
+        assert not repaired(tmp_path, kill)  # the engine's pid file names the dead process
+        replacement = _sleeper()
+        write_pid_file(tmp_path, "policy.1", replacement.pid)
+        assert repaired(tmp_path, kill)
+    finally:
+        for process in (trainer, replacement):
+            if process is not None:
+                process.kill()
+
+
+def test_a_node_that_held_none_of_the_run_is_repaired_once_the_run_trains(tmp_path: Path):
+    node = _OneProcessNode()
+    kill = kill_target(NODE, tmp_path, root_pid=0, cluster=node)
+    node.worker.wait(timeout=10)
+    assert kill.lost == {} and repaired(tmp_path, kill)
+
+
+def test_the_report_counts_what_went_with_the_node():
+    rounds = [Round(1, "random", "repaired", None, 40.0, 3, target=NODE, after_kill_s=31.0, lost=["policy.1"]),
+              Round(1, "random", "repaired", None, 20.0, 2, target=NODE, after_kill_s=9.0, lost=[])]
+    verdict = check_invariants([])
+    report = build_report(meta={"kills_requested": 2}, rounds=rounds, final=Round(1, "none", "finished", 0, 5.0),
+                          verdict=verdict, snapshot_problems=[], snapshot_checks=0)
+    assert report["lost_with_node"] == {"policy.1": 1}
+    assert report["repair_s_by_target"] == {NODE: 31.0}
+    assert "run processes lost with the node: policy.1 1" in format_report(report, verdict)
