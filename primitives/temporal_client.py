@@ -34,8 +34,24 @@ async def connect(address: str, namespace: str, security: TemporalSecurity | Non
     security = security or TemporalSecurity()
     return await Client.connect(
         address, namespace=namespace, data_converter=pydantic_data_converter, tls=tls_config(security),
-        api_key=_read_text(security.api_key_file, "api_key_file").strip() if security.api_key_file else None,
+        api_key=_api_key(security),
     )
+
+
+def _api_key(security: TemporalSecurity) -> str | None:
+    if security.api_key_file:
+        return _read_text(security.api_key_file, "api_key_file").strip()
+    if not security.api_key_from_environment:
+        return None
+    from temporalio.envconfig import ClientConfigProfile
+
+    key = ClientConfigProfile.load(security.profile).api_key
+    if not key:
+        where = f"profile {security.profile!r} of temporal.toml" if security.profile else "TEMPORAL_API_KEY"
+        raise TemporalSecurityError(f"the run connects to Temporal with the API key of {where}, which this process "
+                                    "does not have; set it where this process runs (every node of a cluster), or "
+                                    "name a file in temporal.api_key_file")
+    return key
 
 
 def tls_config(security: TemporalSecurity) -> TLSConfig | bool:

@@ -129,6 +129,12 @@ class TemporalSecurity(StrictModel):
     """Name to check the server's certificate against (None: the address's host)."""
     api_key_file: ConfigPath | None = None
     """File holding an API key (Temporal Cloud), sent with every call; TLS is then on."""
+    api_key_from_environment: bool = False
+    """Set by the run, not by hand: the API key is the one Temporal's own environment configuration gives
+    (`TEMPORAL_API_KEY`, or the `temporal.toml` profile), read again by every process that connects, so the key is
+    never written into the run directory."""
+    profile: str | None = None
+    """Set by the run with api_key_from_environment: the `temporal.toml` profile it was read from."""
 
     @model_validator(mode="after")
     def _cert_with_key(self) -> "TemporalSecurity":
@@ -137,7 +143,8 @@ class TemporalSecurity(StrictModel):
         return self
 
     def uses_tls(self) -> bool:
-        return self.tls or self.tls_cert is not None or self.tls_ca is not None or self.api_key_file is not None
+        return (self.tls or self.tls_cert is not None or self.tls_ca is not None or self.api_key_file is not None
+                or self.api_key_from_environment)
 
     def files(self) -> dict[str, Path]:
         named = {"tls_cert": self.tls_cert, "tls_key": self.tls_key, "tls_ca": self.tls_ca,
@@ -150,7 +157,9 @@ class TemporalConfig(TemporalSecurity):
     TLS and API key settings)."""
 
     address: str | None = Field(default=None, min_length=1)
-    """Temporal frontend `host:port` to use (None: start `temporal server start-dev` inside the run directory)."""
+    """Temporal frontend `host:port` to use. None: Temporal's own environment configuration if it names a server
+    (`TEMPORAL_ADDRESS`, `TEMPORAL_NAMESPACE`, `TEMPORAL_API_KEY`, the `TEMPORAL_TLS_*` paths, a `temporal.toml`
+    profile chosen by `TEMPORAL_PROFILE`), else `temporal server start-dev` inside the run directory."""
     namespace: str = Field(default="default", min_length=1)
     """Temporal namespace of the run's workflows."""
     port: int = Field(default=7233, ge=0, le=65535)

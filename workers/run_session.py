@@ -23,6 +23,7 @@ import ray
 
 from controller.engines.engine_keeper import keep_engines
 from controller.engines.scaled_count import count_at_start
+from controller.temporal_environment import temporal_from_environment
 from controller.fingerprint import fingerprint_fields, process_digest
 from controller.processes import Processes
 from controller.restore.crash_restore import CrashRestore
@@ -70,9 +71,10 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
     cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"run_dir": cfg.run.run_dir.resolve()})})
     run_dir = cfg.run.run_dir
     start_count = count_at_start(cfg)  # the engines an operator scaled the run to, if the config is as it was
-    cfg = start_count.cfg
-    if start_count.note:
-        print(f"turnkeep: {start_count.note}", flush=True)
+    cfg, temporal_note = temporal_from_environment(start_count.cfg)
+    for note in (start_count.note, temporal_note):
+        if note:
+            print(f"turnkeep: {note}", flush=True)
     check_before_start(cfg)  # before anything is started or written
     await probe_remote_servers(cfg)
     await check_temporal_service(cfg)
