@@ -82,6 +82,9 @@ class EnvRouter:
         return [f"environment server {link.name} ({link.client.base_url}) away for {now - link.away_since:.1f}s: "
                 f"{link.reason}" for link in self.links if link.away_since is not None]
 
+    def is_away(self, env_name: str) -> bool:
+        return self.link_for(env_name).away_since is not None
+
     async def wait_available(self, env_name: str) -> None:
         await self.link_for(env_name).back.wait()
 
@@ -176,8 +179,9 @@ class EnvRouter:
             return
         link.away_since, link.reason = time.monotonic(), reason
         link.back.clear()
-        log.warning("environment server %s (%s) stopped answering: %s; its rollouts wait until it is back",
-                    link.name, link.client.base_url, reason)
+        # Not a warning yet: a server that restarts is back within seconds; one away past absence_warn_s is warned of.
+        log.info("environment server %s (%s) stopped answering: %s; its rollouts wait until it is back",
+                 link.name, link.client.base_url, reason)
         link.probe = asyncio.get_running_loop().create_task(self._probe(link), name=f"probe-{link.name}")
 
     async def _probe(self, link: EnvServerLink) -> None:

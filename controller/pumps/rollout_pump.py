@@ -218,8 +218,18 @@ class RolloutPump:
                 self._ledger.seal(group_id, sibling)
                 break
             reason = f"{result.outcome}: {result.reason}"
-            log.info("rollout %s %s", request.rollout_id, reason)
             continuation = None  # a failed continuation is rerun from scratch
+            if result.outcome is RolloutOutcome.FAILED and self._env.is_away(request.problem.env):
+                # Its server went away under it: the attempt runs again once the server is back (`_attempt` waits),
+                # spending no attempt; the absence is logged once per server, not once per rollout.
+                log.debug("rollout %s interrupted by its server's absence: %s", request.rollout_id, reason)
+                self._ledger.interrupt(group_id, sibling, reason)
+                self._emit(SiblingFailed, rollout_id=request.rollout_id, group_id=group_id, sibling=sibling,
+                           attempt=attempt, reason=f"interrupted, its environment server is away: {reason}",
+                           will_retry=True)
+                self._stats.interrupted += 1
+                continue
+            log.info("rollout %s %s", request.rollout_id, reason)
             whole = self.groups.plan(group_id).retries_whole_group
             retry = not whole and self._ledger.fail(group_id, sibling, reason, self._cfg.max_attempts)
             self._emit(

@@ -121,6 +121,16 @@ class GroupLedger:
         self._changed(group_id)
         return retry
 
+    def interrupt(self, group_id: str, sibling: int, reason: str) -> None:
+        """An attempt cut off from outside (its environment server went away): pending again, and, like an attempt
+        cut short by a crash, not counted against `rollout.max_attempts`."""
+        entry = self._groups[group_id].siblings[sibling]
+        entry.last_reason = reason
+        entry.restarts += 1
+        entry.cut_short = False
+        entry.state = SiblingState.PENDING
+        self._changed(group_id)
+
     def settle(self, group_id: str, need_all: bool = False) -> bool | None:
         """None while siblings still run; True when trainable; False when too few sealed.
 

@@ -11,6 +11,10 @@ class RunStats:
     generated_tokens: int = 0
     rows_sealed: int = 0
     retries: int = 0
+    """Sibling attempts that failed and were tried again (each spends one of `rollout.max_attempts`)."""
+    interrupted: int = 0
+    """Sibling attempts cut off by their environment server's absence: run again once it is back, spending no
+    attempt."""
     siblings_dropped: Counter[str] = field(default_factory=Counter)
     groups_discarded: Counter[str] = field(default_factory=Counter)
     recovery_by_env: defaultdict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))

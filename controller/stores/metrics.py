@@ -58,6 +58,7 @@ class MetricsSink:
             **add_totals(self._base_totals(report.step), {
                 "rows_sealed_total": self._stats.rows_sealed,
                 "retries_total": self._stats.retries,
+                "rollouts_interrupted_total": self._stats.interrupted,
                 "siblings_dropped_total": dict(self._stats.siblings_dropped),
                 "groups_discarded_total": dict(self._stats.groups_discarded),
                 "recovery_by_env_total": {env: dict(c) for env, c in sorted(self._stats.recovery_by_env.items())},

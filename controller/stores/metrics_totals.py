@@ -9,8 +9,8 @@ import orjson
 
 from schemas.choices import MetricsKind
 
-TOTALS = ("rows_sealed_total", "retries_total", "siblings_dropped_total", "groups_discarded_total",
-          "recovery_by_env_total")
+TOTALS = ("rows_sealed_total", "retries_total", "rollouts_interrupted_total", "siblings_dropped_total",
+          "groups_discarded_total", "recovery_by_env_total")
 
 
 def totals_at(path: Path, step: int) -> dict:

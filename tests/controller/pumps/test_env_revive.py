@@ -74,3 +74,25 @@ def test_a_stand_alone_server_is_never_started_by_the_run(monkeypatch) -> None:
             await router.close()
 
     asyncio.run(scenario())
+
+
+def test_an_absence_is_warned_of_once_and_only_after_absence_warn_s(monkeypatch, caplog) -> None:
+    monkeypatch.setattr(env_router, "PROBE_S", 0.05)
+    port = _free_port()
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as session:
+            link = EnvServerLink(EnvClient(f"http://127.0.0.1:{port}", session, "t", "remote"), ["calc"])
+            router = EnvRouter([link], absence_warn_s=0.5)
+            await router.health()
+            assert router.is_away("calc")
+            await asyncio.sleep(0.3)
+            assert not [r for r in caplog.records if r.levelname == "WARNING"]  # a restart is over within seconds
+            await asyncio.sleep(0.6)
+            await router.close()
+
+    with caplog.at_level("INFO", logger="turnkeep.env"):
+        asyncio.run(scenario())
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "has been away for" in warnings[0], warnings
+    assert any("stopped answering" in r.getMessage() for r in caplog.records if r.levelname == "INFO")

@@ -62,6 +62,9 @@ class ScriptedEnv:
     async def wait_available(self, env_name: str) -> None:
         pass
 
+    def is_away(self, env_name: str) -> bool:
+        return False
+
     async def cancel_all(self) -> int:
         return 0
 
@@ -104,6 +107,43 @@ def test_failed_attempts_are_retried_with_a_new_attempt_number():
     assert stats.retries == 4
     assert sorted(row.attempt for row in plane.rows("g0000000")) == [2, 2]
     assert sorted(env.acked) == ["r-g0000000.0.2", "r-g0000000.1.2"]
+
+
+class AwayServerEnv(ScriptedEnv):
+    """Sibling 0's first three attempts fail because the server went away under them; the pump must wait for it
+    (`wait_available`) before each new attempt."""
+
+    def __init__(self, script):
+        super().__init__(script)
+        self.away = False
+        self.waits = 0
+
+    async def run(self, request: RolloutRequest) -> RolloutResult:
+        if request.sibling == 0 and request.attempt < 3:
+            self.requests.append(request)
+            self.away = True
+            return RolloutResult(rollout_id=request.rollout_id, outcome=RolloutOutcome.FAILED,
+                                 reason="ClientConnectorError: connection refused")
+        return await super().run(request)
+
+    async def wait_available(self, env_name: str) -> None:
+        if self.away:
+            self.waits += 1
+            await asyncio.sleep(0.05)
+            self.away = False
+
+    def is_away(self, env_name: str) -> bool:
+        return self.away
+
+
+def test_attempts_cut_off_by_an_absent_server_wait_for_it_and_spend_no_attempt():
+    script = lambda sibling, attempt: (0.0, RolloutOutcome.FINISHED)
+    settled, stats, plane, ledger, env = run_one_group(script, timeout_s=5, max_attempts=1, env_class=AwayServerEnv)
+    # With one attempt allowed, counting these as failures would have dropped sibling 0 and the group with it.
+    assert settled == [("g0000000", True)]
+    assert (stats.retries, stats.interrupted, dict(stats.siblings_dropped)) == (0, 3, {})
+    assert env.waits == 3
+    assert sorted(row.attempt for row in plane.rows("g0000000")) == [0, 3]
 
 
 def test_timed_out_sibling_is_dropped_with_its_reason_after_max_attempts():
