@@ -92,6 +92,8 @@ def test_two_remote_servers_and_the_local_one_snapshot_restore_and_survive_a_kil
         wait_until(remote_agents_parked_after_the_return, 300,
                    "training and a published snapshot with remote agents parked after remote_a came back", run)
         output = log.read_text()
+        # remote_a's rollouts that its death cut off ran again once it was back, spending no attempts.
+        assert metrics(run_dir, "train_step")[-1]["retries_total"] == 0, metrics(run_dir, "train_step")[-1]
         # The remote servers keep no turn journal, so `snapshot.agents = "auto"` parks, and says why once.
         assert output.count("turnkeep: warning: snapshots park the running agents") == 1, output[-3000:]
         assert "environment server(s) ['remote_a', 'remote_b'] keep no turn journal" in output
