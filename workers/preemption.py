@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import psutil
@@ -26,6 +27,10 @@ from workers.temporal.controller_worker import SnapshotRuntime
 
 log = logging.getLogger("turnkeep.preemption")
 EXIT_AT_ONCE = 143
+SHUTDOWN_AFTER_SAVE_S = 3.0
+"""Once the final snapshot is published and the audit log ends, the processes' orderly stop gets this long before
+they are killed: a scheduler's grace before SIGKILL is short (Slurm's is 30 s), and nothing left is worth keeping
+(the run is crash-only: the next start restores from what is on disk)."""
 
 
 class PreemptionHandler:
@@ -50,6 +55,22 @@ class PreemptionHandler:
                 # Preempted and shutting down: a second signal still exits at once and says so, never by the
                 # signal's default action (a CI run's second SIGTERM landed after the final save, exit -15).
                 signal.signal(signum, lambda received, _frame: self._on_signal(received))
+
+    def exit_soon(self, step: int) -> None:
+        """The run was preempted and everything it keeps is on disk: if the orderly stop of its processes (vLLM, Ray,
+        Temporal) outlasts `SHUTDOWN_AFTER_SAVE_S`, kill them and exit 0 with the usual last line."""
+        timer = threading.Timer(SHUTDOWN_AFTER_SAVE_S, self._exit_now, (step,))
+        timer.daemon = True
+        timer.start()
+
+    def _exit_now(self, step: int) -> None:
+        print(f"\nturnkeep: preempted at step {step}; saved {self.saved}. Run the same command again (same --run-dir) "
+              f"to continue. (The processes did not stop within {SHUTDOWN_AFTER_SAVE_S:g}s of the save and were "
+              "killed.)", flush=True)
+        try:
+            _kill_children(self._controller.cfg.run.run_dir)
+        finally:
+            os._exit(0)
 
     def _on_signal(self, signum: int) -> None:
         name = signal.Signals(signum).name

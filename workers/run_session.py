@@ -153,6 +153,8 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
         await observers.last_sample()
         await _audit_end(controller, processes, controller.stop_reason or "finished")
         controller.metrics.finish()
+        if preemption.saved is not None:
+            preemption.exit_soon(controller.training.step)
         return RunSummary(
             controller.training.step, time.monotonic() - started, run_dir, controller.last_metrics,
             controller.metrics.peak_rss_mib, preempted=preemption.saved if controller.stop_reason else None,

@@ -49,8 +49,10 @@ def test_sigterm_saves_a_final_snapshot_through_a_restarted_outside_temporal_and
         server = asyncio.run(start_dev_server(server_cfg, server_dir))  # same port, same database
         wait_until(lambda: train_steps(run_dir) >= steps_before + 4 and _published(run_dir) > published_before,
                    300, "training and a new snapshot after Temporal's restart", proc)
+        signalled = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=150) == 0, log.read_text()[-3000:]
+        print(f"\nSIGTERM -> exit 0 in {time.monotonic() - signalled:.1f} s")
     finally:
         if proc.poll() is None:
             proc.kill()
