@@ -268,6 +268,16 @@ class MetricsConfig(StrictModel):
     tensorboard: bool = False
     """Also write metrics.jsonl's numbers as TensorBoard event files in `<run_dir>/tensorboard/` (snapshot outcomes and
     restores as text): `tensorboard --logdir <run_dir>/tensorboard`."""
+    wandb: bool = False
+    """Also send metrics.jsonl's numbers to Weights & Biases (needs `pip install 'turnkeep[wandb]'`): one W&B run per
+    turnkeep run, named by its run id, its files in `<run_dir>/wandb/`."""
+    wandb_project: str = Field(default="turnkeep", min_length=1)
+    """The W&B project."""
+    wandb_entity: str | None = None
+    """The W&B team or user (None: your default entity)."""
+    wandb_mode: Literal["auto", "online", "offline"] = "auto"
+    """`auto`: online when this machine has W&B credentials (`WANDB_API_KEY`, or `wandb login`), else offline (upload
+    later with `wandb sync <run_dir>/wandb/offline-run-*`)."""
 
 
 class WatchdogConfig(StrictModel):

@@ -131,7 +131,7 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
                 _report_recovery(run_dir, identity, snapshots.ctx.recovery)
         elif recovery is not None:
             _report_recovery(run_dir, identity, await _recover_without_temporal(recovery))
-        observers = start_observers(stack, cfg, controller, processes, run_dir, identity.incarnation)
+        observers = start_observers(stack, cfg, controller, processes, run_dir, identity)
         preemption = PreemptionHandler(controller, snapshots, cfg.snapshot.preemption_grace_s)
         preemption.install()
         keeper = keep_engines(processes, session, run_dir=run_dir, no_engine_stop_s=cfg.policy.no_engine_stop_s,

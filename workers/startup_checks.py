@@ -8,6 +8,7 @@ from pathlib import Path
 from controller.config_file import ConfigError
 from controller.rollout_levels import check_rollout_levels
 from controller.state.prompt_files import check_prompt_file
+from controller.stores.wandb_mirror import WandbUnavailable, check_wandb_installed
 from envs.kinds import local_environments, resolve
 from envs.loading import EnvironmentLoadError
 from gpu_workers.tiny_model.model_files import check_model_files
@@ -34,6 +35,11 @@ def check_before_start(cfg: TurnkeepConfig) -> None:
         except EnvironmentLoadError as err:
             raise ConfigError(str(err)) from None
     check_prompt_file(cfg)
+    if cfg.metrics.wandb:
+        try:
+            check_wandb_installed()
+        except WandbUnavailable as err:
+            raise ConfigError(str(err)) from None
     if cfg.model.path is None:
         try:
             transcript_source(cfg)

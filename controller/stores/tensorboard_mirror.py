@@ -4,7 +4,7 @@ A mirror, not a second source: it tails `metrics.jsonl` (every line any part of 
 wrote) and writes each number of each line as a scalar under `<run_dir>/tensorboard/`
 (`train/<key>` at the train step; `snapshot/<key>` at the attempt's anchor step, with
 its outcome and reason as text; a restore's source as text). How far it got is kept in
-`tensorboard/mirrored_offset`, so a restarted run goes on where the last one stopped
+`tensorboard/mirrored_offset` (`controller.stores.metrics_tail`), so a restarted run goes on where the last one stopped
 instead of writing every point twice.
 """
 
@@ -14,16 +14,14 @@ import asyncio
 import logging
 import secrets
 from pathlib import Path
+from typing import Protocol
 
-import orjson
-
-from primitives.atomic_files import atomic_write_text
+from controller.stores.metrics_tail import MetricsTail, numbers
 from schemas.choices import MetricsKind
 
 log = logging.getLogger("turnkeep.metrics")
 
 TENSORBOARD_DIR = "tensorboard"
-OFFSET_FILE = "mirrored_offset"
 EVERY_S = 2.0
 NOT_SCALARS = {"t", "step", "anchor_step"}
 """Numbers that are the point's own time or step, not a measurement."""
@@ -33,47 +31,33 @@ class TensorBoardMirror:
     def __init__(self, run_dir: Path) -> None:
         from tensorboardX import SummaryWriter  # only runs that ask for TensorBoard import it
 
-        self._metrics = Path(run_dir) / "metrics.jsonl"
         self._dir = Path(run_dir) / TENSORBOARD_DIR
         self._dir.mkdir(exist_ok=True)
         # Its own file per start: event file names are only unique to the second.
         self._writer = SummaryWriter(logdir=str(self._dir), flush_secs=EVERY_S,
                                      filename_suffix=f".{secrets.token_hex(4)}")
-        self._offset = _read_offset(self._dir / OFFSET_FILE)
+        self._tail = MetricsTail(run_dir, self._dir)
 
     def mirror_new_lines(self) -> int:
         """Write what was appended since the last call; the number of lines mirrored (a torn last line waits)."""
-        try:
-            with self._metrics.open("rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except FileNotFoundError:
-            return 0
-        end = data.rfind(b"\n") + 1
-        lines = data[:end].splitlines()
-        for line in lines:
-            try:
-                record = orjson.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                self._write(record)
-        if lines:
+        records = self._tail.read_new()
+        for record in records:
+            self._write(record)
+        if records:
             self._writer.flush()
-            self._offset += end
-            atomic_write_text(self._dir / OFFSET_FILE, str(self._offset))
-        return len(lines)
+        self._tail.commit()
+        return len(records)
 
     def _write(self, record: dict) -> None:
         kind = record.get("kind")
         if kind == MetricsKind.TRAIN_STEP:
             step = int(record.get("step", 0))
-            for key, value in _numbers(record):
+            for key, value in numbers(record):
                 if key not in NOT_SCALARS:
                     self._writer.add_scalar(f"train/{key}", value, step)
         elif kind == MetricsKind.SNAPSHOT:
             step = int(record.get("anchor_step", 0))
-            for key, value in _numbers(record):
+            for key, value in numbers(record):
                 if key not in NOT_SCALARS:
                     self._writer.add_scalar(f"snapshot/{key}", value, step)
             self._writer.add_text("snapshot/outcome", f"{record.get('checkpoint_id')}: {record.get('outcome')} "
@@ -89,34 +73,19 @@ class TensorBoardMirror:
         self._writer.close()
 
 
-def _numbers(record: dict, prefix: str = "") -> list[tuple[str, float]]:
-    """Every number in the line, nested dicts flattened (`groups_discarded_total/stale`); booleans left out."""
-    found = []
-    for key, value in record.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, bool) or value is None:
-            continue
-        if isinstance(value, (int, float)):
-            found.append((name, float(value)))
-        elif isinstance(value, dict):
-            found += _numbers(value, f"{name}/")
-    return found
+class Mirror(Protocol):
+    def mirror_new_lines(self) -> int: ...
+
+    def close(self) -> None: ...
 
 
-def _read_offset(path: Path) -> int:
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        return 0
-
-
-async def keep_mirroring(mirror: TensorBoardMirror, every_s: float = EVERY_S) -> None:
+async def keep_mirroring(mirror: Mirror, every_s: float = EVERY_S) -> None:
     try:
         while True:
             await asyncio.sleep(every_s)
             try:
                 mirror.mirror_new_lines()
             except OSError as err:  # a full disk: the next round tries again
-                log.warning("could not write TensorBoard events: %s", err)
+                log.warning("could not mirror metrics.jsonl (%s): %s", type(mirror).__name__, err)
     finally:
         mirror.close()
