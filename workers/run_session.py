@@ -23,7 +23,6 @@ import ray
 
 from controller.engines.engine_keeper import keep_engines
 from controller.engines.scaled_count import count_at_start
-from controller.temporal_environment import temporal_from_environment
 from controller.fingerprint import fingerprint_fields, process_digest
 from controller.processes import Processes
 from controller.restore.crash_restore import CrashRestore
@@ -33,6 +32,7 @@ from controller.rollout_levels import RolloutLevelPlan, plan_levels, unjournaled
 from controller.runtime import Controller, RunSummary
 from controller.snapshot.agents_mode import resolve_agents_mode
 from controller.stores.trainer_checkpoint import CheckpointIdentity
+from controller.temporal_environment import temporal_from_environment
 from primitives.atomic_files import append_jsonl
 from primitives.audit_log import AUDIT_FILE, AuditLog
 from primitives.pid_files import write_pid_file
