@@ -10,6 +10,7 @@ import sys
 from chaos.runner import run_chaos
 from cli.bench import add_bench_parser, run_bench
 from cli.chaos import add_chaos_parser
+from cli.config_docs import add_config_docs_parser, run_config_docs
 from cli.env_server import add_env_server_parser, run_env_server
 from cli.make_model import add_make_model_parser, run_make_model
 from cli.plot import add_plot_parser, run_plot
@@ -25,6 +26,7 @@ COMMANDS = {
     "status": (add_status_parser, run_status),
     "scale": (add_scale_parser, run_scale),
     "plot": (add_plot_parser, run_plot),
+    "config-docs": (add_config_docs_parser, run_config_docs),
     "make-model": (add_make_model_parser, run_make_model),
 }
 """Each command's parser and what it runs (given the parsed arguments; `args.argv` is the command line)."""
