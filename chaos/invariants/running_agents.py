@@ -6,7 +6,8 @@ check reads what the killed incarnation really had running, from its own `siblin
 lines, so a restore that quietly drops agents (reads them as not running, or misses their boundaries) fails it.
 
 Left out, each for a reason the log shows: an agent sealed (its row is among the restore's rows, which include
-the seals its kept journal holds past the audit log), one whose group was rerun whole, dropped or discarded, one
+the seals its kept journal holds past the audit log), an attempt that failed (`sibling_failed`: it ended, and a later
+attempt of its sibling took its place, as when its environment server went away under it), one whose group was rerun whole, dropped or discarded, one
 the restore names as started over by its level (`agents_not_continued`), one with no turn of the restored lineage,
 and turns committed less than `JOURNAL_GRACE_S` before the incarnation's last line (the turn journal's batch may
 not have reached the disk before the kill; those turns are generated again and counted as such).
@@ -23,6 +24,7 @@ from schemas.audit import (
     GroupRerun,
     GroupsDiscarded,
     Restored,
+    SiblingFailed,
     SiblingSealed,
     SiblingStarted,
     StepTrained,
@@ -46,6 +48,7 @@ class _Incarnation:
 
     started: dict[str, SiblingStarted] = field(default_factory=dict)
     sealed: set[str] = field(default_factory=set)
+    """Attempts that ended: sealed, or failed (a failed attempt is never continued; its sibling's next one runs)."""
     given_up: set[str] = field(default_factory=set)
     turns: dict[str, list[TurnCommitted]] = field(default_factory=dict)
     trained: list[StepTrained] = field(default_factory=list)
@@ -88,7 +91,7 @@ def _incarnations(events: list) -> dict[int, _Incarnation]:
         life = lives.setdefault(event.inc, _Incarnation())
         if isinstance(event, SiblingStarted):
             life.started[event.rollout_id] = event
-        elif isinstance(event, SiblingSealed):
+        elif isinstance(event, (SiblingSealed, SiblingFailed)):
             life.sealed.add(event.rollout_id)
         elif isinstance(event, TurnCommitted):
             life.turns.setdefault(event.rollout_id, []).append(event)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from chaos.invariants.results import AuditCounts
 from chaos.invariants.running_agents import NAME, running_agents_continued
 from chaos.verdict import check_invariants
-from schemas.audit import Restored, RowRef, RunEnded, StepTrained, TurnCommitted
+from schemas.audit import Restored, RowRef, RunEnded, SiblingFailed, StepTrained, TurnCommitted
 from tests.chaos.invariants.history import g, healthy_with_a_journal_restore, r
 
 RUNNING = r(5, 0, 0)
@@ -67,4 +67,16 @@ def test_a_turn_of_a_rolled_back_policy_is_owed_only_when_the_restore_kept_that_
 
 def test_a_restore_that_kept_no_journal_is_not_judged():
     result = running_agents_continued(_kept_journal_of_incarnation_3(kept_after_cut=None, continuations=[]))
+    assert result.ok and result.checked == 0
+
+
+def test_an_attempt_that_failed_before_the_kill_is_not_owed():
+    """Its server went away under it after turn 1: the attempt ended (its sibling's next attempt runs), so the
+    restore owes nothing for it (a chaos run with env kills flagged 231 such attempts)."""
+    history = _kept_journal_of_incarnation_3(continuations=[])
+    end_of_3 = next(i for i, e in enumerate(history) if isinstance(e, RunEnded) and e.inc == 3)
+    failed = SiblingFailed(t=1207.4, inc=3, rollout_id=RUNNING, group_id=g(5), sibling=0, attempt=0,
+                           reason="interrupted, its environment server is away: failed: ServerDisconnectedError",
+                           will_retry=True)
+    result = running_agents_continued(history[:end_of_3] + [failed] + history[end_of_3:])
     assert result.ok and result.checked == 0
