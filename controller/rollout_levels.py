@@ -122,8 +122,8 @@ def unjournaled_turns_warning(cfg: TurnkeepConfig, servers: list[Capabilities],
         return None
     named = "; ".join(f"{server} ({', '.join(sorted(envs))})" for server, envs in sorted(lacking.items()))
     return (f"environment server(s) {named} keep no turn journal and snapshot.enabled = false: after a restore "
-            "their unfinished siblings start over (the 'sibling' level, not 'turn'); start them with `turnkeep "
-            "env-server --journal-dir DIR`, or set snapshot.enabled = true")
+            "their unfinished siblings start over (the 'sibling' level, not 'turn'); start them with `--journal-dir "
+            "DIR` (turnkeep env-server), or set snapshot.enabled = true")
 
 
 def _configured_level(cfg: TurnkeepConfig, name: str) -> RecoveryLevel:

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 COMPOSE = Path(__file__).resolve().parents[1] / "docker-compose.yml"
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
 
 
 def _services() -> dict:

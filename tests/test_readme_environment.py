@@ -11,7 +11,7 @@ from envs.environment import EnvContext
 from envs.loading import check_environment_class
 from schemas.rollout import Problem
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "environments.md"
 
 
 def test_the_readme_environment_loads_and_plays_an_episode() -> None:

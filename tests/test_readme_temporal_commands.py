@@ -19,11 +19,11 @@ from tests.workflows.test_ui_conventions import RUN, Participants
 from workers.temporal.dev_server import temporal_binary
 from workflows.run_workflow import RunWorkflow
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
 
 
 def readme_commands() -> list[str]:
-    section = README.read_text().split("### Operators", 1)[1]
+    section = README.read_text().split("## Operators", 1)[1]
     block = re.search(r"```\n(.*?)```", section, re.S).group(1)
     return [line for line in block.splitlines() if line.startswith("temporal ")]
 

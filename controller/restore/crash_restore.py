@@ -173,7 +173,7 @@ class CrashRestore:
         """Every rollout the restored ledger has running or cut short by a crash (cut short covers an incarnation
         that restored it and died before running it), continued from the newest boundary its server journaled
         under the incarnation that started it, with no turn of a policy newer than `version` (the consistent-cut
-        rule: README, "Journal snapshots"). Returns the continuations, and the rollouts that start over because
+        rule: docs/snapshots.md, "Journal snapshots"). Returns the continuations, and the rollouts that start over because
         their level does not continue saved turns (restart_only environments are lowered to such a level), which
         the audit names."""
         ledger = self._target.ledger

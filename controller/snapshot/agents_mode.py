@@ -36,6 +36,6 @@ def resolve_agents_mode(
         return AgentsMode.PARKED, None
     if without:
         return AgentsMode.PARKED, (f"snapshots park the running agents (admission closes during each one): environment "
-                          f"server(s) {without} keep no turn journal; start them with `turnkeep env-server "
-                          f"--journal-dir DIR` so that snapshots stop nothing")
+                          f"server(s) {without} keep no turn journal; start them with `--journal-dir DIR` "
+                          f"(turnkeep env-server) so that snapshots stop nothing")
     return AgentsMode.JOURNAL, None

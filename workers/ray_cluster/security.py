@@ -11,7 +11,7 @@ token file before `ray.init`:
   process group binds there too (`VLLM_HOST_IP`). The token is made in
   `<run_dir>/ray_token` (0600) unless `ray.token_file` names one.
 - joining a cluster (`ray.address`): the cluster's token must already be in
-  `ray.token_file` (or `<run_dir>/ray_token`); the README shows how a cluster is started
+  `ray.token_file` (or `<run_dir>/ray_token`); docs/cluster.md shows how a cluster is started
   with it.
 """
 

@@ -41,7 +41,7 @@ async def check_temporal_service(cfg: TurnkeepConfig) -> None:
         reason = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
         raise TemporalUnusable(
             f"{where}: no Temporal server answers ({reason}); start one (`docker compose up -d` in the repository, "
-            "README \"Run against your own Temporal\"), or fix the address and the TLS / API key settings"
+            "docs/operations.md, \"Run against your own Temporal\"), or fix the address and the TLS / API key settings"
         ) from None
     await _check_namespace(client, temporal.namespace, where)
     try:
