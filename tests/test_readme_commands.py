@@ -93,3 +93,14 @@ def test_the_readme_is_a_guide_and_every_link_stays_in_the_repository() -> None:
                 continue
             resolved = (page.parent / target).resolve()
             assert resolved.is_relative_to(ROOT) and resolved.exists(), f"{page.name}: link to {target}"
+
+
+def test_every_figure_the_readme_takes_from_benchmarks_md_is_there() -> None:
+    """A paragraph that cites BENCHMARKS.md quotes its figures as the bench pass wrote them."""
+    benchmarks = (ROOT / "BENCHMARKS.md").read_text()
+    pieces = re.split(r"\n\n|\n- ", (ROOT / "README.md").read_text())  # paragraphs and list items
+    paragraphs = [p for p in pieces if "BENCHMARKS.md, `" in p]
+    assert paragraphs
+    for paragraph in paragraphs:
+        for figure in re.findall(r"(?<![\w.,`])(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+\.\d+|\d{2,})(?![\w`])", paragraph):
+            assert figure in benchmarks, f"{figure} (in: {paragraph[:80]}...) is not in BENCHMARKS.md"
