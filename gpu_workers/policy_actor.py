@@ -72,7 +72,12 @@ class PolicyActor(RunMember):
 
         client = await connect(address, namespace, security)
         trainer = ray.get_actor("trainer")
-        acts = PolicyActivities(self._server, self._server.faults, incarnation, trainer.weights_blob.remote)
+
+        async def trainer_weights() -> bytes:
+            [shared] = await trainer.shared_weights.remote()  # one object for every engine of a restore
+            return await shared
+
+        acts = PolicyActivities(self._server, self._server.faults, incarnation, trainer_weights)
         self._worker, _task = start_worker(
             client, policy_queue(run_id, self._engine),
             activities=step_activities(acts, runs=[Runs.POLICY]),

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import ray
 
+from gpu_workers.shared_weights import SharedWeights
 from primitives.holds import HoldSet, UnknownHolder
 from primitives.run_member import RunMember
 from schemas.config import TurnkeepConfig
@@ -29,6 +30,7 @@ class TrainerActor(RunMember):
             Path(model_dir), cfg.train, cfg.model.dtype, cfg.run.seed, cfg.rollout.temperature, self.hold
         )
         self._policy_dtype = cfg.policy.dtype or cfg.model.dtype
+        self._shared = SharedWeights(ray.put)
         return self._trainer.policy_version
 
     async def train_step(self, rows: list[dict], step: int) -> dict:
@@ -48,6 +50,13 @@ class TrainerActor(RunMember):
         """The weights as the policy server loads them (its dtype), serialised on the trainer's device."""
         return self._trainer.weights_blob(self._policy_dtype)
 
+    async def shared_weights(self) -> list:
+        """The current weights as one object in Ray's object store, in a list (so a caller gets the reference, and
+        each engine reads the one object instead of the trainer serializing them for each)."""
+        async with self._stepping:
+            version = self._trainer.policy_version
+            return [self._shared.ref(version, lambda: self._trainer.weights_blob(self._policy_dtype))]
+
     async def versioned_weights(self) -> tuple[int, bytes]:
         """The policy version and its weights, taken together between steps (call with `num_returns=2`, so the
         bytes stay in Ray's object store and go to the engine that loads them, not through the caller)."""
@@ -57,6 +66,7 @@ class TrainerActor(RunMember):
     async def load_checkpoint(self, directory: str, step: int) -> int:
         """Restore the `trainer/` folder of the checkpoint of train step `step`; returns the policy version."""
         async with self._stepping:
+            self._shared.forget()
             return await asyncio.to_thread(self._trainer.load_checkpoint, Path(directory), step)
 
     async def save_checkpoint(self, directory: str) -> None:
