@@ -61,7 +61,7 @@ class LocalEnvServer:
         same_port = self._cfg.model_copy(update={"env": self._cfg.env.model_copy(update={"port": port})})
         self.restarts += 1
         message = (f"the run's environment server ({self.url}) died; starting it again on the same port "
-                   f"(restart {self.restarts}); its in-flight rollouts are retried")
+                   f"(restart {self.restarts}); its in-flight rollouts run again once it is back, spending no attempt")
         log.warning("%s", message)
         print(f"turnkeep: warning: {message}", file=sys.stderr, flush=True)
         began = time.monotonic()
