@@ -11,9 +11,13 @@ configured device and prints, then writes to `<out>/gpu_check.json`:
 - a GRPO train step (the real forward, backward, hold and optimizer step) on synthetic
   rows: seconds per step and tokens per second, after one warm-up step;
 - a trainer checkpoint saved from and loaded back into device memory, in seconds;
-- the refit's weight serialisation (device -> host safetensors bytes), in GB/s;
+- the refit's weight serialisation (device -> host safetensors bytes), in GB/s, against one in-memory copy of the
+  same bytes (what a refit into N engines costs on top: the engines read one object);
 - the hold before the optimizer step: with a holder in the trainer hold, a step
-  computes but does not update the weights until the holder is released.
+  computes but does not update the weights until the holder is released;
+- with `--engines`: `turnkeep bench engines` on the same config (1 and 2 vLLM engines: tokens/s, refit into 1 and
+  2 engines against one memory copy, an engine's death to its replacement's first turn), where the machine has
+  vLLM and the GPUs for a trainer and two engines; otherwise the reason it was left out.
 """
 
 from __future__ import annotations
@@ -60,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     report = asyncio.run(_check(cfg, args.out, args.seq_len, args.steps))
+    if args.engines:
+        report["engines"] = _engines(args.config, args.set, args.out / "engines",
+                                     cfg.placement.trainer_gpus + 2 * cfg.placement.policy_gpus)
     (args.out / "gpu_check.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
     print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
     return 0 if report["hold_check"]["held"] else 1
@@ -73,6 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seq-len", type=int, default=None, help="tokens per row (default: model.tiny.max_position_embeddings)")
     parser.add_argument("--steps", type=int, default=3, help="timed train steps after the warm-up step")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    parser.add_argument("--engines", action="store_true", help="also run `turnkeep bench engines` where it can")
     return parser
 
 
@@ -98,6 +106,24 @@ async def _check(cfg, out: Path, seq_len: int | None, steps: int) -> dict:
     if trainer.device.type == "cuda":
         report["peak_gpu_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     return report
+
+
+def _engines(config: Path, sets: list[str], out: Path, gpus_needed: int) -> dict:
+    """`turnkeep bench engines` on this config where it can run here, else why not."""
+    import importlib.util
+    import subprocess
+
+    if importlib.util.find_spec("vllm") is None:
+        return {"skipped": "no vLLM on this machine (pip install -e '.[gpu]'); the engines are measured where it is"}
+    have = torch.cuda.device_count()
+    if have < gpus_needed:
+        return {"skipped": f"a trainer and two engines need {gpus_needed} GPUs; this machine has {have}"}
+    command = [sys.executable, "-m", "cli.main", "bench", "engines", "--config", str(config), "--out", str(out),
+               *[arg for pair in sets for arg in ("--set", pair)]]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"failed": f"exit {done.returncode}", "output": done.stdout[-2000:] + done.stderr[-2000:]}
+    return {"command": " ".join(command[2:]), "result": orjson.loads((out / "engines.json").read_bytes())}
 
 
 def _rows(count: int, seq_len: int, vocab: int) -> list[RolloutRow]:
@@ -186,7 +212,13 @@ def _time_serialisation(trainer: Trainer, dtype: str, repeats: int = 3) -> dict:
         seconds.append(time.perf_counter() - started)
         size = len(blob)
     best = min(seconds)
-    return {"dtype": dtype, "bytes": size, "best_s": round(best, 4), "gb_per_s": round(size / best / 1e9, 2)}
+    copies = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        bytearray(blob)  # one copy of the same bytes in host memory
+        copies.append(time.perf_counter() - started)
+    return {"dtype": dtype, "bytes": size, "best_s": round(best, 4), "gb_per_s": round(size / best / 1e9, 2),
+            "one_memory_copy_s": round(min(copies), 6), "serialisation_over_copy": round(best / max(min(copies), 1e-9), 1)}
 
 
 async def _hold_check(trainer: Trainer, rows: list[RolloutRow]) -> dict:
