@@ -218,7 +218,8 @@ def _time_serialisation(trainer: Trainer, dtype: str, repeats: int = 3) -> dict:
         bytearray(blob)  # one copy of the same bytes in host memory
         copies.append(time.perf_counter() - started)
     return {"dtype": dtype, "bytes": size, "best_s": round(best, 4), "gb_per_s": round(size / best / 1e9, 2),
-            "one_memory_copy_s": round(min(copies), 6), "serialisation_over_copy": round(best / max(min(copies), 1e-9), 1)}
+            "one_memory_copy_s": round(min(copies), 6),
+            "serialisation_over_copy": round(best / max(min(copies), 1e-9), 1)}
 
 
 async def _hold_check(trainer: Trainer, rows: list[RolloutRow]) -> dict:
