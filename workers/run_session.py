@@ -89,8 +89,13 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
     started = time.monotonic()
     async with AsyncExitStack() as stack:
         stack.push_async_callback(audit.close)
-        temporal_address, temporal_supervisor = await _start_temporal(cfg, stack)
-        head = join_ray(cfg, run_dir, ray_namespace(identity.run_id))
+        # The embedded Temporal server boots in its own process while Ray starts (both take seconds on a restart).
+        temporal_start = asyncio.create_task(_start_temporal(cfg, stack), name="temporal-start")
+        await asyncio.sleep(0)  # runs until it waits for the spawned server to answer
+        try:
+            head = join_ray(cfg, run_dir, ray_namespace(identity.run_id))
+        finally:
+            temporal_address, temporal_supervisor = await temporal_start
         if head is not None:
             stack.callback(stop_head, head)  # after the processes' own stop (the stack unwinds last in, first out)
             # Disconnect before the head goes: a driver left connected waits a minute for its GCS, then aborts the
