@@ -12,7 +12,6 @@ from pathlib import Path
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
 
 from schemas.config import TurnkeepConfig
 
@@ -116,9 +115,9 @@ def _type_name(annotation) -> str:
 
 
 def _default(field: FieldInfo) -> str:
-    if field.default is PydanticUndefined:
+    if field.is_required():
         return "required"
-    value = field.default
+    value = field.get_default(call_default_factory=True)
     if value is None:
         return "none"
     if isinstance(value, enum.Enum):
