@@ -33,6 +33,7 @@ def run_run(args: argparse.Namespace) -> int:
     from controller.restore.crash_restore import CrashRestoreError
     from controller.restore.run_identity import RunDirError
     from controller.restore.unusable import UnusableRunDir
+    from workers.preemption import preempted_line
     from workers.run_session import run_training
     from workers.temporal.controller_worker import RecoveryFailed
 
@@ -51,8 +52,7 @@ def run_run(args: argparse.Namespace) -> int:
         print("turnkeep: interrupted", file=sys.stderr)
         return 130
     if summary.preempted is not None:
-        print(f"\nturnkeep: preempted at step {summary.steps}; saved {summary.preempted}. "
-              f"Run the same command again (same --run-dir) to continue.", flush=True)
+        print(f"\n{preempted_line(summary.steps, summary.preempted)}", flush=True)
         return 0
     last = summary.last_metrics or {}
     print(

@@ -64,9 +64,8 @@ class PreemptionHandler:
         timer.start()
 
     def _exit_now(self, step: int) -> None:
-        print(f"\nturnkeep: preempted at step {step}; saved {self.saved}. Run the same command again (same --run-dir) "
-              f"to continue. (The processes did not stop within {SHUTDOWN_AFTER_SAVE_S:g}s of the save and were "
-              "killed.)", flush=True)
+        print(f"\n{preempted_line(step, self.saved or '')} (The processes did not stop within "
+              f"{SHUTDOWN_AFTER_SAVE_S:g}s of the save and were killed.)", flush=True)
         try:
             _kill_children(self._controller.cfg.run.run_dir)
         finally:
@@ -115,6 +114,12 @@ class PreemptionHandler:
             await asyncio.sleep(0.1)
         return (f"trainer checkpoint checkpoints/step_{training.step} "
                 "(its data plane; running agents continue from the turn journals)")
+
+
+def preempted_line(step: int, saved: str) -> str:
+    """The last line of a preempted run, however it exits."""
+    return (f"turnkeep: preempted at step {step}; saved {saved}. Run the same command again (same --run-dir) to "
+            "continue.")
 
 
 def saved_agents(result) -> str:
