@@ -47,3 +47,8 @@ WORKFLOW_TASK_TIMEOUT = timedelta(seconds=3)
 controller killed inside a workflow task (its local activities run inside one) holds that task until it times out,
 and the next incarnation's cancel of the dead one's attempt waits on it: 10.2 s of many chaos restarts. The SDK
 extends a task whose local activities run longer by heartbeating it, so only a dead worker's task times out."""
+
+STICKY_TASK_FALLBACK = timedelta(seconds=2)
+"""How long a workflow task waits on the worker's own (sticky) queue before any worker may take it (the SDK's
+default is 10 s). The next incarnation resets stickiness before it cancels, but a task already queued for the dead
+worker still waits this out: one cancel of a chaos run took 10.3 s. A live worker that misses it only replays."""

@@ -79,6 +79,10 @@ async def _parked_at_least(env, ck: str, n: int) -> bool:
     return (await env.status(ck)).parked >= n
 
 
+async def _parked_or_all_done(env, ck: str, tasks: list[asyncio.Task]) -> bool:
+    return all(t.done() for t in tasks) or await _parked_at_least(env, ck, 1)
+
+
 async def _waiting(driver: RolloutDriver, n: int) -> bool:
     return (await driver.unfenced_status(driver.env_url)).waiting == n
 
@@ -127,11 +131,12 @@ def test_an_unrenewed_lease_lets_the_agents_go_by_themselves(stack, stack_config
             env = driver.client("env", stack.env_url)
             ck = checkpoint_id()
             try:
-                tasks = await start_agents(driver, 6)
-                # A long lease while an agent parks (however long that takes on a loaded machine), then a last
+                tasks = await start_agents(driver, 12)
+                # A lease longer than any wait for a park (however long that takes on a loaded machine), then a last
                 # short renewal: the agents are held when the lease runs out, at every moment.
-                await env.prepare(ck, lease_s=60.0)
-                await wait_for(lambda: _parked_at_least(env, ck, 1), 30, "an agent parked")
+                await env.prepare(ck, lease_s=600.0)
+                await wait_for(lambda: _parked_or_all_done(env, ck, tasks), 300, "an agent parked or every agent done")
+                assert (await env.status(ck)).parked >= 1, "every agent ended its episode before the prepare"
                 await env.renew(ck, lease_s=1.0)
                 # Nobody renews again: the server resumes by itself and every agent finishes.
                 results = await asyncio.wait_for(asyncio.gather(*tasks), 30)

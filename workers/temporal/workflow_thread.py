@@ -22,6 +22,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from primitives.temporal_client import connect
 from schemas.config_services import TemporalSecurity
+from workflows.retry_policies import STICKY_TASK_FALLBACK
 
 log = logging.getLogger("turnkeep.snapshot")
 
@@ -92,7 +93,8 @@ class WorkflowThread:
         client = await connect(*self._connect)
         # no_remote_activities: the controller's activity tasks stay with the main loop's worker.
         worker = Worker(client, task_queue=self._task_queue, workflows=self._workflows, workflow_runner=WORKFLOW_RUNNER,
-                        activities=self._local_activities, no_remote_activities=True)
+                        activities=self._local_activities, no_remote_activities=True,
+                        sticky_queue_schedule_to_start_timeout=STICKY_TASK_FALLBACK)
         running = asyncio.ensure_future(worker.run())
         stopping = asyncio.ensure_future(self._stop.wait())
         self._ready.set()
