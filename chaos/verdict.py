@@ -22,6 +22,7 @@ from chaos.invariants.figures import fill_counts
 from chaos.invariants.holds import STALL_AFTER_RESTORE_S, hold_spans, holds_within_lease, invariant_4
 from chaos.invariants.lineage import invariant_1, walk_lineage
 from chaos.invariants.live_state import invariant_7
+from chaos.invariants.partial_turns import cut_turns_keep_their_tokens
 from chaos.invariants.results import MAX_LISTED_VIOLATIONS, AuditCounts, InvariantResult, Verdict
 from chaos.invariants.running_agents import running_agents_continued
 from chaos.invariants.snapshots import invariant_3
@@ -54,6 +55,7 @@ def check_invariants(
         invariant_2(events, counts),
         saved_agents_continued(events),
         journaled_agents_were_committed(events),
+        cut_turns_keep_their_tokens(events),
         running_agents_continued(events, counts),
         invariant_3(events, newest_snapshot_problems, snapshot_checks),
         invariant_4(events),

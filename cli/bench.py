@@ -24,6 +24,8 @@ BENCHMARKS = {
     "soak": "1,000 snapshot attempts back to back: file descriptors, threads, RSS and Temporal histories stay flat",
     "engines": "1 and 2 engines: rollout tokens/s, the refit against one memory copy, an engine's death to its "
                "replacement taking turns",
+    "partial_turns": "long turns cut by kills at the turn and the token level: tokens generated again, restart "
+                     "time, and what journaling a turn's tokens as they stream costs",
 }
 ORDER = list(BENCHMARKS)
 REPO = Path(__file__).resolve().parents[1]

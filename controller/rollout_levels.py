@@ -38,7 +38,11 @@ class RolloutLevelPlan:
 
     @property
     def continues_saved_turns(self) -> bool:
-        return self.level == RecoveryLevel.TURN
+        return self.level in (RecoveryLevel.TOKEN, RecoveryLevel.TURN)
+
+    @property
+    def continues_partial_turns(self) -> bool:
+        return self.level == RecoveryLevel.TOKEN
 
     @property
     def keeps_sealed_siblings(self) -> bool:
@@ -65,15 +69,23 @@ def check_rollout_levels(cfg: TurnkeepConfig) -> None:
                 f"'{target}'; an override only forces a coarser level: remove it, or lower target_level and "
                 "override the other environments instead"
             )
-    wants_turns = [name for name in cfg.environments if _configured_level(cfg, name) == RecoveryLevel.TURN]
+    wants_turns = [name for name in cfg.environments
+                   if _configured_level(cfg, name) in (RecoveryLevel.TOKEN, RecoveryLevel.TURN)]
     # A restore continues turns from a parked snapshot or from the environment servers' turn journals (which
     # every trainer checkpoint restore reads); with neither there is nothing to continue.
     if wants_turns and not cfg.snapshot.enabled and not cfg.env.journal_turns:
         raise RolloutLevelError(
-            f"rollout_recovery.target_level = 'turn' (environments {wants_turns}) continues turns saved by "
+            f"rollout_recovery.target_level = '{target}' (environments {wants_turns}) continues turns saved by "
             "snapshots or turn journals, but snapshot.enabled = false and env.journal_turns = false keep none; set "
             "env.journal_turns = true (or snapshot.enabled = true), or rollout_recovery.target_level = 'sibling' "
             "(trainer checkpoints keep sealed siblings)"
+        )
+    wants_tokens = [name for name in cfg.environments if _configured_level(cfg, name) == RecoveryLevel.TOKEN]
+    if wants_tokens and not cfg.env.journal_turns:
+        raise RolloutLevelError(
+            f"rollout_recovery.target_level = 'token' (environments {wants_tokens}) continues turns from the tokens "
+            "the turn journals keep while they stream, but env.journal_turns = false keeps none; set "
+            "env.journal_turns = true, or rollout_recovery.target_level = 'turn'"
         )
     for name, spec in sorted(cfg.environments.items()):
         if spec.group_size is not None and spec.group_size != cfg.rollout.group_size:

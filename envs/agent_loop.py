@@ -24,17 +24,38 @@ from dataclasses import dataclass
 from envs.codec import TurnCodec
 from envs.environment import Environment
 from envs.policy_client import Policy
+from envs.streamed_turn import StreamedTurn
+from envs.turn_journal import TurnJournal
+from envs.turn_progress import ChunkListener, TurnProgress
 from envs.turn_records import TurnRecords
-from schemas.policy import CompletionRequest
+from schemas.environments import RolloutLimits
+from schemas.policy import CompletionRequest, CompletionResponse
 from schemas.rollout import RolloutOutcome, RolloutRequest, RolloutResult, RolloutRow, Segment, TurnBoundary
 
 
 @dataclass(frozen=True)
 class LoopLimits:
+    """One episode's limits: the run's (`RolloutLimits`) as they apply to its environment (`for_environment`)."""
+
     max_turns: int
     max_tokens_per_turn: int
     max_model_len: int
     temperature: float
+    stream_turns: bool = False
+    """Stream each turn and report its progress in chunks (`TurnProgress`)."""
+    journal_partial_turns: bool = False
+    """Journal those chunks too: the `token` level."""
+    partial_every_tokens: int = 32
+    partial_every_s: float = 0.25
+
+
+def for_environment(limits: RolloutLimits, environment: str) -> LoopLimits:
+    """The run's limits for an episode of `environment` (at the `token` level or not)."""
+    tokens = environment in limits.partial_turn_environments
+    return LoopLimits(max_turns=limits.max_turns, max_tokens_per_turn=limits.max_tokens_per_turn,
+                      max_model_len=limits.max_model_len, temperature=limits.temperature,
+                      stream_turns=limits.stream_turns or tokens, journal_partial_turns=tokens,
+                      partial_every_tokens=limits.partial_every_tokens, partial_every_s=limits.partial_every_s)
 
 
 async def run_agent(
@@ -46,15 +67,25 @@ async def run_agent(
     park: Callable[[], Awaitable[None]],
     limits: LoopLimits,
     start: TurnBoundary | None = None,
-    on_turn: Callable[[int, Segment], None] | None = None,
+    on_turn: Callable[[int, Segment, int], None] | None = None,
+    partial: Segment | None = None,
+    on_chunk: ChunkListener | None = None,
 ) -> RolloutResult:
-    """Run the episode; with `start` (a restored boundary, env already restored) continue after it.
+    """Run the episode; with `start` (a restored boundary, env already restored) continue after it, and with
+    `partial` (tokens of the next turn a crash cut) continue that turn from them.
 
-    `on_turn(turn_index, policy_segment)` is told of every committed turn (the audit log).
+    `on_turn(turn_index, policy_segment, carried)` is told of every committed turn (the audit log; `carried`:
+    its tokens a cut attempt generated); `on_chunk` of each chunk of a streaming turn (`envs.turn_progress`).
     """
+    streams = limits.stream_turns or limits.journal_partial_turns or partial is not None
+    journal = records.journal if limits.journal_partial_turns else None
     if start is None:
         segments = [Segment(kind="prompt", token_ids=codec.conversation_start(env.prompt(), env.tools()))]
         first_turn = 0
+        if journal is not None:
+            # The first turn's tokens need the conversation's opening record to hang on.
+            opening = TurnBoundary(rollout_id=request.rollout_id, turn_index=0, segments=segments)
+            journal.committed(request, opening, env.export_state(), False)
     else:
         segments = list(start.segments)
         first_turn = start.turn_index
@@ -68,31 +99,24 @@ async def run_agent(
         if budget <= 0:
             reason = f"conversation reached max_model_len={limits.max_model_len}"
             break
-        completion = await policy.complete(
-            CompletionRequest(
-                prompt=context,
-                max_tokens=budget,
-                temperature=limits.temperature,
-                stop_token_ids=codec.stop_ids,
-            ),
-            rollout_id=request.rollout_id,
-        )
-        choice = completion.choices[0]
-        turn_segment = Segment(
-            kind="policy",
-            token_ids=choice.token_ids,
-            logprobs=choice.logprobs.token_logprobs,
-            policy_version=completion.policy_version,
-        )
+        call = CompletionRequest(prompt=context, max_tokens=budget, temperature=limits.temperature,
+                                 stop_token_ids=codec.stop_ids)
+        carried = len(partial.token_ids) if partial is not None else 0
+        if streams:
+            turn_segment = await _streamed_turn(call, policy, limits, request.rollout_id, turn, partial,
+                                                journal, on_chunk)
+            partial = None  # only the first turn after a restore was cut
+        else:
+            turn_segment = _whole_turn(await policy.complete(call, rollout_id=request.rollout_id))
         segments.append(turn_segment)
-        step = await env.step(codec.turn_text(choice.token_ids))
-        glue = codec.after_turn(choice.token_ids, step.observation, step.role, step.done)
+        step = await env.step(codec.turn_text(turn_segment.token_ids))
+        glue = codec.after_turn(turn_segment.token_ids, step.observation, step.role, step.done)
         if glue:
             segments.append(Segment(kind="tool", token_ids=glue))
         boundary = TurnBoundary(rollout_id=request.rollout_id, turn_index=turn + 1, segments=segments, done=step.done)
         records.commit(boundary, request=request, env=env)
         if on_turn is not None:
-            on_turn(turn + 1, turn_segment)
+            on_turn(turn + 1, turn_segment, carried)
         if step.done:
             outcome, reason = RolloutOutcome.FINISHED, ""
             break
@@ -106,3 +130,21 @@ async def run_agent(
         num_turns=sum(seg.kind == "policy" for seg in segments),
     )
     return RolloutResult(rollout_id=request.rollout_id, outcome=outcome, reason=reason, row=row)
+
+
+def _whole_turn(completion: CompletionResponse) -> Segment:
+    choice = completion.choices[0]
+    return Segment(kind="policy", token_ids=choice.token_ids, logprobs=choice.logprobs.token_logprobs,
+                   policy_version=completion.policy_version)
+
+
+async def _streamed_turn(call: CompletionRequest, policy: Policy, limits: LoopLimits, rollout_id: str,
+                         turn_index: int, partial: Segment | None, journal: TurnJournal | None,
+                         on_chunk: ChunkListener | None) -> Segment:
+    """One turn streamed, its tokens reported (and at the `token` level journaled) in chunks as they come."""
+    turn = StreamedTurn(call, partial)
+    progress = TurnProgress(turn, rollout_id, turn_index, limits.partial_every_tokens, limits.partial_every_s,
+                            journal=journal, on_chunk=on_chunk)
+    turn.on_tokens = progress.tokens_arrived
+    await policy.stream(turn, rollout_id=rollout_id)
+    return turn.segment()

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from envs.policy_client import EngineFailed, PolicyCallError, PolicyClient
+from envs.streamed_turn import StreamedTurn
 from schemas.policy import CompletionRequest, CompletionResponse
 
 log = logging.getLogger("turnkeep.env.router")
@@ -86,6 +87,27 @@ class EngineRouter:
             except EngineFailed as err:
                 self._fail(url, err)
                 failures.append(str(err))
+            if len(failures) >= self._max_failures:
+                raise PolicyCallError(f"the call failed on {len(failures)} policy engines; the last: {failures[-1]}")
+
+    async def stream(self, turn: StreamedTurn, *, rollout_id: str | None = None) -> None:
+        """As `complete`, streamed: an engine that fails mid-turn leaves its tokens in `turn`, and the next engine
+        generates only the rest of the turn."""
+        failures: list[str] = []
+        while True:
+            url = await self._engine_for(rollout_id)
+            engine = self._engines[url]
+            engine.outstanding += 1
+            engine.calls += 1
+            before = len(turn.token_ids)
+            try:
+                return await engine.client.stream(turn, rollout_id=rollout_id)
+            except EngineFailed as err:
+                self._fail(url, err)
+                failures.append(str(err))
+            finally:
+                engine.outstanding -= 1
+                engine.completion_tokens += len(turn.token_ids) - before
             if len(failures) >= self._max_failures:
                 raise PolicyCallError(f"the call failed on {len(failures)} policy engines; the last: {failures[-1]}")
 

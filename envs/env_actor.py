@@ -8,7 +8,6 @@ from pathlib import Path
 
 import ray
 
-from envs.agent_loop import LoopLimits
 from envs.environment import EnvContext
 from envs.kinds import EnvironmentFactory
 from envs.server import EnvServer
@@ -17,15 +16,6 @@ from primitives.audit_log import AUDIT_FILE, AuditLog
 from primitives.control_token import token_path
 from primitives.run_member import RunMember
 from schemas.config import TurnkeepConfig
-
-
-def loop_limits(cfg: TurnkeepConfig) -> LoopLimits:
-    return LoopLimits(
-        max_turns=cfg.rollout.max_turns,
-        max_tokens_per_turn=cfg.rollout.max_tokens_per_turn,
-        max_model_len=cfg.policy.max_model_len,
-        temperature=cfg.rollout.temperature,
-    )
 
 
 @ray.remote(num_cpus=0)
@@ -52,7 +42,7 @@ class EnvServerActor(RunMember):
         self._server = EnvServer(factory, cfg.env, control, audit, group_size=cfg.rollout.group_size,
                                  journal_dir=journal)
         url = await self._server.start()
-        self._server.attach_local(Path(model_dir), policy_urls, loop_limits(cfg), f"local:{incarnation}")
+        self._server.attach_local(Path(model_dir), policy_urls, cfg.rollout_limits(), f"local:{incarnation}")
         return url
 
     async def set_engines(self, urls: list[str]) -> int:

@@ -17,17 +17,20 @@ from primitives.audit_log import segments_digest
 from schemas.participant import HeldBoundary, RunningAgent
 
 
-async def hold_from_journal(journal: TurnJournal, restored: RestoredAgents,
-                            wanted: dict[str, RunningAgent]) -> tuple[list[str], list[str], list[HeldBoundary]]:
-    """(held rollout ids, restart_only ones that cannot continue, where each held one stands)."""
+async def hold_from_journal(journal: TurnJournal, restored: RestoredAgents, wanted: dict[str, RunningAgent],
+                            keep_partial_turns: bool) -> tuple[list[str], list[str], list[HeldBoundary]]:
+    """(held rollout ids, restart_only ones that cannot continue, where each held one stands). Without
+    `keep_partial_turns` (the run is not at the `token` level) a turn cut mid-generation starts afresh."""
     end = await journal.sync()
     found = await asyncio.to_thread(newest_boundaries, journal.directory, journal.log_id, wanted, end)
+    if not keep_partial_turns:
+        found = {rid: agent.model_copy(update={"partial": None}) for rid, agent in found.items()}
     held, cannot_continue = await restored.hold([(f"{journal.directory} ({rid})", agent)
                                                  for rid, agent in sorted(found.items())])
     stands = []
     for rollout_id in held:
-        boundary = found[rollout_id].boundary
+        boundary, partial = found[rollout_id].boundary, found[rollout_id].partial
         stands.append(HeldBoundary(rollout_id=rollout_id, turn_index=boundary.turn_index,
                                    segments=len(boundary.segments), boundary_sha=segments_digest(boundary.segments),
-                                   done=boundary.done))
+                                   done=boundary.done, partial_tokens=len(partial.token_ids) if partial else 0))
     return held, cannot_continue, stands

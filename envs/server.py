@@ -26,7 +26,7 @@ import aiohttp
 from aiohttp import web
 from pydantic import ValidationError
 
-from envs.agent_loop import LoopLimits, run_agent
+from envs.agent_loop import for_environment, run_agent
 from envs.agent_registry import AgentRegistry
 from envs.codec import TurnCodec
 from envs.engine_router import EngineRouter
@@ -39,6 +39,7 @@ from envs.receipts import ReceiptBook
 from envs.restored_agents import RestoredAgents, RestoreError
 from envs.server_routes import AttachRefused, NotAttached, build_app
 from envs.slow_tools import slow_tools
+from envs.turn_audit import audit_chunk, audit_tokens_durable, audit_turn
 from envs.turn_journal import TurnJournal
 from envs.turn_records import TurnRecords
 from participants.core import ParticipantCore, ParticipantFault
@@ -48,21 +49,14 @@ from primitives.audit_log import AuditLog
 from primitives.holds import HoldSet
 from primitives.node_address import advertised_host, listen_host
 from primitives.segment_format import JournalCorrupt
-from schemas.audit import TurnCommitted
 from schemas.choices import RecoveryMode
 from schemas.config_services import EnvServerConfig
-from schemas.environments import (
-    AttachReply,
-    AttachRequest,
-    EnvironmentCapabilities,
-    JudgeRequest,
-)
+from schemas.environments import AttachReply, AttachRequest, EnvironmentCapabilities, JudgeRequest, RolloutLimits
 from schemas.participant import Capabilities, JournalMark, RestoreReply, RestoreRequest, SavedAgent
 from schemas.rollout import (
     RolloutOutcome,
     RolloutRequest,
     RolloutResult,
-    Segment,
     TurnBoundary,
 )
 
@@ -88,7 +82,7 @@ class EnvServer:
         # Set by attach: a server runs no agent before a run has told it its policy and tokenizer.
         self.codec: TurnCodec | None = None
         self._policy: EngineRouter | None = None
-        self._limits: LoopLimits | None = None
+        self._limits: RolloutLimits | None = None
         self.attachment: str | None = None
         self._model_files_dir: Path | None = None
         self.records = TurnRecords()
@@ -96,6 +90,7 @@ class EnvServer:
         self.records.journal = self.turn_journal
         if self.turn_journal is not None and audit is not None:
             self.turn_journal.before_sync = self._flush_audit
+            self.turn_journal.tokens_durable = lambda durable: audit_tokens_durable(self._audit, durable)
         self._journal_flusher: asyncio.Task | None = None
         self.receipts = ReceiptBook()
         self.door = HoldSet("env-door")
@@ -117,11 +112,11 @@ class EnvServer:
     def _capabilities(self, names: list[str], group_size: int) -> list[EnvironmentCapabilities]:
         return [capabilities_of(name, self.factory.loaded(name), group_size) for name in names]
 
-    def attach_local(self, model_dir: Path, policy_urls: list[str], limits: LoopLimits, attachment: str) -> None:
+    def attach_local(self, model_dir: Path, policy_urls: list[str], limits: RolloutLimits, attachment: str) -> None:
         """Attach in-process (the run's own environment server shares the model directory)."""
         self._attach(TurnCodec(model_dir), policy_urls, limits, attachment)
 
-    def _attach(self, codec: TurnCodec, policy_urls: list[str], limits: LoopLimits, attachment: str) -> None:
+    def _attach(self, codec: TurnCodec, policy_urls: list[str], limits: RolloutLimits, attachment: str) -> None:
         assert self._session is not None, "start() the server before attaching it"
         self.codec, self._limits, self.attachment = codec, limits, attachment
         if self._policy is None:
@@ -198,8 +193,7 @@ class EnvServer:
             aborted = self.participant.abandon()
             log.info("attached to %s as %r (was %s; dropped %s, aborted checkpoint %s)", attachment, request.name,
                      self.attachment, dropped, aborted)
-        limits = LoopLimits(**request.limits.model_dump())
-        self._attach(codec, request.policy_urls or [request.policy_url], limits, attachment)
+        self._attach(codec, request.policy_urls or [request.policy_url], request.limits, attachment)
         if self.factory.answers_any_name:
             self.environments = self._capabilities([request.name], request.group_size)
             self.participant.rename(self._participant_capabilities(request.name))
@@ -286,7 +280,9 @@ class EnvServer:
                                                   "so it cannot continue agents from it; start it with a journal "
                                                   "directory (turnkeep env-server --journal-dir)")
         try:
-            held, cannot_continue, stands = await hold_from_journal(self.turn_journal, self.restored, request.journal)
+            tokens = bool(self._limits and self._limits.partial_turn_environments)
+            held, cannot_continue, stands = await hold_from_journal(self.turn_journal, self.restored,
+                                                                     request.journal, tokens)
         except RestoreError as err:
             raise ParticipantFault("bad_request", str(err)) from None
         except JournalCorrupt as err:
@@ -315,14 +311,15 @@ class EnvServer:
         async with self.agents.live(request) as agent:
             agent.env = env
             try:
-                start = None
+                limits, start, partial = for_environment(self._limits, request.problem.env), None, None
                 if saved is not None:
                     start = await self._continue(env, saved, request)
                     self.records.commit(start, request=request, env=env)
+                    partial = saved.partial if limits.journal_partial_turns else None
                 result = await run_agent(
-                    request, env, self.codec, self._policy, self.records, lambda: self.agents.park(agent),
-                    self._limits, start=start, on_turn=lambda turn, seg: self._audit_turn(request, turn, seg),
-                )
+                    request, env, self.codec, self._policy, self.records, lambda: self.agents.park(agent), limits,
+                    start=start, partial=partial, on_turn=lambda *turn: audit_turn(self._audit, request, *turn),
+                    on_chunk=lambda *chunk: audit_chunk(self._audit, request, *chunk))
             except (PolicyCallError, aiohttp.ClientError, ValidationError, RuntimeError) as err:
                 # RuntimeError: a tool that broke (a lab's process died) or a continuation that cannot go on.
                 result = _failed(request, f"{type(err).__name__}: {err}")
@@ -359,14 +356,6 @@ class EnvServer:
             self._audit.flush()
         except Exception:  # noqa: BLE001 - the audit log reports its own failures; the journal must not wait on it
             pass
-
-    def _audit_turn(self, request: RolloutRequest, turn: int, segment: Segment) -> None:
-        if self._audit is not None:
-            self._audit.emit(
-                TurnCommitted, rollout_id=request.rollout_id, group_id=request.group_id, sibling=request.sibling,
-                attempt=request.attempt, turn=turn, policy_version=segment.policy_version or 0,
-                tokens=len(segment.token_ids), started_by=request.incarnation,
-            )
 
     async def rebind_local(self, attachment: str, audit: AuditLog) -> dict:
         """The run's own server under a new controller incarnation (see `EnvServerActor.fence`)."""

@@ -20,7 +20,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -33,6 +33,19 @@ from schemas.rollout import RolloutRequest, Segment, TurnBoundary
 log = logging.getLogger("turnkeep.env")
 
 
+class PartialDurable(NamedTuple):
+    """A partial turn's tokens made durable by a sync."""
+
+    rollout_id: str
+    started_by: int
+    turn: int
+    """Turns completed before the one being generated."""
+    tokens: int
+    """Tokens of that turn in the journal so far."""
+    policy_version: int
+    """The newest version among them."""
+
+
 class TurnJournal:
     def __init__(self, directory: Path, log_id: str, *, segment_bytes: int = 64 << 20) -> None:
         self.directory = Path(directory)
@@ -40,6 +53,12 @@ class TurnJournal:
         self._log = SegmentLog(self.directory, log_id, segment_bytes=segment_bytes)
         self._journaled: dict[str, int] = {}
         """Rollout id -> segments of its conversation already in the journal."""
+        self._started_by: dict[str, int] = {}
+        """Rollout id -> the incarnation that started it (its request's)."""
+        self._partials: list[tuple[int, PartialDurable]] = []
+        """(seq after, what it makes durable) of the chunks not yet durable."""
+        self.tokens_durable: Callable[[list[PartialDurable]], None] | None = None
+        """Told after each sync of the partial turns that became durable."""
         self.before_sync: Callable[[], None] | None = None
         """Runs before every sync (the server's audit-log flush): a turn the journal keeps is then always in the
         audit log too, so the invariant checker can verify every continuation against what was generated."""
@@ -56,11 +75,27 @@ class TurnJournal:
             "request": request.model_dump() if known is None else None,
         }
         self._journaled[rollout_id] = len(boundary.segments)
+        self._started_by[rollout_id] = request.incarnation
         return self._log.append(orjson.dumps(record))
+
+    def partial(self, rollout_id: str, turn_index: int, start: int, token_ids: list[int], logprobs: list[float],
+                versions: list[int]) -> int | None:
+        """Append tokens `start..` of the turn after boundary `turn_index`, as they streamed in; returns the journal
+        position after them, or None when the rollout's conversation is not in the journal (nothing to attach
+        them to: its first boundary carries its request)."""
+        if rollout_id not in self._journaled:
+            return None
+        record = {"rid": rollout_id, "turn": turn_index, "partial_from": start, "ids": token_ids, "lps": logprobs,
+                  "vs": versions}
+        seq = self._log.append(orjson.dumps(record))
+        self._partials.append((seq, PartialDurable(rollout_id, self._started_by[rollout_id], turn_index,
+                                                   start + len(token_ids), max(versions, default=0))))
+        return seq
 
     def forget(self, rollout_id: str) -> None:
         """The rollout ended here: its next boundary (a new attempt) starts a new conversation."""
         self._journaled.pop(rollout_id, None)
+        self._started_by.pop(rollout_id, None)
 
     def position(self) -> LogPosition:
         return self._log.position()
@@ -68,7 +103,13 @@ class TurnJournal:
     async def sync(self) -> LogPosition:
         if self.before_sync is not None:
             self.before_sync()
-        return await self._log.sync()
+        end = await self._log.sync()
+        durable = [p for p in self._partials if p[0] <= end.seq]
+        if durable:
+            self._partials = self._partials[len(durable):]
+            if self.tokens_durable is not None:
+                self.tokens_durable([p[1] for p in durable])
+        return end
 
     async def flush_forever(self, every_s: float, keep_bytes: int = 256 << 20) -> None:
         """Make the boundaries durable in batches, and keep about `keep_bytes` of the newest segments, until
@@ -109,8 +150,27 @@ class _Newest:
         self.newest_version = -1
         self.best: tuple[int, int, dict | None, bool] | None = None
         """(turn index, segments, env state, done) of the newest boundary within max_version."""
+        self.partial = _Partial(-1)
+        """Tokens journaled of the turn after the newest boundary read so far."""
+
+    def _add_partial(self, record: dict) -> None:
+        partial = self.partial
+        if not self.following or record["turn"] != partial.after_turn or record["partial_from"] != len(partial.ids):
+            return  # another conversation's, or after a chunk lost to a crash: the turn goes on from what is whole
+        if partial.stopped:
+            return
+        for token, logprob, version in zip(record["ids"], record["lps"], record["vs"], strict=True):
+            if version > self.max_version:
+                partial.stopped = True  # a policy the restore rolled back generated the rest
+                return
+            partial.ids.append(token)
+            partial.logprobs.append(logprob)
+            partial.versions.append(version)
 
     def add(self, record: dict) -> None:
+        if "partial_from" in record:
+            self._add_partial(record)
+            return
         if record["request"] is not None:
             # Another lineage's conversation under the same id is skipped, and leaves ours as it was.
             self.following = record["request"].get("incarnation", 0) == self.incarnation
@@ -119,6 +179,7 @@ class _Newest:
         if not self.following or record["from"] != len(self.segments):
             return  # a record of a conversation whose start was pruned or lost: nothing to rebuild from
         self.segments.extend(record["new"])
+        self.partial = _Partial(record["turn"])
         versions = [s["policy_version"] for s in record["new"] if s.get("policy_version") is not None]
         self.newest_version = max([self.newest_version, *versions])
         if self.newest_version <= self.max_version:
@@ -130,8 +191,26 @@ class _Newest:
         turn, count, env_state, done = self.best
         boundary = TurnBoundary(rollout_id=rollout_id, turn_index=turn, done=done,
                                 segments=[Segment.model_validate(s) for s in self.segments[:count]])
+        # Only the turn after the kept boundary continues: one after a newer boundary belongs to a rolled-back policy.
+        partial = self.partial.segment() if self.partial.after_turn == turn and not done else None
         return SavedAgent(request=RolloutRequest.model_validate(self.request), boundary=boundary,
-                          env_state=env_state)
+                          env_state=env_state, partial=partial)
+
+
+class _Partial:
+    def __init__(self, after_turn: int) -> None:
+        self.after_turn = after_turn
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []
+        self.stopped = False
+
+    def segment(self) -> Segment | None:
+        if not self.ids:
+            return None
+        mixed = len(set(self.versions)) > 1
+        return Segment(kind="policy", token_ids=self.ids, logprobs=self.logprobs, policy_version=max(self.versions),
+                       token_versions=self.versions if mixed else None)
 
 
 def newest_boundaries(directory: Path, log_id: str, wanted: dict[str, RunningAgent], end: LogPosition,

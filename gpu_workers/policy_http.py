@@ -12,6 +12,8 @@ hang every later call.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 from typing import TYPE_CHECKING, Any
@@ -21,7 +23,7 @@ from pydantic import ValidationError
 
 from gpu_workers.policy_errors import RequestError, WeightsUnavailable
 from participants.http_server import ControlAuth, add_participant_routes
-from schemas.policy import CompletionRequest
+from schemas.policy import CompletionRequest, CompletionStreamLine
 
 if TYPE_CHECKING:
     from gpu_workers.policy_server import PolicyServer
@@ -83,10 +85,13 @@ def _param(loc: tuple[int | str, ...]) -> str | None:
     return ".".join(parts)
 
 
-async def _completions(request: web.Request) -> web.Response:
+async def _completions(request: web.Request) -> web.StreamResponse:
     server = request.app[SERVER_KEY]
     try:
         req = await _parse(request)
+        if req.stream:
+            async with server.streaming(req) as lines:
+                return await _stream(request, lines)
         resp = await server.complete(req)
     except RequestError as exc:
         return _error(exc.status, str(exc), exc.param)
@@ -99,6 +104,25 @@ async def _completions(request: web.Request) -> web.Response:
         logger.exception("completion failed")
         return _error(500, f"{type(exc).__name__}: {exc}", kind="server_error")
     return web.Response(text=resp.model_dump_json(), content_type="application/json")
+
+
+async def _stream(request: web.Request, lines) -> web.StreamResponse:
+    """Send the lines as they come. Once the status line is out, an engine failure can only end the stream with
+    an `error` line (the client counts that as the engine's failure, like a 5xx)."""
+    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    await response.prepare(request)
+    try:
+        async with contextlib.aclosing(lines):  # closed at once when the agent goes away: vLLM aborts the request
+            async for line in lines:
+                await response.write(line.model_dump_json(exclude_none=True).encode() + b"\n")
+    except (ConnectionResetError, asyncio.CancelledError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - reported on the stream, whose status was already sent
+        logger.exception("streamed completion failed")
+        failed = CompletionStreamLine(error=f"{type(exc).__name__}: {exc}")
+        await response.write(failed.model_dump_json(exclude_none=True).encode() + b"\n")
+    await response.write_eof()
+    return response
 
 
 async def _health(request: web.Request) -> web.Response:

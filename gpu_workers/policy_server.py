@@ -11,10 +11,12 @@ accepted call, so no call ever straddles two versions.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,7 @@ from gpu_workers.policy_admission import AdmissionGate
 from gpu_workers.policy_errors import RequestError, WeightsUnavailable
 from gpu_workers.policy_http import build_app
 from gpu_workers.policy_participant import PolicyParticipant, policy_capabilities
-from gpu_workers.vllm_engine import build_engine, generate
+from gpu_workers.vllm_engine import build_engine, generate, stream_sample
 from gpu_workers.vllm_refit import refit_engine
 from gpu_workers.weights_blob import Shapes, check_blob, checkpoint_shapes
 from participants.core import ParticipantCore
@@ -33,7 +35,14 @@ from participants.http_server import ControlAuth
 from primitives.node_address import advertised_host, listen_host
 from schemas.config_services import PolicyServerConfig
 from schemas.names import REFIT_HOLDER
-from schemas.policy import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
+from schemas.policy import (
+    CompletionChoice,
+    CompletionDelta,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionStreamLine,
+)
 
 logger = logging.getLogger("turnkeep.policy_server")
 
@@ -153,6 +162,28 @@ class PolicyServer:
             finish_reason=sample.finish_reason,
         )
         return CompletionResponse(id=f"cmpl-{uuid.uuid4().hex}", choices=[choice], policy_version=version)
+
+    @contextlib.asynccontextmanager
+    async def streaming(self, req: CompletionRequest) -> AsyncIterator[AsyncIterator[CompletionStreamLine]]:
+        """Admit one streamed completion: raises (before anything is sent) what `complete` would, then gives the
+        lines to send; the call holds its admission until the last one, so a refit waits for it as for any call."""
+        self._check_request(req)
+        async with self.gate.admitted():
+            if not self.weights_ok:
+                raise WeightsUnavailable(f"weight load after version {self.policy_version} failed; retry it")
+            yield self._stream_lines(req, self.policy_version)
+
+    async def _stream_lines(self, req: CompletionRequest, version: int) -> AsyncIterator[CompletionStreamLine]:
+        finish_reason = "length"
+        async for sample in stream_sample(self._engine, req.prompt, req.max_tokens, req.temperature,
+                                          req.stop_token_ids, req.seed):
+            finish_reason = sample.finish_reason or finish_reason
+            self.tokens_generated += len(sample.token_ids)
+            if sample.token_ids:
+                delta = CompletionDelta(token_ids=sample.token_ids, token_logprobs=sample.logprobs,
+                                        policy_version=version)
+                yield CompletionStreamLine(delta=delta)
+        yield CompletionStreamLine(finish_reason=finish_reason)
 
     def _check_request(self, req: CompletionRequest) -> None:
         """Reject what vLLM would reject later, or worse, choke on in its engine loop."""

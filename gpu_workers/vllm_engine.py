@@ -44,7 +44,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -144,6 +144,33 @@ def build_engine(model_dir: str | Path, cfg: PolicyServerConfig, seed: int = 0, 
         return AsyncLLM.from_engine_args(args)
 
 
+def _sampling(max_tokens: int, temperature: float, stop_token_ids: list[int], seed: int | None,
+              output_kind: RequestOutputKind) -> SamplingParams:
+    """`logprobs=0` asks vLLM for the sampled token's logprob only."""
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        stop_token_ids=list(stop_token_ids),
+        seed=seed,
+        logprobs=0,
+        output_kind=output_kind,
+        # token_ids always end with the stop token that ended generation (the
+        # policy generated it and is trained on it); keep it in the text as well.
+        include_stop_str_in_output=True,
+        skip_special_tokens=False,
+        # The agent decides when a turn ends; EOS is just another stop token.
+        ignore_eos=False,
+    )
+
+
+def _tokens_and_logprobs(choice) -> tuple[list[int], list[float]]:
+    token_ids = list(choice.token_ids)
+    logprobs = [step[tok].logprob for tok, step in zip(token_ids, choice.logprobs or [])]
+    if len(logprobs) != len(token_ids):
+        raise RuntimeError(f"vLLM returned {len(logprobs)} logprobs for {len(token_ids)} tokens")
+    return token_ids, logprobs
+
+
 async def generate(
     engine: AsyncLLM,
     prompt_ids: list[int],
@@ -152,33 +179,30 @@ async def generate(
     stop_token_ids: list[int],
     seed: int | None,
 ) -> Sample:
-    """Sample one completion with the sampled tokens' logprobs.
-
-    `logprobs=0` asks vLLM for the sampled token's logprob only; FINAL_ONLY gives
-    one output per request instead of a cumulative stream.
-    """
-    params = SamplingParams(
-        max_tokens=max_tokens,
-        temperature=temperature,
-        stop_token_ids=list(stop_token_ids),
-        seed=seed,
-        logprobs=0,
-        output_kind=RequestOutputKind.FINAL_ONLY,
-        # token_ids always end with the stop token that ended generation (the
-        # policy generated it and is trained on it); keep it in the text as well.
-        include_stop_str_in_output=True,
-        skip_special_tokens=False,
-        # The agent decides when a turn ends; EOS is just another stop token.
-        ignore_eos=False,
-    )
+    """Sample one completion with the sampled tokens' logprobs (FINAL_ONLY: one output per request)."""
+    params = _sampling(max_tokens, temperature, stop_token_ids, seed, RequestOutputKind.FINAL_ONLY)
     final = None
     async for out in engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, uuid.uuid4().hex):
         final = out
     if final is None:
         raise RuntimeError("vLLM returned no output")
     choice = final.outputs[0]
-    token_ids = list(choice.token_ids)
-    logprobs = [step[tok].logprob for tok, step in zip(token_ids, choice.logprobs or [])]
-    if len(logprobs) != len(token_ids):
-        raise RuntimeError(f"vLLM returned {len(logprobs)} logprobs for {len(token_ids)} tokens")
+    token_ids, logprobs = _tokens_and_logprobs(choice)
     return Sample(token_ids, logprobs, choice.finish_reason or "length", choice.text)
+
+
+async def stream_sample(
+    engine: AsyncLLM,
+    prompt_ids: list[int],
+    max_tokens: int,
+    temperature: float,
+    stop_token_ids: list[int],
+    seed: int | None,
+) -> AsyncIterator[Sample]:
+    """Sample one completion as it is generated: each item holds only the new tokens (DELTA outputs), the last
+    one its finish reason (the others have an empty one). Sampling is exactly `generate`'s."""
+    params = _sampling(max_tokens, temperature, stop_token_ids, seed, RequestOutputKind.DELTA)
+    async for out in engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, uuid.uuid4().hex):
+        choice = out.outputs[0]
+        token_ids, logprobs = _tokens_and_logprobs(choice)
+        yield Sample(token_ids, logprobs, (choice.finish_reason or "length") if out.finished else "", choice.text)

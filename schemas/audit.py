@@ -52,6 +52,8 @@ class ContinuationRef(Wire):
     """`segments_digest` of the saved boundary's segments."""
     started_by: int = 0
     """The incarnation that started the saved attempt (rollout ids repeat across lineages)."""
+    partial_tokens: int = 0
+    """Tokens of the cut turn after the boundary that the continuation keeps (the `token` level)."""
 
 
 class KeptAfterCut(Wire):
@@ -130,8 +132,29 @@ class TurnCommitted(_Event):
     policy_version: int
     tokens: int
     """Tokens the policy generated in this turn."""
+    carried: int = 0
+    """Of those, tokens an earlier attempt generated before a crash cut the turn (the `token` level)."""
     started_by: int = 0
     """The controller incarnation that started this attempt (the request's)."""
+
+
+class TurnTokens(_Event):
+    """Tokens of a turn still being generated: streamed so far (`durable` false; counted by the figures when a
+    kill cuts the turn), or journaled and durable (the `token` level: a restore that continues this attempt after
+    `turn` turns must keep at least these)."""
+
+    event: Literal["turn_tokens"] = "turn_tokens"
+    rollout_id: str
+    turn: int
+    """Turns completed before the one being generated."""
+    tokens: int
+    """Tokens of that turn so far."""
+    policy_version: int
+    """The newest policy version among them."""
+    started_by: int = 0
+    """The controller incarnation that started this attempt (the request's)."""
+    durable: bool = False
+    """In the turn journal on disk (not just streamed)."""
 
 
 class SiblingSealed(_Event):
@@ -260,7 +283,8 @@ class RunEnded(_Event):
 
 AuditEvent = Annotated[
     Union[
-        RunStarted, Restored, GroupAdmitted, SiblingStarted, TurnCommitted, SiblingSealed, SiblingFailed,
+        RunStarted, Restored, GroupAdmitted, SiblingStarted, TurnCommitted, TurnTokens, SiblingSealed,
+        SiblingFailed,
         StepTrained, GroupsDiscarded, GroupRerun, DeadlineExpired, SnapshotPublished, RunEnded,
         CutTaken, GroupDropped, HoldChanged,
     ],

@@ -31,6 +31,8 @@ class AgentsFrom(StrEnum):
 class RecoveryLevel(StrEnum):
     """How much of an unfinished group a restore (and a live failure) keeps, finest first."""
 
+    TOKEN = "token"
+    """As `turn`, and a turn cut mid-generation goes on from its journaled partial tokens."""
     TURN = "turn"
     """Sealed siblings, and unfinished ones resume from their saved turn."""
     SIBLING = "sibling"

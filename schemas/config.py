@@ -23,6 +23,7 @@ from schemas.config_services import (
     RayConfig,
     TemporalConfig,
 )
+from schemas.environments import RolloutLimits, coarser
 
 CALC_OPERATORS = "+-*"
 """Operators the calculator task supports (mirrors envs/calc_task.SUPPORTED_OPERATORS, which imports this module)."""
@@ -167,7 +168,8 @@ class DataConfig(StrictModel):
 
 class RolloutRecoveryConfig(StrictModel):
     target_level: RecoveryLevel = RecoveryLevel.TURN
-    """What a restore (and a live failure) keeps: turn = sealed siblings and every saved turn; sibling = sealed
+    """What a restore (and a live failure) keeps: token = as turn, and a turn cut mid-generation goes on from its
+    journaled tokens (needs env.journal_turns); turn = sealed siblings and every saved turn; sibling = sealed
     siblings, unfinished ones rerun from scratch; prompt_group = nothing of an unfinished group, it reruns whole.
     Each environment gets the finest level at or below this that it supports (a warning names each lowered one)."""
     overrides: dict[str, RecoveryLevel] = {}
@@ -381,3 +383,15 @@ class TurnkeepConfig(StrictModel):
         if self.rollout.max_inflight_groups is not None:
             return self.rollout.max_inflight_groups
         return self.train.prompts_per_step * (self.train.max_staleness + 1)
+
+    def rollout_limits(self) -> RolloutLimits:
+        """One agent's limits as the environment servers apply them; partial turns are journaled only where a
+        restore may continue them (target_level = "token")."""
+        recovery = self.rollout_recovery
+        tokens = [name for name in self.environments if coarser(
+            recovery.target_level, recovery.overrides.get(name, recovery.target_level)) == RecoveryLevel.TOKEN]
+        return RolloutLimits(max_turns=self.rollout.max_turns, max_tokens_per_turn=self.rollout.max_tokens_per_turn,
+                             max_model_len=self.policy.max_model_len, temperature=self.rollout.temperature,
+                             stream_turns=self.env.stream_turns, partial_turn_environments=tokens,
+                             partial_every_tokens=self.env.journal_partial_tokens,
+                             partial_every_s=self.env.journal_partial_s)

@@ -74,6 +74,14 @@ class EnvServerConfig(StrictModel):
     """Turn boundaries reach the disk in batches this often (a boundary lost to a crash costs only its turn)."""
     journal_keep_mib: int = Field(default=256, ge=1)
     """The turn journal keeps about this much of its newest segments; older boundaries are pruned."""
+    journal_partial_tokens: int = Field(default=32, ge=1)
+    """At rollout_recovery.target_level = "token", a turn's tokens are journaled while they stream, in chunks of
+    this many tokens ..."""
+    journal_partial_s: float = Field(default=0.25, gt=0)
+    """... or of what streamed in this long, whichever comes first (a crash costs at most one chunk of a turn)."""
+    stream_turns: bool = False
+    """Stream every turn from the engine and audit its progress in those chunks, so the chaos figures count the
+    tokens of turns a kill cut (measurement; the `token` level streams anyway). Costs a little throughput."""
 
     @model_validator(mode="after")
     def _faults_need_injection(self) -> "EnvServerConfig":

@@ -17,7 +17,7 @@ from schemas.wire import Wire
 
 LEVELS_FINE_TO_COARSE: tuple[RecoveryLevel, ...] = tuple(RecoveryLevel)
 FINEST_LEVEL: dict[RecoveryMode, RecoveryLevel] = {
-    RecoveryMode.STATELESS: RecoveryLevel.TURN, RecoveryMode.EXPORTED: RecoveryLevel.TURN,
+    RecoveryMode.STATELESS: RecoveryLevel.TOKEN, RecoveryMode.EXPORTED: RecoveryLevel.TOKEN,
     RecoveryMode.RESTART_ONLY: RecoveryLevel.SIBLING,
 }
 """The finest level each recovery mode supports."""
@@ -61,6 +61,15 @@ class RolloutLimits(Wire):
     max_tokens_per_turn: int = Field(ge=1)
     max_model_len: int = Field(ge=2)
     temperature: float = Field(ge=0)
+    stream_turns: bool = False
+    """Stream each turn from the engine and report its progress in chunks (the audit log's `turn_tokens`)."""
+    partial_turn_environments: list[str] = []
+    """Environments at the `token` level: their turns stream, each chunk is journaled too, and a restore continues
+    a cut turn from it."""
+    partial_every_tokens: int = Field(default=32, ge=1)
+    """A chunk is this many tokens ..."""
+    partial_every_s: float = Field(default=0.25, gt=0)
+    """... or what streamed in this long, whichever comes first."""
 
 
 PolicyUrl = Annotated[str, Field(pattern=r"^https?://[^\s/]+(/\S*)?$", max_length=2048)]

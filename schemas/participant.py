@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from schemas.environments import EnvironmentCapabilities
-from schemas.rollout import RolloutRequest, TurnBoundary
+from schemas.rollout import RolloutRequest, Segment, TurnBoundary
 from schemas.wire import Wire
 
 PROTOCOL_VERSION = 1
@@ -163,6 +163,9 @@ class SavedAgent(Wire):
     env_state: dict[str, Any] | None
     """The environment's own exported state at that boundary (`Environment.export_state()`); None for a
     stateless environment (replayed from the saved turns) and a restart_only one (it cannot continue)."""
+    partial: Segment | None = None
+    """The tokens of the next turn that the turn journal kept before a crash cut it (the `token` level): the
+    continuation generates the rest of that turn after them. None: the next turn starts afresh."""
 
     @model_validator(mode="after")
     def _same_rollout(self) -> "SavedAgent":
@@ -231,6 +234,8 @@ class HeldBoundary(Wire):
     """`segments_digest` of those segments."""
     done: bool = False
     """The episode ended there: continuing only scores it."""
+    partial_tokens: int = 0
+    """Tokens of the next turn it continues from (journaled before a crash cut that turn; the `token` level)."""
 
 
 class RestoreReply(Wire):

@@ -23,6 +23,9 @@ class CompletionRequest(BaseModel):
     """OpenAI field; the sampled token's logprob is always returned."""
     seed: int | None = None
     """Per-request sampling seed."""
+    stream: bool = False
+    """Answer as newline-delimited JSON `CompletionStreamLine`s while the tokens are generated (the environment
+    server journals a turn's tokens as they come); false: one `CompletionResponse`."""
 
 
 class CompletionLogprobs(BaseModel):
@@ -49,3 +52,23 @@ class CompletionResponse(BaseModel):
     choices: list[CompletionChoice]
     policy_version: int
     """Version of the weights that generated every token of this response."""
+
+
+class CompletionDelta(BaseModel):
+    token_ids: list[int]
+    """Tokens generated since the previous line."""
+    token_logprobs: list[float]
+    """Their generation logprobs."""
+    policy_version: int
+    """Version of the weights that generated them (the same for the whole stream)."""
+
+
+class CompletionStreamLine(BaseModel):
+    """One line of a streamed completion: new tokens, how it finished (the last line), or why it broke off. The
+    last line does not repeat the tokens: a turn of thousands of tokens stays many short lines."""
+
+    delta: CompletionDelta | None = None
+    finish_reason: str | None = None
+    """`stop` or `length`: the completion is whole."""
+    error: str | None = None
+    """The engine failed mid-stream (the status line was already sent): the tokens so far stand, the rest is lost."""

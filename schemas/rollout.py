@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from schemas.wire import Wire
 
@@ -18,7 +18,26 @@ class Segment(Wire):
     logprobs: list[float] | None = None
     """Generation logprob of each token (policy segments only)."""
     policy_version: int | None = None
-    """Policy version that generated the segment (policy segments only)."""
+    """Policy version that generated the segment (policy segments only); the newest, when `token_versions` is set."""
+    token_versions: list[int] | None = None
+    """Policy version of each token, set only when they differ: a turn cut by a crash, whose journaled tokens an
+    older policy generated and whose rest a newer one generated after the restore."""
+
+    @model_validator(mode="after")
+    def _one_version_per_token(self) -> "Segment":
+        if self.token_versions is None:
+            return self
+        if len(self.token_versions) != len(self.token_ids):
+            raise ValueError(f"token_versions has {len(self.token_versions)} versions for {len(self.token_ids)} tokens")
+        if self.policy_version != max(self.token_versions, default=None):
+            raise ValueError(f"policy_version {self.policy_version} is not the newest of token_versions")
+        return self
+
+    def versions(self) -> list[int]:
+        """Every policy version that generated a token of this segment."""
+        if self.token_versions is not None:
+            return sorted(set(self.token_versions))
+        return [self.policy_version] if self.policy_version is not None else []
 
 
 class Problem(Wire):
@@ -91,7 +110,7 @@ class RolloutRow(Wire):
     """Policy turns taken."""
 
     def policy_versions(self) -> list[int]:
-        return [s.policy_version for s in self.segments if s.policy_version is not None]
+        return [v for s in self.segments for v in s.versions()]
 
     def generated_tokens(self) -> int:
         return sum(len(s.token_ids) for s in self.segments if s.kind == "policy")

@@ -19,7 +19,7 @@ from controller.pumps.env_client import EnvClient, EnvServerError
 from primitives.control_token import ControlTokenError, read_token_file
 from schemas.choices import EnvironmentKind
 from schemas.config import TurnkeepConfig
-from schemas.environments import AttachRequest, EnvironmentCapabilities, RolloutLimits
+from schemas.environments import AttachRequest, EnvironmentCapabilities
 
 MODEL_FILE_SUFFIXES = (".json", ".jinja", ".txt")
 MAX_MODEL_FILE_BYTES = 16 * 1024 * 1024
@@ -37,11 +37,6 @@ def model_files(model_dir: Path) -> dict[str, str]:
             and not p.name.endswith(".index.json")}
 
 
-def rollout_limits(cfg: TurnkeepConfig) -> RolloutLimits:
-    return RolloutLimits(max_turns=cfg.rollout.max_turns, max_tokens_per_turn=cfg.rollout.max_tokens_per_turn,
-                         max_model_len=cfg.policy.max_model_len, temperature=cfg.rollout.temperature)
-
-
 async def attach_remote_servers(
     cfg: TurnkeepConfig, processes: Processes, session: aiohttp.ClientSession, run_id: str, incarnation: int
 ) -> list[EnvironmentCapabilities]:
@@ -53,7 +48,7 @@ async def attach_remote_servers(
     urls = processes.engines.routable_urls()
     requests = [
         AttachRequest(run_id=run_id, incarnation=incarnation, name=name, policy_url=urls[0], policy_urls=urls,
-                      limits=rollout_limits(cfg), model_files=files, group_size=cfg.rollout.group_size)
+                      limits=cfg.rollout_limits(), model_files=files, group_size=cfg.rollout.group_size)
         for name, _ in remotes
     ]
     replies = await asyncio.gather(*(

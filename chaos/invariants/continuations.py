@@ -153,26 +153,19 @@ def journaled_agents_were_committed(events: list) -> InvariantResult:
     journal may hold turns of a policy the restore rolled back; those must never be continued. An item is one
     continued agent."""
     committed = committed_turns(events)
-    trained: dict[int, list[tuple[float, int]]] = defaultdict(list)  # incarnation -> (time, policy version)
-    cuts = cuts_by_time(events)
-    went_on: dict[float, list[tuple[int, float]]] = defaultdict(list)  # cut time -> (incarnation, from when)
+    lineage = JournalLineage(events)
     violations: list[str] = []
     checked = unverifiable = 0
     for event in events:
-        if isinstance(event, StepTrained):
-            trained[event.inc].append((event.t, event.policy_version))
-        elif isinstance(event, Restored) and event.agents_from == AgentsFrom.JOURNAL:
-            cut = cut_of(event, cuts)
-            if cut is not None and event.kept_after_cut is not None:
-                went_on[cut.cut_unix_s].append((event.inc, event.t))
-            newest = _newest_kept_policy(event, cut, trained, went_on)
+        newest = lineage.see(event)
+        if newest is not None:
             if event.kept_after_cut is not None and event.kept_after_cut.newest_policy_version > newest:
                 violations.append(
                     f"restore of incarnation {event.inc} says it kept policy version "
                     f"{event.kept_after_cut.newest_policy_version}, but its cut's incarnation trained up to {newest}")
             for c in event.continuations:
                 turns = committed.get((c.rollout_id, c.started_by), {})
-                if c.turn_index not in turns:
+                if c.turn_index > 0 and c.turn_index not in turns:  # turn 0: the prompt, committed by nobody
                     unverifiable += 1  # its commit may not have reached the audit log before the kill
                     continue
                 checked += 1
@@ -212,7 +205,28 @@ def committed_turns(events: list) -> dict[tuple[str, int], dict[int, int]]:
     return {key: turns_of(key, frozenset()) for key in own.keys() | saved_from.keys()}
 
 
-def _newest_kept_policy(restored: Restored, cut: CutTaken | None, trained: dict[int, list[tuple[float, int]]],
+class JournalLineage:
+    """Fed the events in order, says for each restore from the turn journals the newest policy version its
+    lineage can hold (what it may continue)."""
+
+    def __init__(self, events: list) -> None:
+        self._cuts = cuts_by_time(events)
+        self._trained: dict[int, list[tuple[float, int]]] = defaultdict(list)  # incarnation -> (time, version)
+        self._went_on: dict[float, list[tuple[int, float]]] = defaultdict(list)  # cut time -> (incarnation, since)
+
+    def see(self, event) -> int | None:
+        """The restored lineage's newest policy version for a journal restore; None for any other event."""
+        if isinstance(event, StepTrained):
+            self._trained[event.inc].append((event.t, event.policy_version))
+        elif isinstance(event, Restored) and event.agents_from == AgentsFrom.JOURNAL:
+            cut = cut_of(event, self._cuts)
+            if cut is not None and event.kept_after_cut is not None:
+                self._went_on[cut.cut_unix_s].append((event.inc, event.t))
+            return newest_kept_policy(event, cut, self._trained, self._went_on)
+        return None
+
+
+def newest_kept_policy(restored: Restored, cut: CutTaken | None, trained: dict[int, list[tuple[float, int]]],
                         went_on: dict[float, list[tuple[int, float]]]) -> int:
     """The newest policy the restored lineage can hold: trained after the cut by its incarnation, or by one that
     restored the same cut earlier and went on from it."""

@@ -8,7 +8,18 @@ from collections.abc import Iterable
 
 from chaos.invariants.lineage import LineageWalk
 from chaos.invariants.results import AuditCounts
-from schemas.audit import GroupsDiscarded, Restored, RunStarted, TurnCommitted
+from schemas.audit import (
+    GroupDropped,
+    GroupRerun,
+    GroupsDiscarded,
+    Restored,
+    RunEnded,
+    RunStarted,
+    SiblingFailed,
+    SiblingSealed,
+    TurnCommitted,
+    TurnTokens,
+)
 
 
 def fill_counts(events: list, walk: LineageWalk, counts: AuditCounts) -> None:
@@ -20,8 +31,10 @@ def fill_counts(events: list, walk: LineageWalk, counts: AuditCounts) -> None:
     counts.groups_trained = len(trained)
     turns = [e for e in events if isinstance(e, TurnCommitted)]
     counts.turns_committed = len(turns)
-    counts.tokens_generated = sum(e.tokens for e in turns)
-    counts.tokens_regenerated = sum(turn.tokens for turn in turns_committed_again(turns))
+    counts.cut_turn_tokens, counts.cut_turn_tokens_kept = cut_turn_tokens(events)
+    counts.tokens_generated = sum(e.tokens - e.carried for e in turns) + counts.cut_turn_tokens
+    counts.tokens_regenerated = (sum(turn.tokens for turn in turns_committed_again(turns))
+                                 + counts.cut_turn_tokens - counts.cut_turn_tokens_kept)
     counts.tokens_discarded = tokens_of_discarded_groups(events, turns, trained)
     counts.restart_to_first_generation_s = _restart_to_first_generation(events, turns)
 
@@ -38,6 +51,40 @@ def turns_committed_again(turns: Iterable[TurnCommitted]) -> list[TurnCommitted]
         key = (turn.group_id, turn.sibling, turn.turn)
         newest[key] = max(newest.get(key, turn.inc), turn.inc)
     return [turn for turn in turns if newest[(turn.group_id, turn.sibling, turn.turn)] > turn.inc]
+
+
+def cut_turn_tokens(events: list) -> tuple[int, int]:
+    """(tokens streamed in turns a kill cut, tokens of them a continuation kept). A turn is cut when the attempt
+    streamed some of it (`turn_tokens`) and its incarnation ended without a `run_ended` (killed) before the
+    attempt committed the turn, sealed, failed or its group was given up; a continuation keeps the tokens it
+    says it went on from (`partial_tokens`, the `token` level), the rest are generated again."""
+    ended = {e.inc for e in events if isinstance(e, RunEnded)}
+    streamed: dict[tuple[int, str, int, int], int] = {}  # (incarnation, rollout id, started by, turn) -> tokens
+    settled: set[tuple[int, str, int]] = set()  # (incarnation, rollout id, turn), or turn -1: the attempt ended
+    given_up: set[tuple[int, str]] = set()  # (incarnation, group id)
+    kept: dict[tuple[str, int, int], int] = {}  # (rollout id, started by, turn) -> tokens a continuation kept
+    for e in events:
+        if isinstance(e, TurnTokens):
+            key = (e.inc, e.rollout_id, e.started_by, e.turn)
+            streamed[key] = max(streamed.get(key, 0), e.tokens)
+        elif isinstance(e, TurnCommitted):
+            settled.add((e.inc, e.rollout_id, e.turn - 1))
+        elif isinstance(e, (SiblingSealed, SiblingFailed)):
+            settled.add((e.inc, e.rollout_id, -1))
+        elif isinstance(e, (GroupRerun, GroupDropped, GroupsDiscarded)):
+            given_up.update((e.inc, gid) for gid in getattr(e, "group_ids", None) or [e.group_id])
+        elif isinstance(e, Restored):
+            for c in e.continuations:
+                key = (c.rollout_id, c.started_by, c.turn_index)
+                kept[key] = max(kept.get(key, 0), c.partial_tokens)
+    cut = kept_total = 0
+    for (inc, rollout_id, started_by, turn), tokens in streamed.items():
+        if (inc in ended or (inc, rollout_id, turn) in settled or (inc, rollout_id, -1) in settled
+                or (inc, rollout_id.rsplit(".", 2)[0]) in given_up):
+            continue
+        cut += tokens
+        kept_total += min(tokens, kept.get((rollout_id, started_by, turn), 0))
+    return cut, kept_total
 
 
 def tokens_of_discarded_groups(events: list, turns: list[TurnCommitted], trained: set[str]) -> dict[str, int]:

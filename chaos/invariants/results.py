@@ -53,7 +53,13 @@ class AuditCounts:
     turns_committed: int = 0
     tokens_generated: int = 0
     tokens_regenerated: int = 0
-    """Tokens of turns that a later incarnation committed again (work a crash threw away)."""
+    """Tokens a crash threw away: of turns that a later incarnation committed again, and of turns a kill cut
+    mid-generation that no continuation kept."""
+    cut_turn_tokens: int = 0
+    """Tokens streamed in turns a kill cut mid-generation (counted where turns stream: `env.stream_turns`, or the
+    `token` level)."""
+    cut_turn_tokens_kept: int = 0
+    """Of those, tokens a continuation went on from (the `token` level)."""
     tokens_discarded: dict[str, int] = field(default_factory=dict)
     """By reason: tokens of groups discarded whole (`stale`, `too_few_siblings`) and never trained."""
     restart_to_first_generation_s: dict[int, float | None] = field(default_factory=dict)
@@ -117,7 +123,8 @@ class Verdict:
             f"continuations: {c.continuations_restored} restored, {c.continuations_resumed} resumed, "
             f"{c.continuations_sealed} sealed on their saved prefix",
             f"turns committed {c.turns_committed}; tokens generated {c.tokens_generated}, regenerated "
-            f"{c.tokens_regenerated} ({c.tokens_regenerated_share:.1%})",
+            f"{c.tokens_regenerated} ({c.tokens_regenerated_share:.2%}); turns cut by kills: {c.cut_turn_tokens} "
+            f"tokens streamed, {c.cut_turn_tokens_kept} kept",
             "restart -> first generation: "
             + (f"median {median:.1f}s over {sum(s is not None for s in c.restart_to_first_generation_s.values())}"
                f" restarts" if median is not None else "no restart generated a turn"),

@@ -46,6 +46,8 @@ class Continuation:
     segments: int
     """Segments in the saved boundary (the prefix the finished row must keep)."""
     boundary_sha: str
+    partial_tokens: int = 0
+    """Tokens of the next turn the journal kept before a crash cut it (the `token` level): generated once."""
 
 
 class RolloutPump:

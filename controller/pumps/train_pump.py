@@ -308,7 +308,10 @@ class TrainPump:
     async def _discard(self, group_ids: list[str], reason: str) -> None:
         async with self._data_plane.barrier:
             if self._audit is not None:
+                # Durable before the deletions journal it: a restore that keeps them is never ahead of the audit
+                # log (a kill between the two once left a restored discard the checker took for a lost group).
                 self._audit.emit(GroupsDiscarded, group_ids=group_ids, reason=reason)
+                self._audit.flush()
             self._data_plane.delete(group_ids)
             self._ledger.finish(group_ids)
         self._stats.groups_discarded[reason] += len(group_ids)

@@ -201,7 +201,7 @@ class CrashRestore:
                                             "ledger does not have running")
                 continuations[(group_id, int(sibling))] = Continuation(
                     rollout_id=held.rollout_id, turn_index=held.turn_index, segments=held.segments,
-                    boundary_sha=held.boundary_sha)
+                    boundary_sha=held.boundary_sha, partial_tokens=held.partial_tokens)
         log.info("%d of %d running agents continue from the environment servers' turn journals",
                  len(continuations), len(wanted))
         return continuations, started_over
@@ -255,7 +255,7 @@ class CrashRestore:
             ContinuationRef(
                 rollout_id=cont.rollout_id, next_rollout_id=f"{gid}.{sib}.{_attempt_of(cont.rollout_id) + 1}",
                 group_id=gid, sibling=sib, turn_index=cont.turn_index, boundary_sha=cont.boundary_sha,
-                started_by=_started_by(target.ledger, gid, sib),
+                started_by=_started_by(target.ledger, gid, sib), partial_tokens=cont.partial_tokens,
             )
             for (gid, sib), cont in sorted(continuations.items())
         ]

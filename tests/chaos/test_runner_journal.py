@@ -1,7 +1,8 @@
-"""The chaos command with journal snapshots (`snapshot.agents = "journal"`): nothing is parked, so every
-restore from a snapshot continues the running agents from the environment servers' turn journals. Kills land
-in the Gym phase (the journal mark), at the cut and at a random moment of training; the
-invariants are checked from the audit log after each restart."""
+"""The chaos command with journal snapshots (`snapshot.agents = "journal"`) at the `token` level: nothing is
+parked, so every restore from a snapshot continues the running agents from the environment servers' turn
+journals, a turn cut mid-generation from its journaled tokens. Kills land in the Gym phase (the journal mark),
+at the cut and at a random moment of training; the invariants are checked from the audit log after each
+restart."""
 
 from __future__ import annotations
 
@@ -27,7 +28,9 @@ def test_kills_around_journal_snapshots_restore_running_agents_from_the_journals
         # environment kind at once, so rollouts last unlike lengths and do not all end together: with the
         # calculator alone every group of a step ran in lockstep, and the agents running at a checkpoint's cut were
         # the ones it had just admitted, with no turn yet.
-        "--set", f"environments={EVERY_KIND}", "--set", "env.tool_latency_s=0.3", log=log,
+        "--set", f"environments={EVERY_KIND}", "--set", "env.tool_latency_s=0.3",
+        # The token level, its turns (16 tokens at most here) journaled in chunks of 4 tokens.
+        "--set", "rollout_recovery.target_level=token", "--set", "env.journal_partial_tokens=4", log=log,
     )
     code = proc.wait(timeout=1500)
     output = log.read_text()
@@ -67,3 +70,8 @@ def test_kills_around_journal_snapshots_restore_running_agents_from_the_journals
     # The server flushes its audit log before each journal batch: every continued boundary is in it, kills or not.
     assert checked[0]["checked"] == len(continued) and not checked[0]["note"], checked
     assert report["verdict"]["counts"]["continuations_sealed"] >= 1
+    # Turns streamed and were journaled in chunks; whichever moment the kills hit, no restore generated a durable
+    # token again (the check holds for every kill; whether a kill cut a turn with durable tokens is up to it).
+    assert any(e.event == "turn_tokens" and e.durable for e in events)
+    tokens_kept = [r for r in results if r["name"] == "a cut turn continues from its journaled tokens"]
+    assert tokens_kept and tokens_kept[0]["ok"] and not tokens_kept[0].get("unchecked"), tokens_kept

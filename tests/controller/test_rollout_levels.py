@@ -6,6 +6,7 @@ import pytest
 
 from controller.config_file import parse_config
 from controller.rollout_levels import RolloutLevelError, check_rollout_levels, plan_levels, unjournaled_turns_warning
+from envs.agent_loop import for_environment
 from envs.kinds import environment_capabilities
 from schemas.participant import Capabilities
 
@@ -29,6 +30,22 @@ def test_each_environment_gets_the_finest_level_it_supports_with_one_warning_per
     assert "'lab'" in warning and "restart_only" in warning and "'turn' to 'sibling'" in warning
 
 
+def test_the_token_level_is_for_environments_that_continue_turns_and_streams_their_turns():
+    plans, warnings = _plans({"environments": MIXED, "rollout_recovery": {"target_level": "token"}})
+    assert {name: plan.level for name, plan in plans.items()} == {
+        "calc": "token", "workspace": "token", "lab": "sibling", "judge": "token"}
+    assert plans["calc"].continues_saved_turns and plans["calc"].continues_partial_turns
+    assert "'token' to 'sibling'" in warnings[0]
+    # The server streams and journals the turns of each environment at the `token` level, and only those.
+    cfg = parse_config({"environments": MIXED, "rollout_recovery": {"target_level": "token",
+                                                                    "overrides": {"judge": "turn"}}})
+    assert cfg.rollout_limits().partial_turn_environments == ["calc", "workspace", "lab"]
+    calc, judge = (for_environment(cfg.rollout_limits(), name) for name in ("calc", "judge"))
+    assert (calc.stream_turns, calc.journal_partial_turns, calc.partial_every_tokens) == (True, True, 32)
+    assert (judge.stream_turns, judge.journal_partial_turns) == (False, False)
+    assert parse_config({}).rollout_limits().partial_turn_environments == []
+
+
 def test_a_coarser_target_is_not_lowered_further_and_overrides_only_coarsen():
     plans, warnings = _plans({"environments": MIXED, "rollout_recovery": {
         "target_level": "sibling", "overrides": {"judge": "prompt_group"}}})
@@ -45,6 +62,8 @@ def test_a_coarser_target_is_not_lowered_further_and_overrides_only_coarsen():
     ({"snapshot": {"enabled": False}, "env": {"journal_turns": False}},
      ["rollout_recovery.target_level = 'turn'", "snapshot.enabled = false", "env.journal_turns = false",
       "env.journal_turns = true"]),
+    ({"env": {"journal_turns": False}, "rollout_recovery": {"target_level": "token"}},
+     ["rollout_recovery.target_level = 'token'", "env.journal_turns = false", "'turn'"]),
     ({"environments": {"judge": {"kind": "judge", "group_size": 4}}, "rollout": {"group_size": 8}},
      ["environments.judge.group_size = 4", "rollout.group_size = 8", "set both"]),
 ])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import orjson
 import pytest
 
 from envs.agent_loop import LoopLimits, run_agent
@@ -14,8 +15,12 @@ from envs.calc_env import CalcEnvironment
 from envs.codec import TurnCodec
 from envs.environment import EnvContext, Environment, StepResult
 from envs.tool_calls import ToolCallError, format_tool_result, parse_tool_calls
+from envs.turn_journal import TurnJournal, newest_boundaries
 from envs.turn_records import TurnRecords
 from gpu_workers.tiny_model.tokenizer import encode
+from primitives.segment_log import SegmentLog
+from primitives.segment_reader import oldest_position, read_records_to_end
+from schemas.participant import RunningAgent
 from schemas.policy import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
 from schemas.rollout import Problem, RolloutOutcome, RolloutRequest, RolloutResult, TurnBoundary
 from tests.envs.chat_model import ENDOFTEXT, IM_END, save_chat_model, save_chat_tokenizer
@@ -224,6 +229,7 @@ def test_episodes_of_a_chat_model_on_vllm_follow_its_template_and_restore_exactl
                 # Greedy: the continuation regenerates the original's later turns, token for token.
                 assert [(s.kind, s.token_ids) for s in continued.row.segments] == \
                     [(s.kind, s.token_ids) for s in original.row.segments]
+                await check_cut_turns_continue_exactly(policy, codec, question, original, tmp_path / "journal")
         finally:
             await server.stop()
 
@@ -256,3 +262,43 @@ def test_episodes_of_a_chat_model_on_vllm_follow_its_template_and_restore_exactl
         assert closed and cut and rendered, (closed, cut, rendered)
 
     asyncio.run(scenario())
+
+
+async def check_cut_turns_continue_exactly(policy, codec: TurnCodec, question: str, original: RolloutResult,
+                                           directory: Path) -> None:
+    """The token level on the real engine, one request at a time: the greedy episode streamed with its tokens
+    journaled every 3 is the same episode; cut after any journaled chunk (the journal as a kill there leaves it)
+    and continued from the restored turn and its tokens, it is still the same episode, token for token."""
+    limits = LoopLimits(max_turns=TURNS + 2, max_tokens_per_turn=12, max_model_len=512, temperature=0.0,
+                        stream_turns=True, journal_partial_turns=True, partial_every_tokens=3, partial_every_s=3600)
+    records = TurnRecords()
+    records.journal = TurnJournal(directory, "env/test")
+    req = request("tool_turns", question, 20)
+    streamed = await run_agent(req, ToolTurnsEnvironment(req.problem), codec, policy, records, _no_park, limits)
+    assert [(s.kind, s.token_ids) for s in streamed.row.segments] == \
+        [(s.kind, s.token_ids) for s in original.row.segments]
+    await records.journal.sync()
+    records.journal.close()
+    payloads = list(read_records_to_end(directory, "env/test", oldest_position(directory, "env/test")))
+    chunks = [i for i, payload in enumerate(payloads) if "partial_from" in orjson.loads(payload)]
+    assert len(chunks) >= TURNS, "every turn of 12 tokens or fewer journals at least one chunk of 3"
+    for cut, index in enumerate(chunks):  # after every chunk, the first turn's included
+        kept = directory.parent / f"cut-{cut}"
+        log = SegmentLog(kept, "env/test")
+        for payload in payloads[: index + 1]:
+            log.append(payload)
+        end = await log.sync()
+        log.close()
+        wanted = {req.rollout_id: RunningAgent(max_version=0, incarnation=0)}
+        saved = newest_boundaries(kept, "env/test", wanted, end)[req.rollout_id]
+        assert saved.partial is not None and saved.partial.token_ids
+        fresh = ToolTurnsEnvironment(req.problem)
+        await fresh.replay([codec.turn_text(ids) for ids, _ in codec.turns_with_glue(saved.boundary.segments)])
+        again = request("tool_turns", question, 21 + cut)
+        start = saved.boundary.model_copy(update={"rollout_id": again.rollout_id})
+        continued = await run_agent(again, fresh, codec, policy, TurnRecords(), _no_park, limits, start=start,
+                                    partial=saved.partial)
+        cut_turn = continued.row.segments[len(saved.boundary.segments)]
+        assert cut_turn.token_ids[: len(saved.partial.token_ids)] == saved.partial.token_ids
+        assert [(s.kind, s.token_ids) for s in continued.row.segments] == \
+            [(s.kind, s.token_ids) for s in original.row.segments], f"cut after journal record {index}"

@@ -14,7 +14,15 @@ from aiohttp import web
 
 from envs.engine_router import EngineRouter
 from envs.policy_client import PolicyCallError
-from schemas.policy import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
+from envs.streamed_turn import StreamedTurn
+from schemas.policy import (
+    CompletionChoice,
+    CompletionDelta,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionStreamLine,
+)
 
 HOLD = 999
 """A prompt starting with this token waits at the engine until the test opens its gate."""
@@ -27,6 +35,9 @@ class FakeEngine:
         self.token, self.tokens = token, tokens
         self.status = 200
         self.received = 0
+        self.requests: list[CompletionRequest] = []
+        self.fail_after: int | None = None
+        """A streamed call breaks off after this many tokens (the engine's core died mid-turn)."""
         self.gate = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -47,18 +58,38 @@ class FakeEngine:
             await self._runner.cleanup()
             self._runner = None
 
-    async def _complete(self, http: web.Request) -> web.Response:
+    async def _complete(self, http: web.Request) -> web.StreamResponse:
         request = CompletionRequest.model_validate_json(await http.read())
         self.received += 1
+        self.requests.append(request)
         if request.prompt[0] == HOLD:
             await self.gate.wait()
         if self.status != 200:
             return web.json_response({"error": {"message": "engine trouble"}}, status=self.status)
+        if request.stream:
+            return await self._stream(http, request)
         ids = [self.token] * self.tokens
         choice = CompletionChoice(text="", token_ids=ids, logprobs=CompletionLogprobs(token_logprobs=[-1.0] * len(ids)),
                                   finish_reason="stop")
         return web.Response(text=CompletionResponse(id="x", choices=[choice], policy_version=1).model_dump_json(),
                             content_type="application/json")
+
+
+    async def _stream(self, http: web.Request, request: CompletionRequest) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await response.prepare(http)
+        sent = []
+        for _ in range(min(self.tokens, request.max_tokens)):
+            if self.fail_after is not None and len(sent) == self.fail_after:
+                line = CompletionStreamLine(error="EngineDeadError: the engine core died")
+                await response.write(line.model_dump_json(exclude_none=True).encode() + b"\n")
+                return response
+            sent.append(self.token)
+            delta = CompletionDelta(token_ids=[self.token], token_logprobs=[-1.0], policy_version=self.token)
+            await response.write(CompletionStreamLine(delta=delta).model_dump_json(exclude_none=True).encode() + b"\n")
+        done = CompletionStreamLine(finish_reason="length")
+        await response.write(done.model_dump_json(exclude_none=True).encode() + b"\n")
+        return response
 
 
 def call(held: bool = False) -> CompletionRequest:
@@ -236,3 +267,22 @@ def test_the_router_takes_a_list_not_one_url():
                 EngineRouter("http://127.0.0.1:9", session)
 
     asyncio.run(scenario())
+
+
+def test_a_turn_cut_mid_stream_is_finished_by_the_next_engine_from_its_tokens():
+    async def test(router: EngineRouter, engines: list[FakeEngine], _) -> None:
+        first, second = engines
+        first.tokens = second.tokens = 5
+        first.fail_after = 2
+        arrived: list[list[int]] = []
+        turn = StreamedTurn(CompletionRequest(prompt=[1, 2], max_tokens=5), on_tokens=lambda ids, *_: arrived.append(ids))
+        await router.stream(turn, rollout_id="r1")
+        # Engine 2 got the conversation plus engine 1's two tokens, and was asked for the three left.
+        assert (second.requests[0].prompt, second.requests[0].max_tokens) == ([1, 2, 1, 1], 3)
+        assert turn.token_ids == [1, 1, 2, 2, 2] and arrived == [[1], [1], [2], [2], [2]]
+        segment = turn.segment()
+        assert (segment.policy_version, segment.token_versions) == (2, [1, 1, 2, 2, 2])
+        assert counters(router, first, "failovers") == 1
+        assert (counters(router, first, "completion_tokens"), counters(router, second, "completion_tokens")) == (2, 3)
+
+    with_engines(2, test)

@@ -35,6 +35,7 @@ from schemas.audit import (
     SnapshotPublished,
     StepTrained,
     TurnCommitted,
+    TurnTokens,
     ids_digest,
     row_key,
 )
@@ -44,6 +45,9 @@ from schemas.recovery import SourceKind
 LEASE_S = 30.0
 CUT_1 = 1016.0
 CUT_2 = 1117.0
+PARTIAL_TOKENS = 6
+"""Tokens of g5.0.0's second turn that its turn journal made durable before incarnation 3 ended; incarnation 4
+continues that turn from them."""
 
 
 def g(index: int) -> str:
@@ -183,9 +187,11 @@ def incarnation_2() -> list:
 
 
 def incarnation_3(journal_agent: bool = False) -> list:
-    """`journal_agent`: g5's sibling 0 runs a turn before the last trainer checkpoint (incarnation 4 continues it
-    from the turn journal)."""
-    g5_running = [sibling(1207.1, 3, r(5, 0, 0)), turn(1207.2, 3, r(5, 0, 0), 1)] if journal_agent else []
+    """`journal_agent`: g5's sibling 0 runs a turn and part of the next before the last trainer checkpoint
+    (incarnation 4 continues it from the turn journal, cut turn included)."""
+    g5_running = [sibling(1207.1, 3, r(5, 0, 0)), turn(1207.2, 3, r(5, 0, 0), 1),
+                  TurnTokens(t=1207.3, inc=3, rollout_id=r(5, 0, 0), turn=1, tokens=6, policy_version=4, durable=True),
+                  ] if journal_agent else []
     return [
         started(1200, 3, True),
         hold(1201, 3, "taken", "recovery:3", ["admission"]),
@@ -208,7 +214,8 @@ def incarnation_4() -> list:
     """Restored from the trainer checkpoint of step 4 (no snapshot): g5's running agent comes from the turn
     journal."""
     restore = restored(1302, 4, 4, 1207.5, rows=[], unfinished=[5], next_index=6,
-                       continuations=[continuation(r(5, 0, 0), "b50")])
+                       continuations=[continuation(r(5, 0, 0), "b50").model_copy(
+                           update={"partial_tokens": PARTIAL_TOKENS})])
     restore = restore.model_copy(update={"source": SourceKind.TRAINER_CHECKPOINT, "snapshot_dir": None,
                                          "reason": "no published snapshot under checkpoints/step_4",
                                          "agents_from": AgentsFrom.JOURNAL, "kept_after_cut": KeptAfterCut(

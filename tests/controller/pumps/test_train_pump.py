@@ -189,3 +189,37 @@ def test_a_step_takes_the_groups_nearest_to_going_stale_first():
     pump.step = 107
     assert asyncio.run(pump._drop_unusable_groups()) == ["g2", "g5", "g3", "g1"]
     assert stats.groups_discarded == {"stale": 1} and not ledger.has_group("g4")
+
+
+def test_a_discard_is_in_the_audit_log_on_disk_before_the_journal_records_it(tmp_path):
+    """Chaos (token level): a kill between the two left a restore that kept a journaled discard whose audit line
+    was still buffered, and the checker took the discarded group for a lost one."""
+    from controller.state.claim_ledger import ClaimLedger
+    from controller.state.data_plane import DataPlane
+    from controller.state.group_ledger import GroupLedger
+    from controller.state.run_stats import RunStats
+    from primitives.audit_log import AUDIT_FILE, AuditLog
+    from schemas.rollout import Problem
+    from tests.controller.state.test_data_plane import make_row
+
+    audit = AuditLog(tmp_path / AUDIT_FILE, 1, flush_interval_s=3600)
+
+    class _SeenOnDisk(_Records):
+        def record(self, kind, value) -> int:
+            if kind == "rows_deleted":
+                self.on_disk = (tmp_path / AUDIT_FILE).read_text()
+            return super().record(kind, value)
+
+    ledger, data_plane = GroupLedger(min_sealed=1), DataPlane()
+    data_plane.journal = records = _SeenOnDisk()
+    ledger.admit("g1", Problem(question="Q 1+1", answer=2), 1)
+    ledger.start_attempt("g1", 0)
+    ledger.seal("g1", 0)
+    assert ledger.settle("g1")
+    data_plane.put(make_row("g1", 0, version=3))
+    pump = TrainPump(TrainConfig(max_staleness=2), ledger, ClaimLedger(), data_plane, None, None,
+                     HoldSet("admission"), RunStats(), on_groups_finished=lambda: None, write_checkpoint=None,
+                     announce_checkpoint=None, on_step=lambda report: None, audit=audit)
+    pump.step = 9
+    assert asyncio.run(pump._drop_unusable_groups()) == []
+    assert '"event":"groups_discarded"' in records.on_disk and '"g1"' in records.on_disk
