@@ -1,21 +1,23 @@
 """The calculator task with long turns: every policy turn first writes out a long scratch line.
 
-A turn is `S <scratch> <action>`: the scratch repeats the question's digits, cyclically, to
-`scratch_digits` digits (one token each with the tiny model's tokenizer), then comes the
-calculator call or the answer of the default task:
+A turn is `S <scratch> <action>`: the scratch restates the question's expression again and
+again, to at least `scratch_length` characters (one token each with the tiny model's
+tokenizer), then comes the calculator call or the answer of the default task:
 
     Q 37+48-12
-    S 374812374812374812...374812 C 37+48        policy: a long turn, ending in a tool call
+    S 37+48-12 37+48-12 ... 37+48-12 C 37+48      policy: a long turn, ending in a tool call
     R 85                                          tool
-    S 374812374812374812...374812 C 85-12
+    S 37+48-12 37+48-12 ... 37+48-12 C 85-12
     R 73
-    S 374812374812374812...374812 A 73           policy: the answer, ends the episode
+    S 37+48-12 37+48-12 ... 37+48-12 A 73         policy: the answer, ends the episode
 
-So a turn is hundreds of tokens, like a reasoning model's, and a crash mid-turn loses real
-work: the environment to measure the `token` level on (`configs/long_turns.toml`). The
-scratch is not scored (any digits will do); the reward is the calculator task's, all or
-nothing. Stateless, like the calculator: a replay of the saved turns rebuilds an episode.
-Its demonstrations warm-start the made-up tiny model (`[model.tiny] demonstrations`).
+So a turn is a hundred tokens and more, like a reasoning model's, and a crash mid-turn loses
+real work: the environment to measure the `token` level on (`configs/long_turns.toml`).
+Restating the question keeps what each action needs close to it, which a made-up model of
+two layers can learn to copy. The scratch is not scored (anything without a `C` or an `A`
+will do); the reward is the calculator task's, all or nothing. Stateless, like the
+calculator: a replay of the saved turns rebuilds an episode. Its demonstrations warm-start
+the made-up tiny model (`[model.tiny] demonstrations`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from envs.environment import StepResult
 from schemas.config import TaskConfig
 
 SCRATCH_TAG = "S "
-_TURN_RE = re.compile(r"S \d* ([CA] [^\n]*\n?)")
+_TURN_RE = re.compile(r"S [^CA\n]*([CA] [^\n]*\n?)")
 
 
 class LongTurnsOptions(BaseModel):
@@ -39,8 +41,9 @@ class LongTurnsOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    scratch_digits: int = Field(default=192, ge=1, le=4096)
-    """Digits of scratch the demonstrations write before each action: the length of a turn, in tokens."""
+    scratch_length: int = Field(default=128, ge=1, le=4096)
+    """Characters of scratch (at least; whole restatements) the demonstrations write before each action: about the
+    length of a turn in the tiny model's tokens."""
     demo_error_rate: float = Field(default=0.5, ge=0.0, le=1.0)
     """Share of demonstrations with one deliberate mistake (the calculator's), so RL has something to learn."""
     num_operands: int = Field(default=3, ge=2, le=6)
@@ -49,10 +52,11 @@ class LongTurnsOptions(BaseModel):
     """The demonstrations' problems; keep them as `[task]`'s, which the run's prompts come from."""
 
 
-def scratch(question: str, digits: int) -> str:
-    """The question's digits, repeated to `digits` digits."""
-    own = "".join(ch for ch in question if ch.isdigit()) or "0"
-    return (own * (digits // len(own) + 1))[:digits]
+def scratch(question: str, length: int) -> str:
+    """The question's expression restated, space-separated, to at least `length` characters."""
+    expression = question.removeprefix("Q ").strip()
+    times = -(-(length + 1) // (len(expression) + 1))
+    return " ".join([expression] * times)
 
 
 def action_of(turn: str) -> str:
@@ -61,10 +65,10 @@ def action_of(turn: str) -> str:
     return m.group(1) if m else turn
 
 
-def lengthen(transcript: str, digits: int) -> str:
+def lengthen(transcript: str, length: int) -> str:
     """A calculator transcript with every policy line written as a long turn."""
     lines = transcript.splitlines(keepends=True)
-    pad = scratch(lines[0], digits)
+    pad = scratch(lines[0], length)
     return "".join(f"{SCRATCH_TAG}{pad} {line}" if line.startswith(("C ", "A ")) else line for line in lines)
 
 
@@ -82,4 +86,4 @@ class LongTurnsEnvironment(CalcEnvironment):
         opts = LongTurnsOptions.model_validate(options.model_dump())
         task = TaskConfig(num_operands=opts.num_operands, max_operand=opts.max_operand, operators=opts.operators)
         return [lengthen(synthetic_transcript(sample_problem(task, rng), rng, opts.demo_error_rate),
-                         opts.scratch_digits) for _ in range(count)]
+                         opts.scratch_length) for _ in range(count)]

@@ -12,7 +12,6 @@ hang every later call.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -115,8 +114,9 @@ async def _stream(request: web.Request, lines) -> web.StreamResponse:
         async with contextlib.aclosing(lines):  # closed at once when the agent goes away: vLLM aborts the request
             async for line in lines:
                 await response.write(line.model_dump_json(exclude_none=True).encode() + b"\n")
-    except (ConnectionResetError, asyncio.CancelledError):
-        raise
+    except ConnectionResetError:
+        logger.debug("the caller went away mid-stream (a cancelled or stopped agent)")
+        return response
     except Exception as exc:  # noqa: BLE001 - reported on the stream, whose status was already sent
         logger.exception("streamed completion failed")
         failed = CompletionStreamLine(error=f"{type(exc).__name__}: {exc}")

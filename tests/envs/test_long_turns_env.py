@@ -12,15 +12,16 @@ PROBLEM = Problem(question="Q 37+48-12", answer=73)
 
 
 def test_every_policy_turn_of_a_demonstration_is_a_long_scratch_then_an_action():
-    options = LongTurnsOptions(scratch_digits=160, demo_error_rate=0.0)
+    options = LongTurnsOptions(scratch_length=128, demo_error_rate=0.0)
     for text in LongTurnsEnvironment.demonstrations(random.Random(3), 20, options):
         lines = text.splitlines(keepends=True)
         assert lines[0].startswith("Q ") and len(lines) % 2 == 0
-        question_digits = "".join(ch for ch in lines[0] if ch.isdigit())
+        expression = lines[0][2:-1]
         for turn, reply in zip(lines[1::2], lines[2::2] + [None], strict=True):
-            tag, pad, action = turn.split(" ", 2)
-            assert tag == "S" and pad == scratch(lines[0], 160) and len(pad) == 160
-            assert pad.startswith(question_digits)
+            assert turn.startswith("S ")
+            pad, action = turn[2:].rsplit(" ", 2)[0], " ".join(turn[2:].rsplit(" ", 2)[1:])
+            assert pad == scratch(lines[0], 128) and 128 <= len(pad) < 128 + len(expression) + 1
+            assert set(pad.split(" ")) == {expression}
             assert reply is None or reply == run_tool(parse_action(action))
 
 
@@ -35,6 +36,6 @@ def test_the_environment_plays_and_scores_long_turns_like_the_calculator():
     assert asyncio.run(episode(right)) == (["R 85\n", "R 73\n", None], 1.0)
     assert asyncio.run(episode(right[:2] + [f"S {pad} A 74\n"]))[1] == 0.0
     # Any digits make a scratch; a turn that never reaches its action ends the episode unscored.
-    assert action_of("S 999 C 1+2\n") == "C 1+2\n"
-    assert asyncio.run(episode(["S 3748123748"])) == ([None], 0.0)
+    assert action_of("S 9+9 99 C 1+2\n") == "C 1+2\n"
+    assert asyncio.run(episode(["S 37+48-12 37+48"])) == ([None], 0.0)
     assert asyncio.run(LongTurnsEnvironment(PROBLEM).replay(right)) == ["R 85\n", "R 73\n", None]
