@@ -27,7 +27,10 @@ LEVELS = ("turn", "token")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="default: configs/long_turns.toml")
     parser.add_argument("--kills", type=int, default=20, help="random kills of each chaos run (default 20)")
-    parser.add_argument("--chaos-steps", type=int, default=80, help="train steps of each chaos run (default 80)")
+    parser.add_argument("--chaos-steps", type=int, default=150,
+                        help="train steps of each chaos run (default 150: room for 20 kills and a last stretch)")
+    parser.add_argument("--max-delay-s", type=float, default=15.0,
+                        help="kills land 0.5 s to this long after a train step (default 15)")
     parser.add_argument("--seed", type=int, default=36, help="the chaos runs' kill schedule (default 36)")
     parser.add_argument("--pairs", type=int, default=3, help="alternating turn/token runs without kills (default 3)")
     parser.add_argument("--steps", type=int, default=40, help="train steps of each run without kills (default 40)")
@@ -64,7 +67,8 @@ def _chaos_run(args: argparse.Namespace, run_dir: Path, level: str) -> dict:
     report_path = run_dir / "chaos" / "report.json"
     if not report_path.is_file():
         command = [sys.executable, "-m", "cli.main", "chaos", "--run-dir", str(run_dir), "--config", str(args.config),
-                   "--kills", str(args.kills), "--steps", str(args.chaos_steps), "--seed", str(args.seed)]
+                   "--kills", str(args.kills), "--steps", str(args.chaos_steps), "--seed", str(args.seed),
+                   "--max-delay-s", str(args.max_delay_s)]
         for setting in [*args.set, f"rollout_recovery.target_level={level}", "env.stream_turns=true"]:
             command += ["--set", setting]
         print(f"bench partial_turns: chaos at {level} level in {run_dir}", flush=True)

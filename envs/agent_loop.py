@@ -100,7 +100,8 @@ async def run_agent(
             reason = f"conversation reached max_model_len={limits.max_model_len}"
             break
         call = CompletionRequest(prompt=context, max_tokens=budget, temperature=limits.temperature,
-                                 stop_token_ids=codec.stop_ids)
+                                 stop_token_ids=codec.stop_ids, stream_chunk_tokens=limits.partial_every_tokens,
+                                 stream_chunk_s=limits.partial_every_s)
         carried = len(partial.token_ids) if partial is not None else 0
         if streams:
             turn_segment = await _streamed_turn(call, policy, limits, request.rollout_id, turn, partial,

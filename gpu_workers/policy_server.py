@@ -175,14 +175,21 @@ class PolicyServer:
 
     async def _stream_lines(self, req: CompletionRequest, version: int) -> AsyncIterator[CompletionStreamLine]:
         finish_reason = "length"
+        token_ids: list[int] = []
+        logprobs: list[float] = []
+        last_line = time.monotonic()
         async for sample in stream_sample(self._engine, req.prompt, req.max_tokens, req.temperature,
                                           req.stop_token_ids, req.seed):
             finish_reason = sample.finish_reason or finish_reason
             self.tokens_generated += len(sample.token_ids)
-            if sample.token_ids:
-                delta = CompletionDelta(token_ids=sample.token_ids, token_logprobs=sample.logprobs,
-                                        policy_version=version)
-                yield CompletionStreamLine(delta=delta)
+            token_ids += sample.token_ids
+            logprobs += sample.logprobs
+            if token_ids and (len(token_ids) >= req.stream_chunk_tokens
+                              or time.monotonic() - last_line >= req.stream_chunk_s):
+                yield _delta_line(token_ids, logprobs, version)
+                token_ids, logprobs, last_line = [], [], time.monotonic()
+        if token_ids:
+            yield _delta_line(token_ids, logprobs, version)
         yield CompletionStreamLine(finish_reason=finish_reason)
 
     def _check_request(self, req: CompletionRequest) -> None:
@@ -240,6 +247,11 @@ class PolicyServer:
             closed_s = time.monotonic() - started
             logger.info("loaded policy version %d (admission closed %.3fs)", version, closed_s)
             return closed_s
+
+
+def _delta_line(token_ids: list[int], logprobs: list[float], version: int) -> CompletionStreamLine:
+    return CompletionStreamLine(delta=CompletionDelta(token_ids=token_ids, token_logprobs=logprobs,
+                                                      policy_version=version))
 
 
 def _check_ids(field: str, ids: list[int], vocab_size: int) -> None:

@@ -26,6 +26,11 @@ class CompletionRequest(BaseModel):
     stream: bool = False
     """Answer as newline-delimited JSON `CompletionStreamLine`s while the tokens are generated (the environment
     server journals a turn's tokens as they come); false: one `CompletionResponse`."""
+    stream_chunk_tokens: int = Field(default=1, ge=1)
+    """A streamed line carries at least this many new tokens ..."""
+    stream_chunk_s: float = Field(default=0.0, ge=0)
+    """... or what came in this long, whichever comes first (the last line carries the rest): a line per token
+    costs the engine's process and the caller a parse each."""
 
 
 class CompletionLogprobs(BaseModel):
