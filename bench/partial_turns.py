@@ -56,6 +56,9 @@ def run(args: argparse.Namespace) -> BenchResult:
         "At `token` level a cut turn goes on from its journaled tokens: a kill loses only what streamed after the "
         "last chunk (`env.journal_partial_tokens` tokens or `env.journal_partial_s`, whichever came first) and "
         "what the journal's batch had not yet made durable (`env.journal_flush_s`).",
+        "Both levels count a cut turn's tokens up to its last reported chunk: what streamed after it, at most one "
+        "chunk per agent streaming at the kill, is seen by neither, and at `token` level it is exactly what a kill "
+        "loses.",
         f"Journaling cost: {args.pairs} alternating pairs of {args.steps}-step runs without kills, `turn` (whole "
         "turns, not streamed) against `token` (streamed, journaled in chunks); the ratio is taken within each pair.",
     ]
