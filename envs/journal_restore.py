@@ -10,6 +10,7 @@ where each stands, so the controller continues it as attempt N+1 from exactly th
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 
 from envs.restored_agents import RestoredAgents
 from envs.turn_journal import TurnJournal, newest_boundaries
@@ -18,13 +19,13 @@ from schemas.participant import HeldBoundary, RunningAgent
 
 
 async def hold_from_journal(journal: TurnJournal, restored: RestoredAgents, wanted: dict[str, RunningAgent],
-                            keep_partial_turns: bool) -> tuple[list[str], list[str], list[HeldBoundary]]:
-    """(held rollout ids, restart_only ones that cannot continue, where each held one stands). Without
-    `keep_partial_turns` (the run is not at the `token` level) a turn cut mid-generation starts afresh."""
+                            token_level: Collection[str]) -> tuple[list[str], list[str], list[HeldBoundary]]:
+    """(held rollout ids, restart_only ones that cannot continue, where each held one stands). An agent of an
+    environment outside `token_level` (those at the `token` level) starts a turn a crash cut afresh."""
     end = await journal.sync()
     found = await asyncio.to_thread(newest_boundaries, journal.directory, journal.log_id, wanted, end)
-    if not keep_partial_turns:
-        found = {rid: agent.model_copy(update={"partial": None}) for rid, agent in found.items()}
+    found = {rid: agent if agent.request.problem.env in token_level else agent.model_copy(update={"partial": None})
+             for rid, agent in found.items()}
     held, cannot_continue = await restored.hold([(f"{journal.directory} ({rid})", agent)
                                                  for rid, agent in sorted(found.items())])
     stands = []

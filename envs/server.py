@@ -280,9 +280,9 @@ class EnvServer:
                                                   "so it cannot continue agents from it; start it with a journal "
                                                   "directory (turnkeep env-server --journal-dir)")
         try:
-            tokens = bool(self._limits and self._limits.partial_turn_environments)
+            token_level = self._limits.partial_turn_environments if self._limits else []
             held, cannot_continue, stands = await hold_from_journal(self.turn_journal, self.restored,
-                                                                     request.journal, tokens)
+                                                                     request.journal, token_level)
         except RestoreError as err:
             raise ParticipantFault("bad_request", str(err)) from None
         except JournalCorrupt as err:
@@ -311,14 +311,15 @@ class EnvServer:
         async with self.agents.live(request) as agent:
             agent.env = env
             try:
-                limits, start, partial = for_environment(self._limits, request.problem.env), None, None
+                start = None
                 if saved is not None:
                     start = await self._continue(env, saved, request)
                     self.records.commit(start, request=request, env=env)
-                    partial = saved.partial if limits.journal_partial_turns else None
                 result = await run_agent(
-                    request, env, self.codec, self._policy, self.records, lambda: self.agents.park(agent), limits,
-                    start=start, partial=partial, on_turn=lambda *turn: audit_turn(self._audit, request, *turn),
+                    request, env, self.codec, self._policy, self.records, lambda: self.agents.park(agent),
+                    for_environment(self._limits, request.problem.env), start=start,
+                    partial=saved.partial if saved is not None else None,
+                    on_turn=lambda *turn: audit_turn(self._audit, request, *turn),
                     on_chunk=lambda *chunk: audit_chunk(self._audit, request, *chunk))
             except (PolicyCallError, aiohttp.ClientError, ValidationError, RuntimeError) as err:
                 # RuntimeError: a tool that broke (a lab's process died) or a continuation that cannot go on.

@@ -68,7 +68,4 @@ class StreamedTurn:
 
     def segment(self) -> Segment:
         """The turn as the row keeps it: one policy segment, per-token versions only where they differ."""
-        newest = max(self.versions) if self.versions else None
-        mixed = len(set(self.versions)) > 1
-        return Segment(kind="policy", token_ids=self.token_ids, logprobs=self.logprobs, policy_version=newest,
-                       token_versions=self.versions if mixed else None)
+        return Segment.policy_turn(self.token_ids, self.logprobs, self.versions)

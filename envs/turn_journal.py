@@ -206,11 +206,7 @@ class _Partial:
         self.stopped = False
 
     def segment(self) -> Segment | None:
-        if not self.ids:
-            return None
-        mixed = len(set(self.versions)) > 1
-        return Segment(kind="policy", token_ids=self.ids, logprobs=self.logprobs, policy_version=max(self.versions),
-                       token_versions=self.versions if mixed else None)
+        return Segment.policy_turn(self.ids, self.logprobs, self.versions) if self.ids else None
 
 
 def newest_boundaries(directory: Path, log_id: str, wanted: dict[str, RunningAgent], end: LogPosition,

@@ -30,7 +30,6 @@ class TurnProgress:
         self._on_chunk = on_chunk
         self._written = 0
         self._last = time.monotonic()
-        self.chunks = 0
         if turn.token_ids:
             self.flush()  # a continued turn's carried tokens: its new rollout id keeps them from the start
 
@@ -50,4 +49,3 @@ class TurnProgress:
             self._on_chunk(self._after_turn, len(turn.token_ids), max(turn.versions))
         self._written = len(turn.token_ids)
         self._last = time.monotonic()
-        self.chunks += 1

@@ -33,6 +33,13 @@ class Segment(Wire):
             raise ValueError(f"policy_version {self.policy_version} is not the newest of token_versions")
         return self
 
+    @classmethod
+    def policy_turn(cls, token_ids: list[int], logprobs: list[float], versions: list[int]) -> "Segment":
+        """A policy turn from each token's id, logprob and version: `token_versions` only where they differ."""
+        mixed = len(set(versions)) > 1
+        return cls(kind="policy", token_ids=token_ids, logprobs=logprobs, policy_version=max(versions, default=None),
+                   token_versions=versions if mixed else None)
+
     def versions(self) -> list[int]:
         """Every policy version that generated a token of this segment."""
         if self.token_versions is not None:

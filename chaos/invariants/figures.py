@@ -71,8 +71,10 @@ def cut_turn_tokens(events: list) -> tuple[int, int]:
             settled.add((e.inc, e.rollout_id, e.turn - 1))
         elif isinstance(e, (SiblingSealed, SiblingFailed)):
             settled.add((e.inc, e.rollout_id, -1))
-        elif isinstance(e, (GroupRerun, GroupDropped, GroupsDiscarded)):
-            given_up.update((e.inc, gid) for gid in getattr(e, "group_ids", None) or [e.group_id])
+        elif isinstance(e, GroupsDiscarded):
+            given_up.update((e.inc, gid) for gid in e.group_ids)
+        elif isinstance(e, (GroupRerun, GroupDropped)):
+            given_up.add((e.inc, e.group_id))
         elif isinstance(e, Restored):
             for c in e.continuations:
                 key = (c.rollout_id, c.started_by, c.turn_index)
