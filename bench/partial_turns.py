@@ -34,21 +34,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=36, help="the chaos runs' kill schedule (default 36)")
     parser.add_argument("--pairs", type=int, default=3, help="alternating turn/token runs without kills (default 3)")
     parser.add_argument("--steps", type=int, default=40, help="train steps of each run without kills (default 40)")
+    parser.add_argument("--chaos-save-period", type=int, default=2,
+                        help="train.save_period of the chaos runs (default 2): kills come every few steps, and a "
+                             "longer period would leave every restart without a checkpoint to restore from")
     parser.add_argument("--skip-chaos", action="store_true", help="only the runs without kills")
+    parser.add_argument("--skip-cost", action="store_true", help="only the chaos runs")
 
 
 def run(args: argparse.Namespace) -> BenchResult:
     base = args.out / "partial_turns"
     chaos = {} if args.skip_chaos else {level: _chaos_run(args, base / f"chaos-{level}", level) for level in LEVELS}
-    cost = _cost_pairs(args, base)
+    cost = None if args.skip_cost else _cost_pairs(args, base)
     rows = [[f"chaos at `{level}` level", *_chaos_row(report, args.kills)] for level, report in chaos.items()]
-    table = markdown_table(["run", "kills", "invariants", "tokens generated again (share)", "per kill",
-                            "cut turns: tokens streamed / kept", "restart -> first generation, median s"], rows)
-    cost_rows = [[name, r["rollout_tokens_per_s"], r["train_steps_per_min"], r["reward_last10"]]
-                 for name, r in cost["runs"].items()]
-    cost_rows.append(["token / turn, median (low-high)", _shown(cost["ratio"]), "", ""])
-    table += "\n\n" + markdown_table(["run without kills", "rollout tok/s", "train steps/min", "reward last 10"],
-                                     cost_rows)
+    table = markdown_table(["run", "kills", "invariants", "restores (snapshot / fresh)",
+                            "tokens generated again (share)", "per kill", "cut turns: tokens streamed / kept",
+                            "restart -> first generation, median s"], rows)
+    if cost is not None:
+        cost_rows = [[name, r["rollout_tokens_per_s"], r["train_steps_per_min"], r["reward_last10"]]
+                     for name, r in cost["runs"].items()]
+        cost_rows.append(["token / turn, median (low-high)", _shown(cost["ratio"]), "", ""])
+        table += "\n\n" + markdown_table(["run without kills", "rollout tok/s", "train steps/min", "reward last 10"],
+                                         cost_rows)
     notes = [
         "Tokens generated again: turns a later incarnation committed again, plus the tokens of turns a kill cut "
         "mid-generation that no continuation kept (`turn_tokens` lines of the audit log; both chaos runs stream "
@@ -59,9 +65,14 @@ def run(args: argparse.Namespace) -> BenchResult:
         "Both levels count a cut turn's tokens up to its last reported chunk: what streamed after it, at most one "
         "chunk per agent streaming at the kill, is seen by neither, and at `token` level it is exactly what a kill "
         "loses.",
-        f"Journaling cost: {args.pairs} alternating pairs of {args.steps}-step runs without kills, `turn` (whole "
-        "turns, not streamed) against `token` (streamed, journaled in chunks); the ratio is taken within each pair.",
+        f"The chaos runs checkpoint every {args.chaos_save_period} train steps, so a restart restores the newest "
+        "snapshot (its trainer checkpoint and the journals' mark) and continues cut turns from tokens an older "
+        "policy version generated.",
     ]
+    if cost is not None:
+        notes.append(f"Journaling cost: {args.pairs} alternating pairs of {args.steps}-step runs without kills, `turn` "
+                     "(whole turns, not streamed) against `token` (streamed, journaled in chunks); the ratio is taken "
+                     "within each pair.")
     data = {"chaos": {level: _chaos_figures(report) for level, report in chaos.items()}, "cost": cost}
     return BenchResult("partial_turns", table, data, notes)
 
@@ -72,7 +83,8 @@ def _chaos_run(args: argparse.Namespace, run_dir: Path, level: str) -> dict:
         command = [sys.executable, "-m", "cli.main", "chaos", "--run-dir", str(run_dir), "--config", str(args.config),
                    "--kills", str(args.kills), "--steps", str(args.chaos_steps), "--seed", str(args.seed),
                    "--max-delay-s", str(args.max_delay_s)]
-        for setting in [*args.set, f"rollout_recovery.target_level={level}", "env.stream_turns=true"]:
+        for setting in [*args.set, f"rollout_recovery.target_level={level}", "env.stream_turns=true",
+                        f"train.save_period={args.chaos_save_period}"]:
             command += ["--set", setting]
         print(f"bench partial_turns: chaos at {level} level in {run_dir}", flush=True)
         subprocess.call(command)
@@ -89,12 +101,15 @@ def _chaos_figures(report: dict) -> dict:
             "tokens_regenerated": counts["tokens_regenerated"], "share": counts["tokens_regenerated_share"],
             "per_kill": round(counts["tokens_regenerated"] / kills, 1) if kills else 0.0,
             "cut_turn_tokens": counts["cut_turn_tokens"], "cut_turn_tokens_kept": counts["cut_turn_tokens_kept"],
-            "restart_median_s": counts["median_restart_to_first_generation_s"]}
+            "restart_median_s": counts["median_restart_to_first_generation_s"],
+            "restores_by_source": counts.get("restores_by_source", {})}
 
 
 def _chaos_row(report: dict, _kills: int) -> list:
     f = _chaos_figures(report)
-    return [f["kills"], "all hold" if f["ok"] else "BROKEN",
+    sources = f["restores_by_source"]
+    restores = f"{sources.get('snapshot', 0)} / {sources.get('fresh', 0)}"
+    return [f["kills"], "all hold" if f["ok"] else "BROKEN", restores,
             f"{f['tokens_regenerated']} of {f['tokens_generated']} ({f['share']:.3%})", f["per_kill"],
             f"{f['cut_turn_tokens']} / {f['cut_turn_tokens_kept']}", f["restart_median_s"]]
 

@@ -9,7 +9,8 @@ from bench.partial_turns import _chaos_figures, _chaos_row
 def report(regenerated: int, kept: int) -> dict:
     counts = {"tokens_generated": 10_000, "tokens_regenerated": regenerated, "tokens_regenerated_share":
               regenerated / 10_000, "cut_turn_tokens": 900, "cut_turn_tokens_kept": kept,
-              "median_restart_to_first_generation_s": 31.5}
+              "median_restart_to_first_generation_s": 31.5,
+              "restores_by_source": {"snapshot": 7, "fresh": 2}}
     return {"kills_by_point": {"random": 20}, "verdict": {"ok": True, "counts": counts}}
 
 
@@ -17,4 +18,5 @@ def test_the_figures_of_each_level_come_from_its_report():
     turn, token = _chaos_figures(report(1000, 0)), _chaos_figures(report(120, 780))
     assert (turn["per_kill"], token["per_kill"]) == (50.0, 6.0)
     assert (turn["cut_turn_tokens_kept"], token["cut_turn_tokens_kept"]) == (0, 780)
-    assert _chaos_row(report(120, 780), 20) == [20, "all hold", "120 of 10000 (1.200%)", 6.0, "900 / 780", 31.5]
+    row = _chaos_row(report(120, 780), 20)
+    assert row == [20, "all hold", "7 / 2", "120 of 10000 (1.200%)", 6.0, "900 / 780", 31.5]
