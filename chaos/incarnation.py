@@ -15,7 +15,7 @@ import orjson
 from chaos.local_cluster import LocalCluster
 from chaos.report import Round
 from chaos.schedule import RANDOM, RANDOM_MIN_DELAY_S, TRAINING
-from chaos.targets import REPAIRED_BY_THE_RUN, STOPS_THE_RUN, kill_everything, kill_target, repaired, stop_reason
+from chaos.targets import REPAIRED_BY_THE_RUN, kill_everything, kill_target, repaired, stop_reason
 from primitives.chaos_points import ENV_POINT, ENV_WAIT, POINTS, marker_path
 from primitives.process_tree import kill_tree
 from schemas.choices import MetricsKind
@@ -25,7 +25,8 @@ HOOK_WAIT_S = "120"
 POLL_S = 0.1
 TRAINING_DELAY_S = (1.0, 8.0)
 AFTER_KILL_TIMEOUT_S = 240.0
-"""How long a run may take to stop (trainer, policy) or to repair itself (env, temporal) after a kill."""
+"""How long a run may take to repair itself (a new trainer group, engine, environment server, Temporal) after a
+kill, or to stop with its one line."""
 
 
 def count_train_steps(metrics_path: Path) -> int:
@@ -107,10 +108,10 @@ def one_round(current: Incarnation, run_dir: Path, target: str, point: str, time
                 and current.steps() > steps_at_kill):
             return record("repaired", kill.killed, after_kill_s=round(time.monotonic() - killed_at, 2))
         time.sleep(POLL_S)
-    expected = "stop with a reason" if target in STOPS_THE_RUN else "start it again and train"
     kill_everything(run_dir, current.proc.pid)
     current.proc.wait()
-    return record("hung", kill.killed, f"it did not {expected} within {AFTER_KILL_TIMEOUT_S:.0f}s")
+    return record("hung", kill.killed,
+                  f"it did not replace the {target} and train again within {AFTER_KILL_TIMEOUT_S:.0f}s")
 
 
 def final_round(current: Incarnation, timeout_s: float) -> Round:

@@ -3,8 +3,9 @@
 - `all`: the whole process tree, as a preempted machine loses it; the next start restores.
 - `controller`: the `turnkeep run` process alone (the OOM killer's pick); everything it
   started lives on, and the next start re-attaches to it (`workers.ray_cluster.survivors`).
-- `trainer`: that process alone; the run stops with a one-line reason, and the next start
-  restores.
+- `trainer`: that process alone (rank 0, and the other ranks go with it); `rank`: one trainer rank other than 0,
+  picked at random (`train.ranks` > 1). The run replaces the whole trainer group, restores into it by itself and
+  goes on, no restart (`train.max_rebuilds`).
 - `env`, `temporal`: that process alone; the run starts it again and goes on, no restart.
 - `policy` (engine 0), `engine` (one engine of the run's, picked at random): the run routes
   its turns to the other engines, starts a replacement, refits it and goes on, no restart.
@@ -32,21 +33,21 @@ from chaos.local_cluster import LocalCluster
 from primitives.pid_files import live_pid, live_pids
 from primitives.process_tree import kill_tree
 
-TARGETS = ("all", "controller", "trainer", "policy", "engine", "env", "temporal", "node")
+TARGETS = ("all", "controller", "trainer", "rank", "policy", "engine", "env", "temporal", "node")
 EVERY = "every"
+NAMED_ONLY = ("rank",)
+"""Not in `every`: a `rank` kill needs a run with `train.ranks` > 1, so it is asked for by name."""
 NODE = "node"
 """The one target that needs a cluster of more than one node: a chaos run with it starts its own."""
-REPAIRED_BY_THE_RUN = ("env", "temporal", "policy", "engine", NODE)
+REPAIRED_BY_THE_RUN = ("env", "temporal", "policy", "engine", "trainer", "rank", NODE)
 """Targets the run starts again by itself: no restart follows their kill."""
-STOPS_THE_RUN = ("trainer",)
-"""Targets whose death stops the run with a one-line reason."""
 STOP_LINE = "turnkeep: the run was stopped"
 
 
 def parse_targets(text: str) -> list[str]:
     targets = [t.strip() for t in text.split(",") if t.strip()]
     if targets == [EVERY]:
-        return list(TARGETS)
+        return [target for target in TARGETS if target not in NAMED_ONLY]
     unknown = [t for t in targets if t not in TARGETS]
     if unknown or not targets:
         raise ValueError(f"--target {text!r}: unknown {unknown}; choose from {', '.join(TARGETS)} (a comma list) "
@@ -56,6 +57,8 @@ def parse_targets(text: str) -> list[str]:
 
 ENGINE_ROLE = re.compile(r"^policy(\.\d+)?$")
 """Engine 0's pid file is `policy` (as a one-engine run's always was), engine k's `policy.<k>`."""
+RANK_ROLE = re.compile(r"^trainer\.rank\d+$")
+"""Trainer rank k > 0's pid file is `trainer.rank<k>`."""
 
 
 @dataclass
@@ -76,7 +79,8 @@ def kill_target(target: str, run_dir: Path, root_pid: int, rng: random.Random | 
         return Kill(kill_everything(run_dir, root_pid), root_pid)
     if target == NODE:
         return kill_node(run_dir, cluster)
-    role = pick_engine(run_dir, rng or random.Random()) if target == "engine" else target
+    picks = {"engine": ENGINE_ROLE, "rank": RANK_ROLE}
+    role = pick_live(run_dir, picks[target], rng or random.Random()) if target in picks else target
     pid = root_pid if target == "controller" else (live_pid(run_dir, role) if role else None)
     if pid is None:
         return Kill(0, None, role)
@@ -96,10 +100,10 @@ def kill_node(run_dir: Path, cluster: LocalCluster | None) -> Kill:
     return Kill(cluster.lose_worker_node(), cluster.worker.pid if cluster.worker else None, NODE, lost)
 
 
-def pick_engine(run_dir: Path, rng: random.Random) -> str | None:
-    """One live engine's pid-file role, at random."""
-    engines = sorted(role for role in live_pids(run_dir) if ENGINE_ROLE.match(role))
-    return rng.choice(engines) if engines else None
+def pick_live(run_dir: Path, roles: re.Pattern, rng: random.Random) -> str | None:
+    """One live process's pid-file role among those `roles` matches (the engines, the trainer ranks), at random."""
+    live = sorted(role for role in live_pids(run_dir) if roles.match(role))
+    return rng.choice(live) if live else None
 
 
 def kill_everything(run_dir: Path, root_pid: int | None) -> int:

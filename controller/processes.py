@@ -48,6 +48,8 @@ class Processes:
     """Every environment server of the run, the run's own first."""
     reused: bool = False
     """Left running by a controller that crashed, and re-attached (`workers.ray_cluster.survivors`)."""
+    new_trainer: bool = False
+    """Re-attached, but with a new trainer: the one left running had died (`train.max_rebuilds`)."""
     spawn_engine: Callable[[int, int], Awaitable[Engine]] | None = None
     """Starts engine k anew (its n-th replacement): `workers.ray_cluster.engines.EngineStarter.spawn`."""
 

@@ -6,7 +6,7 @@ in the store between restores."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 KEEP_S = 120.0
 
@@ -17,11 +17,11 @@ class SharedWeights:
         self._put, self._keep_s, self._clock = put, keep_s, clock
         self._kept: tuple[int, float, object] | None = None
 
-    def ref(self, version: int, blob: Callable[[], bytes]) -> object:
+    async def ref(self, version: int, blob: Callable[[], Awaitable[bytes]]) -> object:
         """The object of `version`'s weights, made with `blob()` only when none is kept for that version."""
         now = self._clock()
         if self._kept is None or self._kept[0] != version or now - self._kept[1] > self._keep_s:
-            self._kept = (version, now, self._put(blob()))
+            self._kept = (version, now, self._put(await blob()))
         return self._kept[2]
 
     def forget(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -18,7 +19,10 @@ from schemas.rollout import RolloutRow
 
 @ray.remote(num_cpus=0)
 class TrainerActor(RunMember):
-    async def setup(self, model_dir: str, cfg_json: str) -> int:
+    async def setup(self, model_dir: str, cfg_json: str, rank_options: list[dict] | None = None) -> int:
+        """Load the model; with `train.ranks` > 1, start ranks 1..N-1 (rank r with the Ray options
+        `rank_options[r - 1]`), form the group with them, and shard the model across it. Returns the policy
+        version."""
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         from gpu_workers.trainer import Trainer  # torch loads only inside the trainer process
 
@@ -26,12 +30,40 @@ class TrainerActor(RunMember):
         self.hold = HoldSet("trainer")
         self._worker = None
         self._stepping = asyncio.Lock()
-        self._trainer = Trainer(
-            Path(model_dir), cfg.train, cfg.model.dtype, cfg.run.seed, cfg.rollout.temperature, self.hold
-        )
+        followers = await self._start_ranks(model_dir, cfg, rank_options) if cfg.train.ranks > 1 else []
+        self._trainer = await asyncio.to_thread(
+            Trainer, Path(model_dir), cfg.train, cfg.model.dtype, cfg.run.seed, cfg.rollout.temperature, self.hold,
+            followers)
+        self.rank_pids: list[int] = []
+        if followers:
+            self.rank_pids = list(await self._follower_setups)
+            self._rank_watch = asyncio.create_task(_exit_when_a_rank_dies(followers), name="rank-watch")
         self._policy_dtype = cfg.policy.dtype or cfg.model.dtype
         self._shared = SharedWeights(ray.put)
         return self._trainer.policy_version
+
+    async def _start_ranks(self, model_dir: str, cfg: TurnkeepConfig, options: list[dict] | None) -> list:
+        """Ranks 1..N-1 as actors this process owns (they die with it); they and this process meet at a rendezvous
+        on this node. This process joins the group here; the followers' setups are awaited once the local rank
+        has loaded its model (FSDP2's sharding is a collective: every rank makes it at once)."""
+        from gpu_workers.rank_group import join_group, open_rendezvous
+        from gpu_workers.rank_trainer import resolve_device
+        from gpu_workers.trainer_rank import TrainerRank
+
+        own_ip = ray.util.get_node_ip_address()
+        self._rendezvous, address = open_rendezvous(own_ip)
+        options = options or [{"num_gpus": 0}] * (cfg.train.ranks - 1)
+        followers = [TrainerRank.options(**options[rank - 1]).remote() for rank in range(1, cfg.train.ranks)]
+        cfg_json = cfg.model_dump_json()
+        self._follower_setups = asyncio.gather(
+            *(f.setup.remote(model_dir, cfg_json, address, rank) for rank, f in enumerate(followers, 1)))
+        await asyncio.to_thread(join_group, address, 0, cfg.train.ranks, resolve_device(cfg.train.device).type,
+                                own_ip, self._rendezvous)
+        return followers
+
+    async def ranks(self) -> list[int]:
+        """The pids of ranks 1..N-1 (rank 0 is this process)."""
+        return self.rank_pids
 
     async def train_step(self, rows: list[dict], step: int) -> dict:
         parsed = [RolloutRow.model_validate(row) for row in rows]
@@ -48,35 +80,39 @@ class TrainerActor(RunMember):
 
     async def weights_blob(self) -> bytes:
         """The weights as the policy server loads them (its dtype), serialised on the trainer's device."""
-        return self._trainer.weights_blob(self._policy_dtype)
+        return await self._trainer.weights_blob(self._policy_dtype)
 
     async def shared_weights(self) -> list:
         """The current weights as one object in Ray's object store, in a list (so a caller gets the reference, and
         each engine reads the one object instead of the trainer serializing them for each)."""
         async with self._stepping:
             version = self._trainer.policy_version
-            return [self._shared.ref(version, lambda: self._trainer.weights_blob(self._policy_dtype))]
+            return [await self._shared.ref(version, lambda: self._trainer.weights_blob(self._policy_dtype))]
 
     async def versioned_weights(self) -> tuple[int, bytes]:
         """The policy version and its weights, taken together between steps (call with `num_returns=2`, so the
         bytes stay in Ray's object store and go to the engine that loads them, not through the caller)."""
         async with self._stepping:
-            return self._trainer.policy_version, self._trainer.weights_blob(self._policy_dtype)
+            return self._trainer.policy_version, await self._trainer.weights_blob(self._policy_dtype)
 
     async def load_checkpoint(self, directory: str, step: int) -> int:
         """Restore the `trainer/` folder of the checkpoint of train step `step`; returns the policy version."""
         async with self._stepping:
             self._shared.forget()
-            return await asyncio.to_thread(self._trainer.load_checkpoint, Path(directory), step)
+            return await self._trainer.load_checkpoint(Path(directory), step)
 
     async def save_checkpoint(self, directory: str) -> None:
-        self._trainer.save_checkpoint(Path(directory))
+        await self._trainer.save_checkpoint(Path(directory))
 
     async def hold_add(self, holder: str, lease_s: float | None = None) -> bool:
         added = self.hold.add(holder, lease_s)
         if added:
             self._trainer.hold_wait_clock.added_at[holder] = time.monotonic()
         return added
+
+    async def waiting_on_hold(self) -> bool:
+        """A train step has computed its gradients and waits for the hold to clear before any rank steps."""
+        return self._trainer.hold_wait_clock.waiting_since is not None
 
     async def hold_holders(self) -> list[str]:
         return sorted(self.hold.holders())
@@ -128,3 +164,22 @@ class TrainerActor(RunMember):
         """Release `holder`; (whether it was held, seconds the optimizer step waited on it)."""
         waited = self._trainer.hold_wait_clock.waited_on(holder)
         return self.hold.release(holder), round(waited, 3)
+
+
+RANK_PROBE_S = 1.0
+
+
+async def _exit_when_a_rank_dies(followers: list) -> None:
+    """The group cannot go on without any of its ranks (the others' collectives would wait for it), so a rank that
+    dies takes this process with it: the controller sees the trainer die, and replaces the whole group."""
+    while True:
+        for rank, follower in enumerate(followers, 1):
+            try:
+                await follower.__ray_ready__.remote()
+            except ray.exceptions.RayActorError as err:
+                first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+                logging.getLogger("turnkeep.trainer").error(
+                    "trainer rank %d of %d died (%s): the trainer's process exits so the run rebuilds the group",
+                    rank, len(followers) + 1, first)
+                os._exit(1)
+        await asyncio.sleep(RANK_PROBE_S)

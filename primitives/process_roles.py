@@ -13,6 +13,7 @@ import psutil
 
 ROLES = (
     ("ray::TrainerActor", "trainer"),
+    ("ray::TrainerRank", "trainer"),
     ("ray::PolicyActor", "policy server (vLLM front end)"),
     ("ray::EnvServerActor", "environment server"),
     ("VLLM::EngineCore", "vLLM engine core"),

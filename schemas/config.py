@@ -23,6 +23,7 @@ from schemas.config_services import (
     RayConfig,
     TemporalConfig,
 )
+from schemas.config_train import TrainConfig
 from schemas.environments import RolloutLimits, coarser
 
 CALC_OPERATORS = "+-*"
@@ -199,39 +200,6 @@ class RolloutConfig(StrictModel):
     """Groups admitted and not yet trained (None: prompts_per_step * (max_staleness + 1))."""
 
 
-class TrainConfig(StrictModel):
-    prompts_per_step: int = Field(default=16, ge=1)
-    """Complete groups consumed by one optimizer step."""
-    lr: float = Field(default=1e-4, gt=0)
-    """AdamW learning rate."""
-    weight_decay: float = Field(default=0.0, ge=0)
-    """AdamW weight decay."""
-    clip_eps: float = Field(default=0.2, gt=0, lt=1)
-    """PPO-style clip of the ratio against generation logprobs."""
-    passes_per_batch: int = Field(default=2, ge=1)
-    """Forward/backward passes over the batch before the optimizer step's hold (accumulated)."""
-    max_grad_norm: float = Field(default=1.0, gt=0)
-    """Gradient clipping norm."""
-    max_staleness: int = Field(default=2, ge=0)
-    """A group is trained only while its oldest turn is at most this many policy versions old."""
-    save_period: int = Field(default=20, ge=1)
-    """Write a trainer checkpoint every this many steps."""
-    keep_checkpoints: int = Field(default=3, ge=1)
-    """Trainer checkpoints kept on disk (oldest pruned)."""
-    torch_threads: int = Field(default=1, ge=1)
-    """torch intra-op threads in the trainer (the policy server needs the other cores)."""
-    device: Device = Device.AUTO
-    """Where the trainer computes: auto = CUDA when the trainer's process sees a GPU (placement.trainer_gpus),
-    else the CPU. cuda without a visible GPU is refused at start."""
-    autocast_bf16: bool = True
-    """On CUDA, run forward and backward under bfloat16 autocast when the weights are float32 (the weights and
-    the optimizer state stay float32). No effect on the CPU or for bfloat16/float16 weights."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass instead of keeping them (less memory, about a third more compute)."""
-    micro_batch_rows: int | None = Field(default=None, ge=1)
-    """Rows per forward/backward; gradients accumulate over the step's batch (None: the whole batch at once)."""
-
-
 class SnapshotConfig(StrictModel):
     enabled: bool = True
     """Take rollout snapshots (needs Temporal); off runs the bare training loop."""
@@ -364,6 +332,10 @@ class TurnkeepConfig(StrictModel):
         if self.train.device == Device.CUDA and placement.trainer_gpus == 0:
             raise ValueError('train.device = "cuda" needs placement.trainer_gpus >= 1 (Ray hides GPUs from an actor '
                              'that reserved none); set placement.trainer_gpus or train.device = "auto"')
+        if self.train.ranks > 1 and placement.share_gpus:
+            raise ValueError(f"train.ranks = {self.train.ranks} with placement.share_gpus = true: one GPU shared by "
+                             "the trainer and the policy engine has no room for more ranks; give each its own GPUs "
+                             "(share_gpus = false) or train with one rank")
         if placement.policy_gpus and self.policy.tensor_parallel_size > placement.policy_gpus:
             raise ValueError(f"policy.tensor_parallel_size = {self.policy.tensor_parallel_size} needs as many GPUs, "
                              f"but placement.policy_gpus = {placement.policy_gpus}; raise policy_gpus or lower it")

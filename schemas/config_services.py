@@ -99,11 +99,12 @@ class PlacementConfig(StrictModel):
     """Trainer and policy server share one GPU, half each (fractional GPUs; set policy.gpu_memory_utilization
     below 0.5 so vLLM leaves the trainer room). Needs trainer_gpus = policy_gpus = 1. False: separate GPUs."""
 
-    def gpus_needed(self, engines: int = 1) -> int:
-        """GPUs the run reserves: the trainer's, and `policy_gpus` for each of the `engines` policy engines."""
+    def gpus_needed(self, engines: int = 1, ranks: int = 1) -> int:
+        """GPUs the run reserves: `trainer_gpus` for each of the trainer's `ranks`, and `policy_gpus` for each of
+        the `engines` policy engines."""
         if self.share_gpus:
             return max(self.trainer_gpus, self.policy_gpus)
-        return self.trainer_gpus + self.policy_gpus * engines
+        return self.trainer_gpus * ranks + self.policy_gpus * engines
 
 
 class RayConfig(StrictModel):

@@ -15,6 +15,9 @@ configured device and prints, then writes to `<out>/gpu_check.json`:
   same bytes (what a refit into N engines costs on top: the engines read one object);
 - the hold before the optimizer step: with a holder in the trainer hold, a step
   computes but does not update the weights until the holder is released;
+- with `--ranks`: one trainer group of 1 and of 2 ranks (`scripts/rank_check.py`, a process and a GPU per rank,
+  NCCL between them; gloo on the CPU): step time on the same rows split between the ranks, a sharded checkpoint's
+  save and load, each rank's peak memory; two ranks need two GPUs, and where there are fewer the report says so;
 - with `--engines`: `turnkeep bench engines` on the same config (1 and 2 vLLM engines: tokens/s, refit into 1 and
   2 engines against one memory copy, an engine's death to its replacement's first turn), where the machine has
   vLLM and the GPUs for a trainer and two engines; otherwise the reason it was left out.
@@ -63,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_check: {err}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    report = asyncio.run(_check(cfg, args.out, args.seq_len, args.steps))
+    report = asyncio.run(_check(cfg, args.out, args.seq_len, args.steps, args.ranks))
     if args.engines:
         report["engines"] = _engines(args.config, args.set, args.out / "engines",
                                      cfg.placement.trainer_gpus + 2 * cfg.placement.policy_gpus)
@@ -81,10 +84,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=3, help="timed train steps after the warm-up step")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     parser.add_argument("--engines", action="store_true", help="also run `turnkeep bench engines` where it can")
+    parser.add_argument("--ranks", action="store_true", help="also time a trainer group of 1 and of 2 ranks")
     return parser
 
 
-async def _check(cfg, out: Path, seq_len: int | None, steps: int) -> dict:
+async def _check(cfg, out: Path, seq_len: int | None, steps: int, ranks: bool = False) -> dict:
     made = time.perf_counter()
     model_dir = tiny_model_dir(cfg, eval_rollouts=0)
     made_s = time.perf_counter() - made
@@ -100,11 +104,18 @@ async def _check(cfg, out: Path, seq_len: int | None, steps: int) -> dict:
     }
     report["numerics"] = _numerics(trainer, rows)
     report["train_step"] = await _time_steps(trainer, rows, steps)
-    report["checkpoint"] = _time_checkpoint(trainer, out / "checkpoint")
-    report["refit_serialisation"] = _time_serialisation(trainer, cfg.policy.dtype or cfg.model.dtype)
+    report["checkpoint"] = await _time_checkpoint(trainer, out / "checkpoint")
+    report["refit_serialisation"] = await _time_serialisation(trainer, cfg.policy.dtype or cfg.model.dtype)
     report["hold_check"] = await _hold_check(trainer, rows)
     if trainer.device.type == "cuda":
         report["peak_gpu_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    if ranks:
+        from scripts.rank_check import check_ranks
+
+        del trainer  # its weights and optimizer state would sit beside the ranks' on the first GPU
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        report["ranks"] = check_ranks(cfg, model_dir, rows, steps)
     return report
 
 
@@ -180,10 +191,10 @@ async def _time_steps(trainer: Trainer, rows: list[RolloutRow], steps: int) -> d
             "warm_up": {"loss": warm_up["loss"], "grad_norm": warm_up["grad_norm"]}}
 
 
-def _time_checkpoint(trainer: Trainer, directory: Path) -> dict:
+async def _time_checkpoint(trainer: Trainer, directory: Path) -> dict:
     _sync(trainer)
     started = time.perf_counter()
-    trainer.save_checkpoint(directory)
+    await trainer.save_checkpoint(directory)
     saved_at = time.perf_counter()
     checked = list(trainer.model.named_parameters())[:2]
     saved = {name: p.detach().clone() for name, p in checked}
@@ -192,7 +203,7 @@ def _time_checkpoint(trainer: Trainer, directory: Path) -> dict:
             p.add_(1.0)  # the load must bring the saved values back, not leave these
     _sync(trainer)
     loading = time.perf_counter()
-    version = trainer.load_checkpoint(directory, trainer.step)
+    version = await trainer.load_checkpoint(directory, trainer.step)
     _sync(trainer)
     loaded = time.perf_counter()
     same = all(torch.equal(saved[name], p) for name, p in trainer.model.named_parameters() if name in saved)
@@ -202,13 +213,13 @@ def _time_checkpoint(trainer: Trainer, directory: Path) -> dict:
             "policy_version": version}
 
 
-def _time_serialisation(trainer: Trainer, dtype: str, repeats: int = 3) -> dict:
+async def _time_serialisation(trainer: Trainer, dtype: str, repeats: int = 3) -> dict:
     """As a refit sends the weights: cast to the policy server's dtype on the device, copied to host bytes."""
     seconds, size = [], 0
     for _ in range(repeats):
         _sync(trainer)
         started = time.perf_counter()
-        blob = trainer.weights_blob(dtype)
+        blob = await trainer.weights_blob(dtype)
         seconds.append(time.perf_counter() - started)
         size = len(blob)
     best = min(seconds)

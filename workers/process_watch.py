@@ -31,11 +31,26 @@ async def _until_dead(name: str, actor) -> str:
         try:
             await actor.__ray_ready__.remote()
         except ray.exceptions.RayActorError as err:
-            cause = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-            reason = f"the {name} process died ({cause}); {RESTART_HINT}"
+            reason = death_reason(name, err)
             log.error("%s", reason)
             return reason
         await asyncio.sleep(PROBE_INTERVAL_S)
+
+
+def death_reason(name: str, err: BaseException) -> str:
+    cause = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+    return f"the {name} process died ({cause}); {RESTART_HINT}"
+
+
+async def dead_reason(name: str, actor, timeout_s: float = 10.0) -> str | None:
+    """The one-line reason when `actor` is dead now; None when it answers (or is only slow to)."""
+    try:
+        await asyncio.wait_for(actor.__ray_ready__.remote(), timeout_s)
+    except ray.exceptions.RayActorError as err:
+        return death_reason(name, err)
+    except Exception:  # noqa: BLE001 - slow, or Ray itself unreachable: not known to be dead
+        return None
+    return None
 
 
 async def first_of(*watches: Awaitable[str] | None) -> str:

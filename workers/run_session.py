@@ -23,6 +23,7 @@ import ray
 
 from controller.engines.engine_keeper import keep_engines
 from controller.engines.scaled_count import count_at_start
+from controller.errors import RunStopped
 from controller.fingerprint import fingerprint_fields, process_digest
 from controller.processes import Processes
 from controller.restore.crash_restore import CrashRestore
@@ -43,7 +44,7 @@ from schemas.names import ray_namespace
 from schemas.participant import Capabilities
 from schemas.recovery import RecoveryResult, SourceKind
 from workers.preemption import PreemptionHandler
-from workers.process_watch import first_death, first_of
+from workers.process_watch import dead_reason, first_death, first_of
 from workers.prompts import prompt_source
 from workers.ray_cluster.head import RayHead, stop_head
 from workers.ray_cluster.placement import join_ray, launch, reserve_gpus, shutdown
@@ -60,6 +61,7 @@ from workers.temporal.controller_worker import (
 from workers.temporal.dev_server import start_dev_server, stop_dev_server
 from workers.temporal.service import check_temporal_service
 from workers.temporal.supervisor import TemporalSupervisor
+from workers.trainer_rebuilds import TrainerDiedAtStart, TrainerLost, TrainerRebuilds
 
 log = logging.getLogger("turnkeep.run")
 
@@ -69,7 +71,6 @@ STOP_GRACE_AFTER_DEATH_S = 5.0
 async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary:
     # Participants in other processes get paths from us; they must not depend on our cwd.
     cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"run_dir": cfg.run.run_dir.resolve()})})
-    run_dir = cfg.run.run_dir
     start_count = count_at_start(cfg)  # the engines an operator scaled the run to, if the config is as it was
     cfg, temporal_note = temporal_from_environment(start_count.cfg)
     for note in (start_count.note, temporal_note):
@@ -78,6 +79,19 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
     check_before_start(cfg)  # before anything is started or written
     await probe_remote_servers(cfg)
     await check_temporal_service(cfg)
+    rebuilds = TrainerRebuilds(cfg.train.max_rebuilds)
+    while True:
+        try:
+            return await _incarnation(cfg, max_steps, rebuilds)
+        except TrainerLost as lost:
+            rebuilds.take(lost.steps_trained)
+            print(rebuilds.announcement(lost), flush=True)
+
+
+async def _incarnation(cfg: TurnkeepConfig, max_steps: int | None, rebuilds: TrainerRebuilds) -> RunSummary:
+    """One incarnation of the run: it restores when the run directory holds one, and trains until `max_steps`. A
+    trainer death that `rebuilds` permits ends it with `TrainerLost`, leaving the rest of the run's processes up."""
+    run_dir = cfg.run.run_dir
     identity = open_run_dir(cfg)
     if identity.resumed:
         print(f"turnkeep: resuming run {identity.run_id} in {run_dir} (incarnation {identity.incarnation})",
@@ -87,23 +101,35 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
     audit.emit(RunStarted, run_id=identity.run_id, pid=os.getpid(), resumed=identity.resumed)
     audit.start()
     started = time.monotonic()
+    kept = KeptForRebuild()
     async with AsyncExitStack() as stack:
         stack.push_async_callback(audit.close)
         # The embedded Temporal server boots in its own process while Ray starts (both take seconds on a restart).
-        temporal_start = asyncio.create_task(_start_temporal(cfg, stack), name="temporal-start")
+        temporal_start = asyncio.create_task(_start_temporal(cfg, stack, kept), name="temporal-start")
         await asyncio.sleep(0)  # runs until it waits for the spawned server to answer
         try:
             head = join_ray(cfg, run_dir, ray_namespace(identity.run_id))
         finally:
             temporal_address, temporal_supervisor = await temporal_start
         if head is not None:
-            stack.callback(stop_head, head)  # after the processes' own stop (the stack unwinds last in, first out)
+            stack.callback(kept.unless, stop_head, head)  # after the processes' own stop (last in, first out)
             # Disconnect before the head goes: a driver left connected waits a minute for its GCS, then aborts the
             # process before the error that ended the run is printed.
             stack.callback(ray.shutdown)
-        processes = await _processes(cfg, identity, head)
         on_cluster = bool(cfg.ray.address) and cfg.ray.survive_controller_s > 0
-        stack.push_async_callback(shutdown, processes, on_cluster)
+        try:
+            processes = await _processes(cfg, identity, head)
+        except TrainerDiedAtStart as died_at_start:
+            if not rebuilds.permits(0):
+                raise RunStopped(rebuilds.refusal(died_at_start.reason)) from None
+            kept.on = head is not None or on_cluster  # the engines and environment servers it started live on
+            raise TrainerLost(died_at_start.reason, 0) from None
+        stack.push_async_callback(kept.unless_async, shutdown, processes, on_cluster)
+        progress: dict = {}
+        # Unwinds before the shutdown above: a trainer found dead however the incarnation ended (a restore into it
+        # failed, a pump's call to it) is rebuilt, the rest of the run's processes kept for the next incarnation.
+        stack.push_async_exit(lambda kind, err, tb: _rebuild_on_trainer_death(
+            err, processes, progress, rebuilds, kept, head is not None or on_cluster))
         if on_cluster:
             beating = asyncio.create_task(beat_forever(cfg.ray.survive_controller_s), name="warden-beat")
             stack.push_async_callback(_cancelled, beating)  # before the shutdown, which stops the warden
@@ -116,7 +142,7 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
         log.info("policy engines %s, environment servers: %s; model %s", engines, servers,
                  processes.model_dir)
         reported = await _server_capabilities(cfg, processes, session)
-        controller = Controller(
+        controller = progress["controller"] = Controller(
             cfg, processes, session, max_steps, audit=audit,
             checkpoint_identity=CheckpointIdentity(identity.run_id, fingerprint_fields(cfg)),
             prompts=prompt_source(cfg), level_plans=_recovery_plans(cfg, reported),
@@ -144,10 +170,16 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
         stack.push_async_callback(keeper.stop)  # before the processes stop: their stopping is no death to repair
         controller.engine_keeper = keeper  # `turnkeep scale` reaches it through the run workflow's update
         died: list[str] = []
-        deaths = _noted(first_of(first_death({"trainer": processes.trainer}), keeper.none_live()), died)
+        trainer_death = asyncio.ensure_future(first_death({"trainer": processes.trainer}))
+        deaths = _noted(first_of(trainer_death, keeper.none_live()), died)
         try:
             temporal_lost = temporal_supervisor.lost() if temporal_supervisor is not None else None
             await controller.run(max_steps, first_of(watch, deaths, temporal_lost))
+        except RunStopped as stopped:
+            if trainer_death.done() and not trainer_death.cancelled():
+                # An attempt in flight cannot finish without the trainer: a short grace, then the rebuild.
+                await stop_snapshots(snapshots, str(stopped), STOP_GRACE_AFTER_DEATH_S)
+            raise
         finally:
             preemption.uninstall()
         if snapshots is not None:
@@ -191,8 +223,10 @@ async def _processes(cfg: TurnkeepConfig, identity: RunIdentity, head: RayHead |
         restorable = identity.resumed and has_trainer_checkpoint(cfg.run.run_dir)
         survivors = await reattach(cfg, stamp, identity.incarnation, restorable)
         if survivors is not None:
-            print(f"turnkeep: re-attached the trainer, the policy server and the environment server an earlier "
-                  f"controller left running ({time.monotonic() - began:.1f}s)", flush=True)
+            what = ("started a new trainer beside the policy server and the environment server" if survivors.new_trainer
+                    else "re-attached the trainer, the policy server and the environment server")
+            print(f"turnkeep: {what} an earlier controller left running ({time.monotonic() - began:.1f}s)",
+                  flush=True)
             return survivors
     return await launch(cfg, identity.incarnation, reserve_gpus(cfg, detached=True), identity=stamp)
 
@@ -267,14 +301,47 @@ async def _audit_end(controller: Controller, processes, reason: str) -> None:
     controller.audit.flush()
 
 
-async def _start_temporal(cfg: TurnkeepConfig, stack: AsyncExitStack) -> tuple[str | None, TemporalSupervisor | None]:
+async def _rebuild_on_trainer_death(err: BaseException | None, processes: Processes, progress: dict,
+                                    rebuilds: TrainerRebuilds, kept: "KeptForRebuild", survives: bool) -> bool:
+    """Turn the incarnation's end into `TrainerLost` when its trainer is dead and `train.max_rebuilds` permits a
+    rebuild, or into the run's one stop line when it does not; any other end passes through."""
+    if not isinstance(err, Exception) or isinstance(err, TrainerLost):
+        return False
+    reason = await dead_reason("trainer", processes.trainer)
+    if reason is None:
+        return False
+    controller = progress.get("controller")
+    steps_trained = (controller.metrics.steps_trained or 0) if controller is not None else 0
+    if not rebuilds.permits(steps_trained):
+        raise RunStopped(rebuilds.refusal(reason)) from None
+    kept.on = survives  # with Ray inside this process they go with it, and the next incarnation starts anew
+    raise TrainerLost(reason, steps_trained) from None
+
+
+class KeptForRebuild:
+    """Set when the incarnation ends for a trainer rebuild: the run's Ray, processes and Temporal stay up for the
+    next incarnation, which re-attaches to them."""
+
+    on = False
+
+    def unless(self, stop, *args) -> None:
+        if not self.on:
+            stop(*args)
+
+    async def unless_async(self, stop, *args) -> None:
+        if not self.on:
+            await stop(*args)
+
+
+async def _start_temporal(cfg: TurnkeepConfig, stack: AsyncExitStack,
+                          kept: KeptForRebuild) -> tuple[str | None, TemporalSupervisor | None]:
     """The Temporal address (None with snapshots off) and, for the embedded server, its supervisor."""
     if not cfg.snapshot.enabled:
         return None, None
     if cfg.temporal.address is not None:
         return cfg.temporal.address, None
     endpoint = await start_dev_server(cfg.temporal, cfg.run.run_dir)
-    stack.callback(stop_dev_server, endpoint)
+    stack.callback(kept.unless, stop_dev_server, endpoint)
     supervisor = TemporalSupervisor(endpoint)
     supervisor.start()
     stack.push_async_callback(supervisor.stop)  # first on the way out: the server's stop is no death

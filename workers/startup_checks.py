@@ -25,7 +25,7 @@ def check_before_start(cfg: TurnkeepConfig) -> None:
     check_writable_dir(cfg.model.cache_dir, "model.cache_dir")
     if not cfg.ray.address:
         ray_temp_dir(cfg.run.run_dir)  # Ray's sockets must fit the unix path limit somewhere
-        check_local_gpus(cfg.placement, cfg.policy.engines)
+        check_local_gpus(cfg.placement, cfg.policy.engines, cfg.train.ranks)
         if cfg.model.path is not None:  # on a cluster, the node that loads it checks it
             check_model_files(cfg.model.path.expanduser())
     check_rollout_levels(cfg)

@@ -40,13 +40,14 @@ CHECKPOINT_MANIFEST = "checkpoint.json"
 CONTROLLER_STATE = "controller_state.json"
 TRAINER_STATE = Path("trainer") / "trainer_state.json"
 REQUIRED_FILES = (
-    "trainer/model.safetensors",
-    "trainer/optimizer.pt",
-    "trainer/rng.pt",
+    "trainer/shards/.metadata",
+    "trainer/rng/rank_0.pt",
     str(TRAINER_STATE),
     CONTROLLER_STATE,
 )
-"""Every checkpoint holds these (paths under `step_N/`) and its manifest lists each of them."""
+"""Every checkpoint holds these (paths under `step_N/`) and its manifest lists each of them. The trainer's weights
+and AdamW state are a `torch.distributed.checkpoint` folder (`trainer/shards/`): its metadata and one shard file
+per rank that wrote it, each listed in the manifest with its digest like every other file."""
 SNAPSHOTS = "snapshots"
 """Published after the checkpoint, each with its own manifest: not part of `checkpoint.json`."""
 

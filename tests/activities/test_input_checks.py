@@ -308,7 +308,7 @@ def test_a_source_that_choose_source_picked_passes_the_checks(tmp_path):
     make_snapshot(older, 1)
     newest_snapshot = make_snapshot(older, 2)
     flip_byte(newest_snapshot / "env" / "agents.jsonl")
-    flip_byte(make_checkpoint(run_dir, 4) / "trainer" / "optimizer.pt")
+    flip_byte(make_checkpoint(run_dir, 4) / "trainer" / "shards" / "__0_0.distcp")
     source = choose_source(run_dir, RUN_ID, FIELDS)
     assert source.kind is SourceKind.OLDER_SNAPSHOT and len(source.skipped) == 2 and source.agents_files
     check_source(source, run_dir)

@@ -1,4 +1,4 @@
-"""The `node` target: what it finds of the run on the second node, and when the run counts as repaired. The
+"""The `node` and `rank` targets: what they find of the run, and when the run counts as repaired. The
 cluster here is a stand-in with one real process as its node (the real two-node cluster is in
 tests/chaos/test_runner_nodes.py)."""
 
@@ -73,3 +73,33 @@ def test_the_report_counts_what_went_with_the_node():
     assert report["lost_with_node"] == {"policy.1": 1}
     assert report["repair_s_by_target"] == {NODE: 31.0}
     assert "run processes lost with the node: policy.1 1" in format_report(report, verdict)
+
+
+def test_a_rank_kill_takes_one_trainer_rank_and_waits_for_the_new_groups(tmp_path: Path):
+    rank0, rank1, engine = _sleeper(), _sleeper(), _sleeper()
+    write_pid_file(tmp_path, "trainer", rank0.pid)
+    write_pid_file(tmp_path, "trainer.rank1", rank1.pid)
+    write_pid_file(tmp_path, "policy", engine.pid)
+    replacement = None
+    try:
+        kill = kill_target("rank", tmp_path, root_pid=0)
+        rank1.wait(timeout=10)
+        assert (kill.killed, kill.role, kill.pid) == (1, "trainer.rank1", rank1.pid)
+        assert rank0.poll() is None and engine.poll() is None  # a rank kill takes the rank alone
+        assert not repaired(tmp_path, kill)
+        replacement = _sleeper()
+        write_pid_file(tmp_path, "trainer.rank1", replacement.pid)  # the run's new group
+        assert repaired(tmp_path, kill)
+    finally:
+        for process in (rank0, engine, replacement):
+            if process is not None:
+                process.kill()
+
+
+def test_a_rank_kill_in_a_one_rank_run_finds_nothing(tmp_path: Path):
+    trainer = _sleeper()
+    write_pid_file(tmp_path, "trainer", trainer.pid)
+    try:
+        assert kill_target("rank", tmp_path, root_pid=0).killed == 0 and trainer.poll() is None
+    finally:
+        trainer.kill()

@@ -47,7 +47,8 @@ def test_real_steps_train_refit_checkpoint_and_report(stack, stack_config):
     saved = sorted({s for s in steps if s % 2 == 0} | {steps[-1]})
     assert published_steps(run_dir) == saved
     ckpt = run_dir / "checkpoints" / f"step_{saved[0]}"
-    assert {p.name for p in (ckpt / "trainer").iterdir()} >= {"model.safetensors", "optimizer.pt", "rng.pt"}
+    assert {p.relative_to(ckpt).as_posix() for p in (ckpt / "trainer").rglob("*")} >= {
+        "trainer/shards/.metadata", "trainer/shards/__0_0.distcp", "trainer/rng/rank_0.pt"}
     state = orjson.loads((ckpt / "controller_state.json").read_bytes())
     assert state["step"] == saved[0]
     assert state["dataloader"]["next_index"] > 8

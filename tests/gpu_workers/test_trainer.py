@@ -45,7 +45,9 @@ def _rows(count: int = 4, length: int = 24) -> list[RolloutRow]:
 
 
 def _gradients(trainer: Trainer, rows: list[RolloutRow]) -> dict[str, torch.Tensor]:
-    trainer._backward(build_batch(rows, 0).to(trainer.device))
+    batch = build_batch(rows, 0)
+    passes = -(-len(rows) // trainer._cfg.micro_batch_rows) if trainer._cfg.micro_batch_rows else 1
+    trainer.local.backward(batch, batch.num_loss_tokens, passes)
     grads = {name: p.grad.clone() for name, p in trainer.model.named_parameters()}
     trainer.model.zero_grad(set_to_none=True)
     return grads
@@ -61,9 +63,10 @@ def test_micro_batches_accumulate_to_the_whole_batch_gradient(model_dir):
 def test_a_non_finite_gradient_skips_the_optimizer_step_and_leaves_the_weights(model_dir):
     trainer = _trainer(model_dir)
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
-    trainer._backward(build_batch(_rows(), 0))
+    batch = build_batch(_rows(), 0)
+    trainer.local.backward(batch, batch.num_loss_tokens, 1)
     next(trainer.model.parameters()).grad[0, 0] = math.nan
-    norm, stepped = trainer._optimizer_step()
+    norm, stepped = trainer.local.optimizer_step()
     assert not stepped and norm == 0.0
     for name, p in trainer.model.named_parameters():
         assert torch.equal(p.detach(), before[name]), name
@@ -74,16 +77,16 @@ def test_a_non_finite_gradient_skips_the_optimizer_step_and_leaves_the_weights(m
 def test_a_checkpoint_loads_back_weights_optimizer_and_rng_with_weights_only(model_dir, tmp_path):
     trainer = _trainer(model_dir)
     asyncio.run(trainer.train_step(_rows(), 1))
-    trainer.save_checkpoint(tmp_path / "trainer")
+    asyncio.run(trainer.save_checkpoint(tmp_path / "trainer"))
     saved = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
-    moments = {k: v.clone() for k, v in trainer.optimizer.state_dict()["state"][0].items() if torch.is_tensor(v)}
+    moments = {k: v.clone() for k, v in trainer.local.optimizer.state_dict()["state"][0].items() if torch.is_tensor(v)}
     expected_draw = torch.rand(3)
 
     other = _trainer(model_dir)
-    assert other.load_checkpoint(tmp_path / "trainer", step=1) == 1 and other.step == 1
+    assert asyncio.run(other.load_checkpoint(tmp_path / "trainer", step=1)) == 1 and other.step == 1
     for name, p in other.model.named_parameters():
         assert torch.equal(p.detach(), saved[name]), name
-    for key, value in other.optimizer.state_dict()["state"][0].items():
+    for key, value in other.local.optimizer.state_dict()["state"][0].items():
         if torch.is_tensor(value):
             assert torch.equal(value, moments[key]), key
     assert torch.equal(torch.rand(3), expected_draw)  # the RNG continues where the checkpoint left it

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import orjson
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -14,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_gpu_check_reports_step_checkpoint_refit_and_the_hold(tmp_path):
     done = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--small", "--out", str(tmp_path), "--steps", "1",
-         "--engines"],
+         "--engines", "--ranks"],
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -28,6 +29,10 @@ def test_gpu_check_reports_step_checkpoint_refit_and_the_hold(tmp_path):
     assert "this machine has 0" in report["engines"]["skipped"] or "no vLLM" in report["engines"]["skipped"]
     hold = report["hold_check"]
     assert hold["held"] and hold["step_waited_s"] >= 1.0 and hold["changed_after_release"]
+    # One and two ranks (gloo here), each a process: the same rows split between them train to the same loss.
+    one, two = report["ranks"]["1"], report["ranks"]["2"]
+    assert one["step_s"] > 0 and two["save_s"] > 0 and two["load_s"] > 0, report["ranks"]
+    assert len(two["peak_memory_gib_per_rank"]) == 2 and two["loss"] == pytest.approx(one["loss"], rel=1e-4)
 
 
 def test_a_bad_config_or_set_flag_is_one_line_and_exit_2(tmp_path):

@@ -1,9 +1,12 @@
 """One process of a run killed alone, from outside, at a moment the product does not announce.
 
 The environment server is started again on its port and the run goes on; so is the embedded
-Temporal server, on its database; the trainer's death stops the run with one line naming it,
-and running the same command again recovers; that controller killed alone, with no new one
-coming back, leaves processes that stop by themselves. The processes are found the way
+Temporal server, on its database; a trainer rank's death (a two-rank trainer here) has the run
+replace the whole trainer group and restore into it by itself, keeping the engine and the
+environment server; a new trainer that dies again before a train step, past
+`train.max_rebuilds`, stops the run with one line naming it, and running the same command
+again recovers; that controller killed alone, with no new one coming back, leaves processes
+that stop by themselves. The processes are found the way
 `turnkeep chaos --target` finds them: by the pid files in the run directory. One run of the
 whole stack serves every death (a start costs more than any of them).
 """
@@ -56,18 +59,34 @@ def _kill_and_see_it_repaired(run_dir, role: str, proc) -> int:
     return killed
 
 
+def _kill_each_new_trainer_before_it_trains(run_dir, proc, killed: int) -> None:
+    """The moment is pinned: a new trainer's pid file is written before it restores, refits the engine and
+    trains, which takes seconds; it is killed the moment its file names it."""
+    while proc.poll() is None:
+        pid = live_pid(run_dir, "trainer")
+        if pid not in (None, killed):
+            os.kill(pid, signal.SIGKILL)
+            killed = pid
+        time.sleep(0.02)
+
+
 def test_each_process_killed_alone_is_started_again_or_stops_the_run_in_one_line(stack_config) -> None:
     run_dir = short_run_dir("tk-deaths-")
     log = run_dir.parent / "turnkeep.log"
     settings = small_run_settings(stack_config)
-    proc = turnkeep("run", "--run-dir", str(run_dir), "--steps", "1000", *settings, log=log)
+    proc = turnkeep("run", "--run-dir", str(run_dir), "--steps", "1000", *settings, "--set", "train.ranks=2",
+                    "--set", "train.max_rebuilds=1", log=log)
     try:
         wait_until(lambda: _published(run_dir) > 0 and train_steps(run_dir) >= 3, 300, "training and a snapshot",
                    proc)
         assert_every_listening_socket_is_on_loopback(proc, run_dir)  # a default run listens on loopback only
         _kill_and_see_it_repaired(run_dir, "env", proc)
         temporal_killed = _kill_and_see_it_repaired(run_dir, "temporal", proc)
-        _kill_alone(run_dir, "trainer")
+        engine, env = live_pid(run_dir, "policy"), live_pid(run_dir, "env")
+        rank_killed = _kill_and_see_it_repaired(run_dir, "trainer.rank1", proc)
+        assert (live_pid(run_dir, "policy"), live_pid(run_dir, "env")) == (engine, env)  # kept, not restarted
+        # The new group trained on; its rank 0 is killed now, and every trainer after it before a step.
+        _kill_each_new_trainer_before_it_trains(run_dir, proc, _kill_alone(run_dir, "trainer"))
         assert proc.wait(timeout=150) == 1, log.read_text()[-3000:]
     finally:
         if proc.poll() is None:
@@ -81,8 +100,12 @@ def test_each_process_killed_alone_is_started_again_or_stops_the_run_in_one_line
     [restart] = metrics(run_dir, "temporal_restart")
     assert restart["old_pid"] == temporal_killed and restart["restarts"] == 1
     assert not (run_dir / "pids" / "temporal.json").exists()  # stopped with the run
+    rebuilt = [line for line in text.splitlines() if "rebuilding the trainer and restoring into it" in line]
+    assert len(rebuilt) == 2 and all("(1 of at most 1 in a row)" in line for line in rebuilt), rebuilt
+    assert "trainer rank 1 of 2 died" in text and str(rank_killed) not in live_pids(run_dir).values()
     stopped = [line for line in text.splitlines() if line.startswith("turnkeep: the run was stopped")]
     assert len(stopped) == 1 and "the trainer process died" in stopped[0], text[-3000:]
+    assert "and so did each of the 1 trainer(s) rebuilt in a row before it, before a train step" in stopped[0]
     assert not _tracebacks(text), _tracebacks(text)
 
     # The same command again recovers; this time the controller is killed alone and none comes back.

@@ -36,7 +36,8 @@ class EngineStarter:
 
         detached = {"lifetime": "detached"} if self.identity is not None else {}
         options = actor_options(self.cfg.placement, self.gpus, "policy", engine=index,
-                                engines=self.cfg.policy.engines, spread=self.cfg.policy.placement == "spread")
+                                engines=self.cfg.policy.engines, spread=self.cfg.policy.placement == "spread",
+                                ranks=self.cfg.train.ranks)
         return PolicyActor.options(name=engine_name(index), num_cpus=0, **detached, **options).remote(index)
 
     async def begin(self, index: int, actor, restarts: int = 0) -> Engine:

@@ -34,54 +34,63 @@ class Seat:
 @dataclass(frozen=True)
 class GpuPlan:
     bundles: list[dict[str, float]]
-    trainer: Seat | None
+    trainer_ranks: list[Seat | None]
+    """Trainer rank r's seat (rank 0 is the trainer's own process)."""
     engines: list[Seat | None]
     """Engine k's seat; a replacement for engine k takes the same bundle once the dead one has left it."""
+
+    @property
+    def trainer(self) -> Seat | None:
+        return self.trainer_ranks[0]
 
     @property
     def policy(self) -> Seat | None:
         return self.engines[0]
 
 
-def plan_gpus(placement: PlacementConfig, engines: int = 1) -> GpuPlan:
+def plan_gpus(placement: PlacementConfig, engines: int = 1, ranks: int = 1) -> GpuPlan:
     if placement.share_gpus:
-        return GpuPlan([{"GPU": 1.0}], Seat(0, SHARED_FRACTION), [Seat(0, SHARED_FRACTION)])
+        return GpuPlan([{"GPU": 1.0}], [Seat(0, SHARED_FRACTION)], [Seat(0, SHARED_FRACTION)])
     bundles: list[dict[str, float]] = []
-    trainer = None
-    if placement.trainer_gpus:
-        trainer = Seat(0, float(placement.trainer_gpus))
-        bundles.append({"GPU": float(placement.trainer_gpus)})
+    trainer_ranks: list[Seat | None] = []
+    for _ in range(ranks):
+        trainer_ranks.append(Seat(len(bundles), float(placement.trainer_gpus)) if placement.trainer_gpus else None)
+        if placement.trainer_gpus:
+            bundles.append({"GPU": float(placement.trainer_gpus)})
     seats: list[Seat | None] = []
     for _ in range(engines):
         seats.append(Seat(len(bundles), float(placement.policy_gpus)) if placement.policy_gpus else None)
         if placement.policy_gpus:
             bundles.append({"GPU": float(placement.policy_gpus)})
-    return GpuPlan(bundles, trainer, seats)
+    return GpuPlan(bundles, trainer_ranks, seats)
 
 
 def check_gpus(placement: PlacementConfig, cluster_gpus: float, where: str = "the Ray cluster",
-               engines: int = 1) -> None:
-    needed = placement.gpus_needed(engines)
+               engines: int = 1, ranks: int = 1) -> None:
+    needed = placement.gpus_needed(engines, ranks)
     if needed > cluster_gpus:
         each = f" x {engines} engines" if engines > 1 else ""
+        per_rank = f" x {ranks} ranks" if ranks > 1 else ""
         how = ("shared by the trainer and the policy server" if placement.share_gpus else
-               f"trainer {placement.trainer_gpus} + policy server {placement.policy_gpus}{each}")
+               f"trainer {placement.trainer_gpus}{per_rank} + policy server {placement.policy_gpus}{each}")
         raise PlacementError(
             f"[placement] asks for {needed} GPU(s) ({how}), but {where} has {cluster_gpus:g}; lower "
-            "placement.trainer_gpus / placement.policy_gpus (0 runs that process on the CPU) or policy.engines, or "
+            "placement.trainer_gpus / placement.policy_gpus (0 runs that process on the CPU), policy.engines or "
+            "train.ranks, or "
             "join a cluster with more GPUs (ray.address)"
         )
 
 
-def reserve(placement: PlacementConfig, detached: bool = False, engines: int = 1, spread: bool = False):
+def reserve(placement: PlacementConfig, detached: bool = False, engines: int = 1, spread: bool = False,
+            ranks: int = 1):
     """Check the cluster, then reserve the plan's bundles; None when nothing asks for a GPU. `detached`: the
     reservation outlives this controller, as the detached actors placed in it do. `spread`: the bundles go to
     different nodes where Ray can (one node lost takes few engines with it)."""
     import ray
     from ray.util.placement_group import placement_group
 
-    check_gpus(placement, ray.cluster_resources().get("GPU", 0.0), engines=engines)
-    plan = plan_gpus(placement, engines)
+    check_gpus(placement, ray.cluster_resources().get("GPU", 0.0), engines=engines, ranks=ranks)
+    plan = plan_gpus(placement, engines, ranks)
     if not plan.bundles:
         return None
     group = placement_group(plan.bundles, strategy="SPREAD" if spread else "PACK", name="turnkeep-gpus",
@@ -91,11 +100,11 @@ def reserve(placement: PlacementConfig, detached: bool = False, engines: int = 1
 
 
 def actor_options(placement: PlacementConfig, group, role: str, engine: int = 0, engines: int = 1,
-                  spread: bool = False) -> dict:
-    """Ray options of the trainer (`role="trainer"`) or policy engine `engine` (`"policy"`). Without GPUs, `spread`
-    engines go to different nodes where Ray can."""
-    plan = plan_gpus(placement, max(engines, engine + 1))
-    seat = plan.trainer if role == "trainer" else plan.engines[engine]
+                  spread: bool = False, ranks: int = 1, rank: int = 0) -> dict:
+    """Ray options of trainer rank `rank` of `ranks` (`role="trainer"`) or policy engine `engine` (`"policy"`).
+    Without GPUs, `spread` engines go to different nodes where Ray can."""
+    plan = plan_gpus(placement, max(engines, engine + 1), ranks)
+    seat = plan.trainer_ranks[rank] if role == "trainer" else plan.engines[engine]
     if seat is None or group is None:
         if role == "policy":
             return {"num_gpus": 0, **(spread_over_nodes(engine) if spread else {})}
@@ -150,12 +159,12 @@ def spread_over_nodes(engine: int) -> dict:
     return _on(nodes[engine % len(nodes)]) if len(nodes) > 1 else {}
 
 
-def check_local_gpus(placement: PlacementConfig, engines: int = 1) -> None:
+def check_local_gpus(placement: PlacementConfig, engines: int = 1, ranks: int = 1) -> None:
     """Before anything starts: a run that starts its own Ray (no `ray.address`) gets this machine's GPUs, so a
     placement this machine cannot meet is refused here, not after Temporal and Ray have started."""
-    if not placement.gpus_needed(engines):
+    if not placement.gpus_needed(engines, ranks):
         return
     import torch
 
     check_gpus(placement, float(torch.cuda.device_count()), where="this machine (the run starts its own Ray here)",
-               engines=engines)
+               engines=engines, ranks=ranks)

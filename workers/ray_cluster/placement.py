@@ -13,6 +13,7 @@ import asyncio
 import os
 from pathlib import Path
 
+import psutil
 import ray
 
 from controller.config_file import ConfigError
@@ -24,12 +25,14 @@ from primitives.pid_files import write_pid_file
 from schemas.config import TurnkeepConfig
 from workers.local_env_server import LocalEnvServer
 from workers.model_maker import cached_tiny_model_dir
+from workers.process_watch import death_reason
 from workers.ray_cluster.engines import EngineStarter
 from workers.ray_cluster.gpu_placement import PlacementError, actor_options, reserve
 from workers.ray_cluster.head import RayHead, start_or_find_head
 from workers.ray_cluster.node_checks import check_nodes
 from workers.ray_cluster.security import ensure_ray_token
 from workers.ray_cluster.temp_dir import prepare_ray_temp_dir
+from workers.trainer_rebuilds import TrainerDiedAtStart
 
 
 def start_ray(cfg: TurnkeepConfig, run_dir: Path, namespace: str | None = None) -> None:
@@ -74,7 +77,8 @@ def reserve_gpus(cfg: TurnkeepConfig, detached: bool = False):
     Refused with the numbers when the cluster has too few; Ray is shut down again then.
     """
     try:
-        return reserve(cfg.placement, detached, cfg.policy.engines, cfg.policy.placement == "spread")
+        return reserve(cfg.placement, detached, cfg.policy.engines, cfg.policy.placement == "spread",
+                       cfg.train.ranks)
     except PlacementError:
         ray.shutdown()
         raise
@@ -106,14 +110,10 @@ async def launch(cfg: TurnkeepConfig, incarnation: int | None = None, gpus=None,
 
     With `identity` (the run id and `process_digest` of the config) they are detached actors, stamped with it, that
     outlive this controller: a restarted one re-attaches to them (`workers.ray_cluster.survivors`)."""
-    from gpu_workers.trainer_actor import TrainerActor
-
-    detached = {"lifetime": "detached"} if identity is not None else {}
     cfg_json = cfg.model_dump_json()
     token = create_control_token(cfg.run.run_dir)
     # The actors' processes start (and import torch) while the model is found or made.
-    trainer = TrainerActor.options(name="trainer", **detached,
-                                   **actor_options(cfg.placement, gpus, "trainer")).remote()
+    trainer = create_trainer(cfg, gpus, identity)
     starter = EngineStarter(cfg, "", token, gpus, identity)
     actors = [starter.create(k) for k in range(cfg.policy.engines)]
     model_dir = str(cached) if (cached := cached_tiny_model_dir(cfg)) is not None else await _model_dir(cfg_json)
@@ -121,21 +121,44 @@ async def launch(cfg: TurnkeepConfig, incarnation: int | None = None, gpus=None,
     # The trainer loads its model while the engines start: none waits for another.
     *engines, _ = await asyncio.gather(
         *(starter.begin(k, actor) for k, actor in enumerate(actors)),
-        trainer.setup.remote(model_dir, cfg_json),
+        setup_trainer(trainer, model_dir, cfg, identity, gpus),
     )
     for engine in engines:
         engine.state = EngineState.LIVE
     pool = EnginePool(engines)
-    write_pid_file(cfg.run.run_dir, "trainer", await trainer.__ray_call__.remote(_pid_of))
     local = sorted(local_environments(cfg.environments))
     env, env_url, servers = None, None, []
     if local:
         env = LocalEnvServer(cfg, Path(model_dir), pool.routable_urls, token, incarnation, identity=identity)
         env_url = await env.start()
         servers.append(EnvServerEndpoint("env", env_url, token, local))
-    if identity is not None:
-        await trainer.stamp.remote({**identity, "model_dir": model_dir})
     return Processes(trainer, pool, env, Path(model_dir), env_url, token, servers, spawn_engine=starter.spawn)
+
+
+def create_trainer(cfg: TurnkeepConfig, gpus, identity: dict | None = None):
+    """The trainer's actor (rank 0), not yet set up; detached when the run's processes outlive the controller."""
+    from gpu_workers.trainer_actor import TrainerActor
+
+    detached = {"lifetime": "detached"} if identity is not None else {}
+    options = actor_options(cfg.placement, gpus, "trainer", ranks=cfg.train.ranks)
+    return TrainerActor.options(name="trainer", **detached, **options).remote()
+
+
+async def setup_trainer(trainer, model_dir: str, cfg: TurnkeepConfig, identity: dict | None, gpus=None) -> None:
+    """Load the model into the trainer and its other ranks (each in its own GPU bundle of `gpus` when the trainer
+    has GPUs), write their pid files, stamp it with the run."""
+    ranks = cfg.train.ranks
+    rank_options = [actor_options(cfg.placement, gpus, "trainer", ranks=ranks, rank=rank) for rank in range(1, ranks)]
+    run_dir = cfg.run.run_dir
+    try:
+        await trainer.setup.remote(model_dir, cfg.model_dump_json(), rank_options)
+        write_pid_file(run_dir, "trainer", await trainer.__ray_call__.remote(_pid_of))
+        for rank, pid in enumerate(await trainer.ranks.remote(), 1):
+            write_pid_file(run_dir, f"trainer.rank{rank}", pid)
+        if identity is not None:
+            await trainer.stamp.remote({**identity, "model_dir": model_dir})
+    except (ray.exceptions.RayActorError, psutil.NoSuchProcess) as err:
+        raise TrainerDiedAtStart(death_reason("trainer", err)) from None
 
 
 def _pid_of(actor) -> int:

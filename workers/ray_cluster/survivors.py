@@ -19,7 +19,7 @@ import asyncio
 import logging
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import ray
@@ -75,20 +75,26 @@ async def reattach(cfg: TurnkeepConfig, stamp: dict, incarnation: int, restorabl
     found = find_survivors()
     if not found.handles():
         return None
-    identities, problem = await _identities(found, cfg, stamp)
+    found, replaced_trainer = await _without_a_dead_trainer(found)
+    identities, problem = await _identities(found, cfg, stamp, trainer_needed=not replaced_trainer)
     if problem is None and not restorable:
         problem = "the run has no trainer checkpoint yet, so it starts from fresh processes"
     if problem is not None:
         log.warning("not re-attaching the processes an earlier controller left running (%s); stopping them", problem)
         await stop_survivors(found)
         return None
-    await asyncio.wait_for(found.trainer.fence.remote(), FENCE_TIMEOUT_S)
+    if replaced_trainer:
+        model_dir = next(identity["model_dir"] for identity in identities.values())
+        found, identities = await _with_a_new_trainer(found, identities, cfg, stamp, model_dir)
+    else:
+        await asyncio.wait_for(found.trainer.fence.remote(), FENCE_TIMEOUT_S)
     fenced = await asyncio.gather(*(asyncio.wait_for(actor.fence.remote(), FENCE_TIMEOUT_S)
                                     for actor in found.engines.values()))
     log.info("policy engines fenced: %s", fenced)
     token = create_control_token(cfg.run.run_dir)
     model_dir = Path(identities["trainer"]["model_dir"])
-    pool = EnginePool([Engine(k, actor, identities[engine_name(k)]["url"]) for k, actor in sorted(found.engines.items())])
+    pool = EnginePool([Engine(k, actor, identities[engine_name(k)]["url"])
+                       for k, actor in sorted(found.engines.items())])
     env, env_url, servers = None, None, []
     if found.env is not None:
         log.info("environment server fenced: %s", await asyncio.wait_for(found.env.fence.remote(incarnation),
@@ -99,7 +105,7 @@ async def reattach(cfg: TurnkeepConfig, stamp: dict, incarnation: int, restorabl
         servers.append(EnvServerEndpoint("env", env_url, token, sorted(local_environments(cfg.environments))))
     starter = EngineStarter(cfg, str(model_dir), token, get_gpu_group(), stamp)
     return Processes(found.trainer, pool, env, model_dir, env_url, token, servers, reused=True,
-                     spawn_engine=starter.spawn)
+                     new_trainer=replaced_trainer, spawn_engine=starter.spawn)
 
 
 def get_gpu_group():
@@ -133,8 +139,47 @@ async def stop_survivors(found: Found) -> None:
         await asyncio.sleep(0.1)
 
 
-async def _identities(found: Found, cfg: TurnkeepConfig, stamp: dict) -> tuple[dict[str, dict], str | None]:
-    wanted = {"trainer": found.trainer, **{engine_name(k): found.engines.get(k) for k in range(cfg.policy.engines)}}
+async def _without_a_dead_trainer(found: Found) -> tuple[Found, bool]:
+    """`found` without its trainer when the trainer (or one of its ranks, which takes it along) died, and whether
+    it did: the rest is then re-attached and a new trainer started beside it (`train.max_rebuilds`)."""
+    if found.trainer is not None:
+        try:
+            await asyncio.wait_for(found.trainer.__ray_ready__.remote(), IDENTITY_TIMEOUT_S)
+            return found, False
+        except ray.exceptions.RayActorError:
+            pass
+        except asyncio.TimeoutError:
+            return found, False  # hung, not dead: the identity check names it
+    if not found.engines and found.env is None:
+        return found, False
+    return replace(found, trainer=None), True
+
+
+async def _with_a_new_trainer(found: Found, identities: dict, cfg: TurnkeepConfig, stamp: dict,
+                              model_dir: str) -> tuple[Found, dict]:
+    from workers.ray_cluster.placement import create_trainer, setup_trainer
+
+    began = time.monotonic()
+    deadline = began + STOP_TIMEOUT_S
+    while True:
+        try:
+            trainer = create_trainer(cfg, get_gpu_group(), stamp)
+            break
+        except ValueError:  # the dead trainer's name is free once Ray has marked it dead, moments after
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+    await setup_trainer(trainer, model_dir, cfg, stamp, get_gpu_group())
+    log.info("a new trainer (%d rank(s)) started beside the surviving engines and environment server in %.1fs",
+             cfg.train.ranks, time.monotonic() - began)
+    return replace(found, trainer=trainer), {**identities, "trainer": {**stamp, "model_dir": model_dir}}
+
+
+async def _identities(found: Found, cfg: TurnkeepConfig, stamp: dict,
+                      trainer_needed: bool = True) -> tuple[dict[str, dict], str | None]:
+    wanted = {engine_name(k): found.engines.get(k) for k in range(cfg.policy.engines)}
+    if trainer_needed:
+        wanted["trainer"] = found.trainer
     if local_environments(cfg.environments):
         wanted["env"] = found.env
     missing = sorted(name for name, handle in wanted.items() if handle is None)

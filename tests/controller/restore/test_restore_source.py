@@ -41,10 +41,11 @@ def make_checkpoint(run_dir: Path, step: int, *, policy_version: int | None = No
     """A published trainer checkpoint with small stand-ins for the trainer's files."""
     ckpt = run_dir / "checkpoints" / f"step_{step}"
     trainer = ckpt / "trainer"
-    trainer.mkdir(parents=True)
-    (trainer / "model.safetensors").write_bytes(b"weights-%d" % step * 10)
-    (trainer / "optimizer.pt").write_bytes(b"adam-%d" % step)
-    (trainer / "rng.pt").write_bytes(b"rng")
+    (trainer / "shards").mkdir(parents=True)
+    (trainer / "rng").mkdir()
+    (trainer / "shards" / ".metadata").write_bytes(b"dcp-%d" % step)
+    (trainer / "shards" / "__0_0.distcp").write_bytes(b"weights-%d" % step * 10)
+    (trainer / "rng" / "rank_0.pt").write_bytes(b"rng")
     atomic_write_json(trainer / "trainer_state.json", {"policy_version": step if policy_version is None else policy_version})
     atomic_write_json(ckpt / "controller_state.json", {"step": step, "data_plane": {"rows": []}})
     write_checkpoint_manifest(ckpt, step, CheckpointIdentity(run_id=run_id, fingerprint_fields=fields))
@@ -314,7 +315,7 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_older_one(tmp_path: Path)
     older_snap = make_snapshot(older, 1)
     newest = make_checkpoint(tmp_path, 40)
     make_snapshot(newest, 1)  # fine by itself, but filed under a damaged checkpoint
-    flip_byte(newest / "trainer" / "model.safetensors")
+    flip_byte(newest / "trainer" / "shards" / "__0_0.distcp")
 
     source = choose_source(tmp_path, RUN_ID, FIELDS)
 
@@ -322,7 +323,7 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_older_one(tmp_path: Path)
     assert source.step == 20
     assert source.snapshot_dir == str(older_snap.absolute())
     assert [(s.path, s.problem) for s in source.skipped] == [(str(newest), "digest_mismatch")]
-    assert "trainer/model.safetensors" in source.skipped[0].detail
+    assert "trainer/shards/__0_0.distcp" in source.skipped[0].detail
     assert source.reason.startswith("trainer checkpoint checkpoints/step_40 failed verification (digest_mismatch: ")
 
 
@@ -362,7 +363,7 @@ def test_a_changed_setting_is_named_in_the_checkpoint_skip(tmp_path: Path) -> No
 
 def test_only_damaged_checkpoints_make_the_run_dir_unusable(tmp_path: Path) -> None:
     flip_byte(make_checkpoint(tmp_path, 20) / "controller_state.json")
-    (make_checkpoint(tmp_path, 40) / "trainer" / "rng.pt").unlink()
+    (make_checkpoint(tmp_path, 40) / "trainer" / "rng" / "rank_0.pt").unlink()
 
     with pytest.raises(UnusableRunDir) as refused:
         choose_source(tmp_path, RUN_ID, FIELDS)
@@ -398,7 +399,7 @@ def test_newest_published_problem(tmp_path: Path) -> None:
 
 def test_newest_published_problem_checks_the_checkpoint_itself(tmp_path: Path) -> None:
     ckpt = make_checkpoint(tmp_path, 40)
-    _truncate_file(ckpt / "trainer" / "optimizer.pt")
+    _truncate_file(ckpt / "trainer" / "shards" / "__0_0.distcp")
     assert newest_published_problem(tmp_path, RUN_ID, FINGERPRINT).problem == "truncated"
 
 
@@ -415,8 +416,8 @@ def drop_from_manifest(ckpt: Path, rel: str) -> None:
     (ckpt / "checkpoint.json").write_bytes(orjson.dumps(raw))
 
 
-@pytest.mark.parametrize("rel", ["trainer/model.safetensors", "trainer/optimizer.pt", "trainer/rng.pt",
-                                 "trainer/trainer_state.json", "controller_state.json"])
+@pytest.mark.parametrize("rel", ["trainer/shards/.metadata", "trainer/rng/rank_0.pt", "trainer/trainer_state.json",
+                                 "controller_state.json"])
 @pytest.mark.parametrize("file_too", [False, True])
 def test_a_manifest_that_lists_no_required_file_is_refused(tmp_path: Path, rel: str, file_too: bool) -> None:
     ckpt = make_checkpoint(tmp_path, 40)

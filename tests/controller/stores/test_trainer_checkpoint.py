@@ -52,13 +52,14 @@ class FakeTrainer:
 
     def _save(self, directory: str) -> None:
         path = Path(directory)
-        path.mkdir(parents=True)
-        (path / "model.safetensors").write_bytes(b"w" * 64)
-        (path / "optimizer.pt").write_bytes(b"adam")
+        (path / "shards").mkdir(parents=True)
+        (path / "shards" / ".metadata").write_bytes(b"dcp")
+        (path / "shards" / "__0_0.distcp").write_bytes(b"w" * 64)
         if self.fail is not None:
             raise self.fail
-        if self.skip != "rng.pt":
-            (path / "rng.pt").write_bytes(b"rng")
+        if self.skip != "rng":
+            (path / "rng").mkdir()
+            (path / "rng" / "rank_0.pt").write_bytes(b"rng")
         atomic_write_json(path / "trainer_state.json", {"policy_version": self.policy_version})
 
 
@@ -78,7 +79,7 @@ def test_manifest_lists_every_file_and_verifies(tmp_path: Path) -> None:
     assert (manifest.run_id, manifest.step, manifest.policy_version) == ("run-a", 20, 20)
     assert manifest.config_fingerprint == config_fingerprint(CFG)
     assert sorted(a.path for a in manifest.artifacts) == [
-        "controller_state.json", "trainer/model.safetensors", "trainer/optimizer.pt", "trainer/rng.pt",
+        "controller_state.json", "trainer/rng/rank_0.pt", "trainer/shards/.metadata", "trainer/shards/__0_0.distcp",
         "trainer/trainer_state.json",
     ]
     assert verify_trainer_checkpoint(ckpt, "run-a", config_fingerprint(CFG)) == (manifest, None)
@@ -87,7 +88,7 @@ def test_manifest_lists_every_file_and_verifies(tmp_path: Path) -> None:
 
 def test_without_identity_no_manifest_is_written(tmp_path: Path) -> None:
     ckpt = write(tmp_path, 20, identity=None)
-    assert (ckpt / "trainer" / "model.safetensors").exists()
+    assert (ckpt / "trainer" / "shards" / "__0_0.distcp").exists()
     assert not (ckpt / "checkpoint.json").exists()
 
 
@@ -120,7 +121,7 @@ def verifies(run_dir: Path, step: int) -> bool:
 def test_a_full_disk_fails_cleanly_and_the_previous_checkpoint_stays(tmp_path: Path) -> None:
     write(tmp_path, 10, keep=2)
     write(tmp_path, 20, keep=2)
-    enospc = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "optimizer.pt")
+    enospc = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "__0_0.distcp")
 
     with pytest.raises(CheckpointDiskFull) as info:
         write(tmp_path, 30, keep=2, trainer=FakeTrainer(30, fail=enospc))
@@ -167,8 +168,8 @@ def test_a_write_error_without_an_errno_on_a_nearly_full_disk_is_named(tmp_path:
 
 def test_an_incomplete_trainer_checkpoint_is_never_published(tmp_path: Path) -> None:
     write(tmp_path, 10, keep=1)
-    with pytest.raises(IncompleteCheckpoint, match="trainer/rng.pt"):
-        write(tmp_path, 20, keep=1, trainer=FakeTrainer(20, skip="rng.pt"))
+    with pytest.raises(IncompleteCheckpoint, match="trainer/rng/rank_0.pt"):
+        write(tmp_path, 20, keep=1, trainer=FakeTrainer(20, skip="rng"))
     assert listing(tmp_path) == ["step_10"]  # and not pruned for it
 
 

@@ -66,3 +66,13 @@ def test_cpu_engines_spread_over_the_nodes_when_asked(monkeypatch) -> None:
     assert actor_options(PlacementConfig(), None, "policy", engine=1, engines=2, spread=True) == {
         "num_gpus": 0, "scheduling_strategy": "SPREAD"}
     assert actor_options(PlacementConfig(), None, "policy", engine=1, engines=2) == {"num_gpus": 0}
+
+
+def test_each_trainer_rank_gets_its_own_bundle_before_the_engines() -> None:
+    plan = plan_gpus(PlacementConfig(trainer_gpus=1, policy_gpus=1), engines=2, ranks=2)
+    assert plan.bundles == [{"GPU": 1.0}] * 4
+    assert plan.trainer_ranks == [Seat(0, 1.0), Seat(1, 1.0)] and plan.engines == [Seat(2, 1.0), Seat(3, 1.0)]
+    assert PlacementConfig(trainer_gpus=1, policy_gpus=1).gpus_needed(engines=2, ranks=2) == 4
+    with pytest.raises(PlacementError, match=r"asks for 3 GPU\(s\) \(trainer 1 x 2 ranks \+ policy server 1\).*has 2"):
+        check_gpus(PlacementConfig(trainer_gpus=1, policy_gpus=1), cluster_gpus=2, ranks=2)
+    assert actor_options(PlacementConfig(policy_gpus=1), None, "trainer", ranks=2, rank=1) == {"num_gpus": 0}

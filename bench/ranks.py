@@ -1,0 +1,105 @@
+"""`turnkeep bench ranks`: what a second trainer rank gives and costs, and what a rank's death costs the run.
+
+First one trainer group of 1 and of 2 ranks on its own (`bench.rank_timings`): train step time on synthetic rows,
+the refit's gather of the whole model onto rank 0, a checkpoint's save and load, each rank's peak memory. On 2
+cores two ranks cannot be faster than one: each has half the rows but they share the cores, and every layer's
+weights travel between them. Then a chaos run of the default task with 2 ranks in which one rank is SIGKILLed at
+random moments: the seconds from each death to the next train step, the steps the restore undid, the tokens
+generated again, and whether every invariant held.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+
+from bench.rank_timings import time_ranks
+from bench.report import BenchResult, markdown_table
+from controller.config_file import load_config
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
+COUNTS = [1, 2]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    parser.add_argument("--steps", type=int, default=8, help="timed train steps per rank count (default 8)")
+    parser.add_argument("--rows", type=int, default=32, help="rows per synthetic step (default 32)")
+    parser.add_argument("--length", type=int, default=96, help="tokens per synthetic row (default 96)")
+    parser.add_argument("--kills", type=int, default=4, help="rank kills of the chaos run (default 4)")
+    parser.add_argument("--chaos-steps", type=int, default=120, help="train steps of the chaos run (default 120)")
+    parser.add_argument("--seed", type=int, default=35, help="the chaos run's kill schedule (default 35)")
+    parser.add_argument("--skip-chaos", action="store_true", help="only the trainer groups on their own")
+
+
+def run(args: argparse.Namespace) -> BenchResult:
+    base = args.out / "ranks"
+    cfg = load_config(args.config, dict(s.split("=", 1) for s in args.set))
+    groups = time_ranks(cfg, base / "groups", COUNTS, args.steps, args.rows, args.length)
+    rows = [[g["ranks"], g["step_s"], g["refit_gather_s"], g["save_s"], g["load_s"],
+             f"{g['checkpoint_bytes'] / 2**20:.1f}", " / ".join(str(m) for m in g["peak_rss_mib_per_rank"])]
+            for g in groups.values()]
+    table = markdown_table(["ranks", "train step s (median)", "refit gather s", "checkpoint save s",
+                            "checkpoint load s", "checkpoint MiB", "peak RSS MiB per rank"], rows)
+    deaths = None if args.skip_chaos else _rank_deaths(args, base / "chaos")
+    if deaths is not None:
+        table += "\n\n" + markdown_table(
+            ["rank kills", "invariants", "death -> next train step s (median, max)", "steps undone (median, max)",
+             "tokens generated again (share)"],
+            [[deaths["kills"], "all hold" if deaths["ok"] else "BROKEN",
+              f"{deaths['repair_s_median']} ({deaths['repair_s_max']})",
+              f"{deaths['undone_median']} ({deaths['undone_max']})",
+              f"{deaths['tokens_regenerated']} of {deaths['tokens_generated']} ({deaths['share']:.3%})"]])
+    notes = [
+        f"Groups on their own: {args.steps} train steps of {args.rows} synthetic rows of {args.length} tokens on "
+        f"the model of {args.config.name}; the step time is the median after the first (which builds the "
+        "optimizer state). Two ranks on one 2-core machine share the cores and exchange every layer's weights, so "
+        "they are not faster here; the figure that matters on GPUs is the memory each rank holds.",
+        "Refit gather: the whole model gathered onto rank 0's host memory one parameter at a time and packed as "
+        "safetensors (what a refit hands the engines); with one rank, the state dict packed as is.",
+    ]
+    if deaths is not None:
+        notes.append("Rank deaths: a chaos run of the default task with `train.ranks = 2`, one rank SIGKILLed at "
+                     "a random moment after a train step each round; the run replaces the whole group, restores "
+                     "into it and trains on with the same engine and environment server. Steps undone: the "
+                     "restore's trainer checkpoint was this many steps behind (`train.save_period` = 2 here).")
+    return BenchResult("ranks", table, {"groups": groups, "deaths": deaths}, notes)
+
+
+def _rank_deaths(args: argparse.Namespace, run_dir: Path) -> dict:
+    report_path = run_dir / "chaos" / "report.json"
+    if not report_path.is_file():
+        command = [sys.executable, "-m", "cli.main", "chaos", "--run-dir", str(run_dir), "--config",
+                   str(args.config), "--kills", str(args.kills), "--target", "rank", "--steps",
+                   str(args.chaos_steps), "--seed", str(args.seed), "--max-delay-s", "10"]
+        for setting in [*args.set, "train.ranks=2", "train.save_period=2"]:
+            command += ["--set", setting]
+        print(f"bench ranks: {args.kills} rank kills in {run_dir}", flush=True)
+        subprocess.call(command)
+    if not report_path.is_file():
+        raise SystemExit(f"turnkeep bench ranks: the chaos run in {run_dir} wrote no report; see its chaos/ folder")
+    return death_figures(orjson.loads(report_path.read_bytes()), _undone_steps(run_dir))
+
+
+def death_figures(report: dict, undone: list[int]) -> dict:
+    repairs = [r["after_kill_s"] for r in report["rounds"] if r["outcome"] == "repaired"]
+    counts = report["verdict"]["counts"]
+    return {"kills": len(report["rounds"]), "repaired": len(repairs), "ok": report["verdict"]["ok"] and report["ok"],
+            "repair_s_median": round(statistics.median(repairs), 1) if repairs else None,
+            "repair_s_max": max(repairs) if repairs else None,
+            "undone_median": statistics.median(undone) if undone else 0, "undone_max": max(undone, default=0),
+            "tokens_generated": counts["tokens_generated"], "tokens_regenerated": counts["tokens_regenerated"],
+            "share": counts["tokens_regenerated_share"]}
+
+
+def _undone_steps(run_dir: Path) -> list[int]:
+    """Per restore after a rank's death: the steps it undid (the checkpoint it restored was that far behind)."""
+    from primitives.audit_log import read_audit
+
+    return [len(e.kept_after_cut.undone_steps) if e.kept_after_cut is not None else 0
+            for e in read_audit(run_dir) if e.event == "restored" and e.inc > 1]

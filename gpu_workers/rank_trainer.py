@@ -1,0 +1,200 @@
+"""One trainer rank's compute: its shard of the model and of the AdamW state, the backward pass over its share of a
+step's rows, the optimizer step, and its part of a checkpoint.
+
+With one rank the model is a plain module. With several, every rank joins one torch.distributed group first
+(`gpu_workers.rank_group`) and the model is sharded with FSDP2 (`fully_shard`: each decoder layer, then the
+root), so weights, gradients and optimizer moments are split between the ranks. Every call that runs collectives
+(`backward`, `optimizer_step`, `full_state`, `save`, `load`) must be made on every rank at once, the same number
+of times: the group's coordinator (`gpu_workers.trainer.Trainer`) makes each one on all ranks.
+
+Checkpoints are `torch.distributed.checkpoint` (DCP) folders: each rank writes its own shard file and the
+coordinator the metadata, which records every tensor's global shape, so a checkpoint written by N ranks loads into
+M (DCP reshards on load). Each rank's RNG state goes beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import random
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from transformers import AutoModelForCausalLM
+
+from gpu_workers.grpo import PackedBatch, clipped_policy_loss, token_logprobs
+from schemas.choices import Device
+from schemas.config import TrainConfig
+
+logger = logging.getLogger("turnkeep.trainer")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SHARDS = "shards"
+"""The DCP folder inside a checkpoint's `trainer/` folder."""
+RNG = "rng"
+"""Each rank's RNG state: `rng/rank_<r>.pt`."""
+
+
+def resolve_device(wanted: str) -> torch.device:
+    """`train.device` as a torch device; refuses CUDA where this process sees no GPU."""
+    if wanted == Device.AUTO:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if wanted == Device.CUDA and not torch.cuda.is_available():
+        raise RuntimeError('train.device = "cuda" but the trainer\'s process sees no GPU (CUDA_VISIBLE_DEVICES='
+                           f'{os.environ.get("CUDA_VISIBLE_DEVICES")!r}); reserve one with placement.trainer_gpus')
+    return torch.device(wanted)
+
+
+def world() -> tuple[int, int]:
+    """(this process's rank, the group's size); (0, 1) outside a group."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class RankTrainer:
+    def __init__(self, model_dir: Path, cfg: TrainConfig, dtype: str, seed: int, temperature: float) -> None:
+        self.rank, self.ranks = world()
+        # Every rank starts from the same weights (the model directory) but draws its own random numbers.
+        torch.manual_seed(seed + self.rank)
+        random.seed(seed + self.rank)
+        torch.set_num_threads(cfg.torch_threads)
+        self._cfg = cfg
+        # The policy server reports logprobs of the tempered distribution it sampled from.
+        self._temperature = temperature
+        self.device = resolve_device(cfg.device)
+        if self.device.type == "cuda" and self.ranks > 1:
+            torch.cuda.set_device(self.device)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype]).to(self.device)
+        if cfg.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+            self.model.config.use_cache = False
+        if self.ranks > 1:
+            _shard(self.model, self.device.type, self.ranks)
+        self.model.train()
+        self.autocast = self.device.type == "cuda" and cfg.autocast_bf16 and DTYPES[dtype] == torch.float32
+        self.pad_id = self.model.config.pad_token_id or 0
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    def backward(self, batch: PackedBatch | None, total_tokens: int, micro_batches: int) -> dict:
+        """Accumulate this rank's share of the step's gradient in exactly `micro_batches` forward/backward passes
+        (the same count on every rank: each pass gathers and reduces shards with the others). The loss is
+        normalised by the whole step's token count, over every rank, so the summed gradient is the one-rank one.
+        A rank with fewer rows than passes runs the rest on a masked-out row, contributing nothing."""
+        total_tokens = max(total_tokens, 1)
+        rows = len(batch.group_ids) if batch is not None else 0
+        size = max(math.ceil(rows / micro_batches), 1)
+        loss_sum, clipped, kl = 0.0, 0.0, 0.0
+        for index in range(micro_batches):
+            if batch is None or index * size >= rows:
+                self._empty_pass()
+                continue
+            micro = batch.rows(index * size, (index + 1) * size).to(self.device)
+            with self._autocast():
+                logits = self.model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits
+            logprobs = token_logprobs(logits.float(), micro.input_ids, temperature=self._temperature)
+            loss, stats = clipped_policy_loss(
+                logprobs, micro.gen_logprobs, micro.advantages, micro.loss_mask, self._cfg.clip_eps,
+                num_tokens=total_tokens,
+            )
+            # FSDP2 averages the ranks' gradients; each rank's loss is a share of the step's (normalised by the
+            # whole step's token count), so the shares must add up instead: scaled here, since gloo has no
+            # pre-multiplied sum for FSDP2's divide factor.
+            (loss * self.ranks).backward()
+            loss_sum += loss.item()
+            clipped += stats.clip_fraction * stats.num_tokens / total_tokens
+            kl += stats.approx_kl * stats.num_tokens / total_tokens
+        return {"loss": loss_sum, "clip_frac": clipped, "approx_kl": kl}
+
+    def _empty_pass(self) -> None:
+        ids = torch.full((1, 2), self.pad_id, dtype=torch.long, device=self.device)
+        with self._autocast():
+            logits = self.model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        (logits.float().sum() * 0.0).backward()  # joins the others' reduce-scatters with zeros
+
+    def _autocast(self):
+        if self.autocast:
+            return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def optimizer_step(self) -> tuple[float, bool]:
+        """Clip and step; a non-finite gradient skips the update instead of poisoning the weights. The norm is
+        the whole model's (FSDP2's sharded gradients reduce it across the ranks), so every rank decides alike."""
+        norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self._cfg.max_grad_norm))
+        stepped = math.isfinite(norm)
+        if stepped:
+            self.optimizer.step()
+        else:
+            logger.warning("non-finite gradient norm (%s): the optimizer step is skipped", norm)
+        self.optimizer.zero_grad(set_to_none=True)
+        return (norm if stepped else 0.0), stepped
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """The whole model's state dict on rank 0 (every other rank returns an empty one): one parameter at a time
+        is gathered to rank 0's host memory, so no rank ever holds a full copy on its device."""
+        if self.ranks == 1:
+            return self.model.state_dict()
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(self.model, options=options)
+
+    def save(self, directory: Path) -> None:
+        """This rank's shard of the weights and AdamW state into `directory/shards` (DCP), and its RNG state."""
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        with _one_process_is_meant():
+            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(directory / SHARDS))
+        rng = {"torch": torch.get_rng_state(), "python": random.getstate(),
+               "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None}
+        (directory / RNG).mkdir(parents=True, exist_ok=True)
+        torch.save(rng, directory / RNG / f"rank_{self.rank}.pt")
+
+    def load(self, directory: Path) -> None:
+        """Weights and AdamW state from a DCP folder written by any number of ranks; the RNG of the same rank when
+        the checkpoint has one (a rank the writer did not have keeps its seeded RNG)."""
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_state, "optim": optim_state}
+        with _one_process_is_meant():
+            dcp.load(state, checkpoint_id=str(directory / SHARDS))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        rng_path = directory / RNG / f"rank_{self.rank}.pt"
+        if rng_path.is_file():
+            rng = torch.load(rng_path, weights_only=True)
+            torch.set_rng_state(rng["torch"])
+            random.setstate(rng["python"])
+            if self.device.type == "cuda" and rng.get("cuda") is not None:
+                torch.cuda.set_rng_state(rng["cuda"], self.device)
+
+
+@contextlib.contextmanager
+def _one_process_is_meant():
+    """DCP warns each time it saves or loads outside a process group; with one rank that is the intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _shard(model: torch.nn.Module, device_type: str, ranks: int) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device_type, (ranks,))
+    for layer in _decoder_layers(model):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks FSDP2 shards one by one (Hugging Face causal LMs keep them in `model.layers`);
+    a model without them is sharded as one unit."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    return list(layers) if isinstance(layers, torch.nn.ModuleList) else []

@@ -1,0 +1,38 @@
+"""Ray actor that hosts one trainer rank other than rank 0 (which lives in the trainer's own process).
+
+The trainer's process creates these actors, so Ray ties their lives to it: a trainer that dies takes its ranks
+with it, and a re-attached trainer keeps them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import ray
+
+from schemas.config import TurnkeepConfig
+
+
+@ray.remote(num_cpus=0)
+class TrainerRank:
+    async def setup(self, model_dir: str, cfg_json: str, address: str, rank: int) -> int:
+        """Join the group at `address` as `rank` and load this rank's shard of the model; returns the pid."""
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        import os
+
+        from gpu_workers.rank_group import join_group
+        from gpu_workers.rank_trainer import RankTrainer, resolve_device
+
+        cfg = TurnkeepConfig.model_validate_json(cfg_json)
+        device = resolve_device(cfg.train.device)
+        await asyncio.to_thread(join_group, address, rank, cfg.train.ranks, device.type,
+                                ray.util.get_node_ip_address())
+        self._trainer = await asyncio.to_thread(
+            RankTrainer, Path(model_dir), cfg.train, cfg.model.dtype, cfg.run.seed, cfg.rollout.temperature)
+        return os.getpid()
+
+    async def call(self, method: str, *args):
+        """One of `RankTrainer`'s collective methods, made on every rank at once by the group's rank 0."""
+        return await asyncio.to_thread(getattr(self._trainer, method), *args)

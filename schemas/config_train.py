@@ -1,0 +1,50 @@
+"""The `[train]` table: the optimizer step, its batch and checkpoints, and where and across how many ranks the
+trainer computes."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from schemas.choices import Device
+from schemas.config_base import StrictModel
+
+
+class TrainConfig(StrictModel):
+    prompts_per_step: int = Field(default=16, ge=1)
+    """Complete groups consumed by one optimizer step."""
+    lr: float = Field(default=1e-4, gt=0)
+    """AdamW learning rate."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """AdamW weight decay."""
+    clip_eps: float = Field(default=0.2, gt=0, lt=1)
+    """PPO-style clip of the ratio against generation logprobs."""
+    passes_per_batch: int = Field(default=2, ge=1)
+    """Forward/backward passes over the batch before the optimizer step's hold (accumulated)."""
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    """Gradient clipping norm."""
+    max_staleness: int = Field(default=2, ge=0)
+    """A group is trained only while its oldest turn is at most this many policy versions old."""
+    save_period: int = Field(default=20, ge=1)
+    """Write a trainer checkpoint every this many steps."""
+    keep_checkpoints: int = Field(default=3, ge=1)
+    """Trainer checkpoints kept on disk (oldest pruned)."""
+    torch_threads: int = Field(default=1, ge=1)
+    """torch intra-op threads in the trainer (the policy server needs the other cores)."""
+    device: Device = Device.AUTO
+    """Where the trainer computes: auto = CUDA when the trainer's process sees a GPU (placement.trainer_gpus),
+    else the CPU. cuda without a visible GPU is refused at start."""
+    autocast_bf16: bool = True
+    """On CUDA, run forward and backward under bfloat16 autocast when the weights are float32 (the weights and
+    the optimizer state stay float32). No effect on the CPU or for bfloat16/float16 weights."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass instead of keeping them (less memory, about a third more compute)."""
+    micro_batch_rows: int | None = Field(default=None, ge=1)
+    """Rows per forward/backward; gradients accumulate over the step's batch (None: the whole batch at once)."""
+    ranks: int = Field(default=1, ge=1, le=1024)
+    """Trainer processes in one torch.distributed group (gloo on the CPU, NCCL on CUDA), placed by Ray: the model,
+    its gradients and AdamW state are sharded across them with FSDP2 and each step's groups are split between them.
+    A checkpoint written with one rank count restores with any other."""
+    max_rebuilds: int = Field(default=3, ge=0)
+    """A trainer (any of its ranks) that dies is replaced, and the run restores into the new one by itself, keeping
+    its policy engines and environment servers. The run stops with one line only when this many rebuilds in a row
+    end in another trainer death before a train step (0: a dead trainer stops the run, as before)."""
