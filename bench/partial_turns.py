@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     chaos = {} if args.skip_chaos else {level: _chaos_run(args, base / f"chaos-{level}", level) for level in LEVELS}
     cost = None if args.skip_cost else _cost_pairs(args, base)
     rows = [[f"chaos at `{level}` level", *_chaos_row(report, args.kills)] for level, report in chaos.items()]
-    table = markdown_table(["run", "kills", "invariants", "restores (snapshot / fresh)",
+    table = markdown_table(["run", "kills", "invariants", "restores (snapshot / checkpoint / fresh)",
                             "tokens generated again (share)", "per kill", "cut turns: tokens streamed / kept",
                             "restart -> first generation, median s"], rows)
     if cost is not None:
@@ -108,7 +108,7 @@ def _chaos_figures(report: dict) -> dict:
 def _chaos_row(report: dict, _kills: int) -> list:
     f = _chaos_figures(report)
     sources = f["restores_by_source"]
-    restores = f"{sources.get('snapshot', 0)} / {sources.get('fresh', 0)}"
+    restores = f"{sources.get('snapshot', 0)} / {sources.get('trainer_checkpoint', 0)} / {sources.get('fresh', 0)}"
     return [f["kills"], "all hold" if f["ok"] else "BROKEN", restores,
             f"{f['tokens_regenerated']} of {f['tokens_generated']} ({f['share']:.3%})", f["per_kill"],
             f"{f['cut_turn_tokens']} / {f['cut_turn_tokens_kept']}", f["restart_median_s"]]

@@ -21,6 +21,7 @@ import orjson
 
 from chaos.incarnation import Incarnation, final_round, one_round
 from chaos.local_cluster import HEAD_IP, WORKER_IP, ClusterError, LocalCluster
+from chaos.recheck import recheck
 from chaos.report import Round, build_report, format_report
 from chaos.schedule import RANDOM, RANDOM_MIN_DELAY_S, kill_schedule, parse_points, random_max_delay_s
 from chaos.targets import NODE, kill_everything, parse_targets, sessions_cleanup
@@ -32,6 +33,8 @@ from primitives.chaos_points import POINTS
 
 def run_chaos(args) -> int:
     run_dir = Path(args.run_dir).resolve()
+    if args.recheck:
+        return recheck(run_dir)
     if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
         print(f"turnkeep chaos: {run_dir} exists and is not empty; nothing in it was touched", file=sys.stderr)
         return 2

@@ -33,4 +33,7 @@ def add_chaos_parser(subparsers) -> argparse.ArgumentParser:
                        help="give up waiting for a point after this long and kill anyway (default 300)")
     chaos.add_argument("--final-timeout-s", type=float, default=3600.0,
                        help="how long the last, undisturbed run may take to finish (default 3600)")
+    chaos.add_argument("--recheck", action="store_true",
+                       help="check the invariants of the earlier chaos run in --run-dir again with this version's "
+                            "checker and rewrite its report's verdict; nothing is run or killed")
     return chaos

@@ -57,8 +57,11 @@ def cut_turn_tokens(events: list) -> tuple[int, int]:
     """(tokens streamed in turns a kill cut, tokens of them a continuation kept). A turn is cut when the attempt
     streamed some of it (`turn_tokens`) and its incarnation ended without a `run_ended` (killed) before the
     attempt committed the turn, sealed, failed or its group was given up; a continuation keeps the tokens it
-    says it went on from (`partial_tokens`, the `token` level), the rest are generated again."""
+    says it went on from (`partial_tokens`, the `token` level), the rest are generated again. An attempt whose row
+    the next restore holds sealed before the kill, whatever the audit log had not yet written when it died (its
+    lines are flushed in batches, the controller's state journal first): its turns are in that row, not lost."""
     ended = {e.inc for e in events if isinstance(e, RunEnded)}
+    sealed_before_kill = _rows_of_the_next_restore(events)
     streamed: dict[tuple[int, str, int, int], int] = {}  # (incarnation, rollout id, started by, turn) -> tokens
     settled: set[tuple[int, str, int]] = set()  # (incarnation, rollout id, turn), or turn -1: the attempt ended
     given_up: set[tuple[int, str]] = set()  # (incarnation, group id)
@@ -82,11 +85,22 @@ def cut_turn_tokens(events: list) -> tuple[int, int]:
     cut = kept_total = 0
     for (inc, rollout_id, started_by, turn), tokens in streamed.items():
         if (inc in ended or (inc, rollout_id, turn) in settled or (inc, rollout_id, -1) in settled
-                or (inc, rollout_id.rsplit(".", 2)[0]) in given_up):
+                or (inc, rollout_id.rsplit(".", 2)[0]) in given_up or (inc, rollout_id) in sealed_before_kill):
             continue
         cut += tokens
         kept_total += min(tokens, kept.get((rollout_id, started_by, turn), 0))
     return cut, kept_total
+
+
+def _rows_of_the_next_restore(events: list) -> set[tuple[int, str]]:
+    """(incarnation, rollout id) of every row that the first restore after that incarnation holds."""
+    restores = sorted((e for e in events if isinstance(e, Restored)), key=lambda e: e.inc)
+    found: set[tuple[int, str]] = set()
+    for inc in {e.inc for e in events}:
+        following = next((r for r in restores if r.inc > inc), None)
+        if following is not None:
+            found.update((inc, row.rollout_id) for row in following.rows)
+    return found
 
 
 def tokens_of_discarded_groups(events: list, turns: list[TurnCommitted], trained: set[str]) -> dict[str, int]:

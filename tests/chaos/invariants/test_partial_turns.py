@@ -51,3 +51,19 @@ def test_tokens_of_a_cut_turn_count_as_generated_again_unless_a_continuation_kep
     assert part.tokens_generated == whole.tokens_generated
     # A turn its incarnation went on to commit, or an incarnation that ended cleanly, cut nothing.
     assert check_invariants(_continued_with(PARTIAL_TOKENS)).counts.cut_turn_tokens == 0
+
+
+def test_a_turn_whose_row_the_next_restore_holds_was_not_cut_whatever_the_audit_lost():
+    """The kill took the audit log's last lines (the turn's commit, the sibling's seal) but not the state journal's:
+    the restore holds the attempt's row, so its turn finished and nothing of it is generated again."""
+    from schemas.audit import RowRef
+
+    def holding_the_row(e):
+        if isinstance(e, Restored) and e.inc == 4:
+            return e.model_copy(update={"rows": [*e.rows, RowRef(group_id="g0000005", sibling=0, rollout_id="g0000005.0.0")],
+                                        "continuations": []})
+        return e
+
+    events = [holding_the_row(e) for e in _killed_mid_turn(PARTIAL_TOKENS)]
+    counts = check_invariants(events).counts
+    assert (counts.cut_turn_tokens, counts.cut_turn_tokens_kept) == (0, 0)
