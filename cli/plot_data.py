@@ -20,7 +20,7 @@ from primitives.audit_log import read_audit
 from schemas.choices import MetricsKind
 
 RESTART_KINDS = {MetricsKind.ENV_RESTART: "env", MetricsKind.TEMPORAL_RESTART: "temporal",
-                 MetricsKind.ENGINE_RESTART: "engine"}
+                 MetricsKind.ENGINE_RESTART: "engine", MetricsKind.TRAINER_REBUILD: "trainer"}
 
 
 @dataclass

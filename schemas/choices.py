@@ -130,5 +130,7 @@ class MetricsKind(StrEnum):
     """A policy engine died and the run started a replacement (or an operator scaled the engines)."""
     TEMPORAL_RESTART = "temporal_restart"
     """The run started its embedded Temporal server again."""
+    TRAINER_REBUILD = "trainer_rebuild"
+    """The trainer (or one of its ranks) died and the run rebuilds the group and restores into it."""
     LOCAL_ACTIVITY = "local_activity"
     """One local activity's own clocks (`turnkeep bench orchestration`)."""

@@ -85,6 +85,7 @@ async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary
             return await _incarnation(cfg, max_steps, rebuilds)
         except TrainerLost as lost:
             rebuilds.take(lost.steps_trained)
+            rebuilds.record(cfg.run.run_dir, lost)
             print(rebuilds.announcement(lost), flush=True)
 
 

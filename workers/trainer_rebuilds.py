@@ -9,7 +9,12 @@ after a crash.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from pathlib import Path
+
+from primitives.atomic_files import append_jsonl
+from schemas.choices import MetricsKind
 
 
 class TrainerDiedAtStart(Exception):
@@ -53,6 +58,13 @@ class TrainerRebuilds:
         death, _, hint = reason.partition("; ")
         return (f"{death}, and so did each of the {self.in_a_row} trainer(s) rebuilt in a row before it, before a "
                 f"train step (train.max_rebuilds = {self.allowed}){'; ' + hint if hint else ''}")
+
+    def record(self, run_dir: Path, lost: TrainerLost) -> None:
+        """One `trainer_rebuild` line in metrics.jsonl (`turnkeep plot` marks it like the other restarts)."""
+        append_jsonl(run_dir / "metrics.jsonl", {
+            "kind": MetricsKind.TRAINER_REBUILD, "t": round(time.time(), 3), "reason": lost.reason,
+            "steps_trained": lost.steps_trained, "rebuild_in_a_row": self.in_a_row,
+            "max_rebuilds": self.allowed}, durable=True)
 
     def announcement(self, lost: TrainerLost) -> str:
         death = lost.reason.split("; ")[0]

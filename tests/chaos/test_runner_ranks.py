@@ -33,6 +33,7 @@ def test_trainer_rank_kills_rebuild_the_group_and_keep_every_invariant(stack_con
     first = (run_dir / "chaos" / "incarnation-1.log").read_text()
     assert first.count("rebuilding the trainer and restoring into it") == 2, first[-3000:]
     assert "trainer rank 1 of 2 died" in first
+    assert len(metrics(run_dir, "trainer_rebuild")) == 2
     # Each rebuild is an incarnation of its own that restored (from the newest snapshot, or afresh when a kill
     # came before the first checkpoint: the moment is chaos's) into a two-rank group, which then trained.
     restores = [e for e in read_audit(run_dir) if e.event == "restored"]

@@ -102,6 +102,7 @@ def test_each_process_killed_alone_is_started_again_or_stops_the_run_in_one_line
     assert not (run_dir / "pids" / "temporal.json").exists()  # stopped with the run
     rebuilt = [line for line in text.splitlines() if "rebuilding the trainer and restoring into it" in line]
     assert len(rebuilt) == 2 and all("(1 of at most 1 in a row)" in line for line in rebuilt), rebuilt
+    assert [m["rebuild_in_a_row"] for m in metrics(run_dir, "trainer_rebuild")] == [1, 1]
     assert "trainer rank 1 of 2 died" in text and str(rank_killed) not in live_pids(run_dir).values()
     stopped = [line for line in text.splitlines() if line.startswith("turnkeep: the run was stopped")]
     assert len(stopped) == 1 and "the trainer process died" in stopped[0], text[-3000:]

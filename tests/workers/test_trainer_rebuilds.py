@@ -1,6 +1,8 @@
 """How many times in a row a dead trainer is rebuilt: an incarnation that trained a step starts the count again;
 rebuilds that die before a train step add up until `train.max_rebuilds`, then the run stops with one line."""
 
+import orjson
+
 from workers.trainer_rebuilds import TrainerLost, TrainerRebuilds
 
 REASON = "the trainer process died (killed); run the same command again (same --run-dir) to continue"
@@ -38,3 +40,15 @@ def test_the_announcement_names_the_death_and_the_count_without_the_restart_hint
     line = rebuilds.announcement(lost)
     assert line.startswith("turnkeep: the trainer process died (killed); rebuilding the trainer")
     assert "(1 of at most 3 in a row)" in line and "same command" not in line
+
+
+def test_each_rebuild_is_a_metrics_line(tmp_path):
+    rebuilds = TrainerRebuilds(allowed=3)
+    for steps in (5, 0):
+        lost = TrainerLost(REASON, steps_trained=steps)
+        rebuilds.take(steps)
+        rebuilds.record(tmp_path, lost)
+    lines = [orjson.loads(line) for line in (tmp_path / "metrics.jsonl").read_bytes().splitlines()]
+    assert [(m["kind"], m["rebuild_in_a_row"], m["steps_trained"]) for m in lines] == [
+        ("trainer_rebuild", 1, 5), ("trainer_rebuild", 2, 0)]
+    assert lines[0]["reason"] == REASON and lines[0]["max_rebuilds"] == 3
