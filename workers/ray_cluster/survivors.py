@@ -177,9 +177,8 @@ async def _with_a_new_trainer(found: Found, identities: dict, cfg: TurnkeepConfi
 
 async def _identities(found: Found, cfg: TurnkeepConfig, stamp: dict,
                       trainer_needed: bool = True) -> tuple[dict[str, dict], str | None]:
-    wanted = {engine_name(k): found.engines.get(k) for k in range(cfg.policy.engines)}
-    if trainer_needed:
-        wanted["trainer"] = found.trainer
+    wanted = {"trainer": found.trainer} if trainer_needed else {}
+    wanted.update({engine_name(k): found.engines.get(k) for k in range(cfg.policy.engines)})
     if local_environments(cfg.environments):
         wanted["env"] = found.env
     missing = sorted(name for name, handle in wanted.items() if handle is None)

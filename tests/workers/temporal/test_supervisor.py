@@ -167,13 +167,13 @@ def test_the_run_starts_its_server_supervised_and_stops_both_in_order(tmp_path) 
     from contextlib import AsyncExitStack
 
     from schemas.config import TurnkeepConfig
-    from workers.run_session import _start_temporal
+    from workers.run_session import KeptForRebuild, _start_temporal
 
     cfg = TurnkeepConfig.model_validate({"run": {"run_dir": str(tmp_path)}, "temporal": {"port": 0, "ui_port": 0}})
 
     async def scenario() -> None:
         async with AsyncExitStack() as stack:
-            address, supervisor = await _start_temporal(cfg, stack)
+            address, supervisor = await _start_temporal(cfg, stack, KeptForRebuild())
             server = supervisor.endpoint.server
             assert address == supervisor.endpoint.address and server.running()
             os.kill(server.pid, signal.SIGKILL)
