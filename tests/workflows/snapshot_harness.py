@@ -94,6 +94,9 @@ async def run_scenario(
 ) -> ScenarioResult:
     run_id = f"test-{uuid.uuid4().hex[:6]}"
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        # Each scenario is a new controller of the shared trainer, and fences it as one does: an earlier scenario's
+        # attempt cancelled at its stop may have left a holder (with its lease) and a step waiting on it.
+        await stack.trainer.fence.remote()
         start = await stack.trainer.version.remote()
         max_steps = None if steps is None else start + steps
         controller = Controller(cfg, stack, session, max_steps, **controller_inputs(cfg))
