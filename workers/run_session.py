@@ -17,6 +17,7 @@ import sys
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import NoReturn
 
 import aiohttp
 import ray
@@ -121,10 +122,7 @@ async def _incarnation(cfg: TurnkeepConfig, max_steps: int | None, rebuilds: Tra
         try:
             processes = await _processes(cfg, identity, head)
         except TrainerDiedAtStart as died_at_start:
-            if not rebuilds.permits(0):
-                raise RunStopped(rebuilds.refusal(died_at_start.reason)) from None
-            kept.on = head is not None or on_cluster  # the engines and environment servers it started live on
-            raise TrainerLost(died_at_start.reason, 0) from None
+            _lose_trainer(died_at_start.reason, 0, rebuilds, kept, head is not None or on_cluster)
         stack.push_async_callback(kept.unless_async, shutdown, processes, on_cluster)
         progress: dict = {}
         # Unwinds before the shutdown above: a trainer found dead however the incarnation ended (a restore into it
@@ -312,10 +310,17 @@ async def _rebuild_on_trainer_death(err: BaseException | None, processes: Proces
     if reason is None:
         return False
     controller = progress.get("controller")
-    steps_trained = (controller.metrics.steps_trained or 0) if controller is not None else 0
+    _lose_trainer(reason, (controller.metrics.steps_trained or 0) if controller is not None else 0, rebuilds, kept,
+                  survives)
+
+
+def _lose_trainer(reason: str, steps_trained: int, rebuilds: TrainerRebuilds, kept: "KeptForRebuild",
+                  survives: bool) -> NoReturn:
+    """`TrainerLost` when `train.max_rebuilds` permits a rebuild, keeping the run's other processes for it (with
+    Ray inside this process they go with it, and the next incarnation starts them anew); else the stop line."""
     if not rebuilds.permits(steps_trained):
         raise RunStopped(rebuilds.refusal(reason)) from None
-    kept.on = survives  # with Ray inside this process they go with it, and the next incarnation starts anew
+    kept.on = survives
     raise TrainerLost(reason, steps_trained) from None
 
 

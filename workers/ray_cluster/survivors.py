@@ -32,6 +32,7 @@ from primitives.control_token import create_control_token
 from schemas.config import TurnkeepConfig
 from schemas.names import engine_name
 from workers.local_env_server import LocalEnvServer
+from workers.process_watch import dead_reason
 from workers.ray_cluster.engines import EngineStarter
 
 log = logging.getLogger("turnkeep.run")
@@ -142,14 +143,9 @@ async def stop_survivors(found: Found) -> None:
 async def _without_a_dead_trainer(found: Found) -> tuple[Found, bool]:
     """`found` without its trainer when the trainer (or one of its ranks, which takes it along) died, and whether
     it did: the rest is then re-attached and a new trainer started beside it (`train.max_rebuilds`)."""
-    if found.trainer is not None:
-        try:
-            await asyncio.wait_for(found.trainer.__ray_ready__.remote(), IDENTITY_TIMEOUT_S)
-            return found, False
-        except ray.exceptions.RayActorError:
-            pass
-        except asyncio.TimeoutError:
-            return found, False  # hung, not dead: the identity check names it
+    # A hung trainer is not a dead one: the identity check names it.
+    if found.trainer is not None and await dead_reason("trainer", found.trainer, IDENTITY_TIMEOUT_S) is None:
+        return found, False
     if not found.engines and found.env is None:
         return found, False
     return replace(found, trainer=None), True
