@@ -64,6 +64,8 @@ from workflows.snapshot_attempt import SnapshotAttemptWorkflow
 ATTEMPTS_BEFORE_CONTINUE_AS_NEW = 200
 LOCAL_CONTROLLER_CALLS = "run-controller-calls-local"
 """Patch id: the run's calls to the controller are local activities (histories from before it schedule them)."""
+ONE_ATTEMPT_PER_STEP = "run-anchored-attempt-takes-the-queued-step"
+"""Patch id: an attempt anchored at a step a queued trainer-checkpoint trigger names serves that trigger too."""
 URGENCY = [Trigger.PERIODIC, Trigger.TRAINER_CHECKPOINT, Trigger.OPERATOR, Trigger.PREEMPTION]
 
 
@@ -277,6 +279,17 @@ class RunWorkflow:
             return None
         return pending
 
+    def _take_queued(self, step: int) -> bool:
+        """Take the trigger queued for checkpoint `step` into the attempt anchored there; whether it held the trainer.
+
+        A save_period checkpoint announced while an operator's or a preemption's attempt waited for its anchor
+        would otherwise run a second attempt under the same step right after (in a preemption's grace period)."""
+        queued = [t for t in self._triggers if t.step == step]
+        if not queued or not workflow.patched(ONE_ATTEMPT_PER_STEP):
+            return False
+        self._triggers.remove(queued[0])
+        return queued[0].held
+
     async def _attempt(self, inp: RunWorkflowInput, pending: PendingTrigger):
         """Run one attempt; None when it waits for a trainer checkpoint it asked for (that one starts it)."""
         await workflow.wait_condition(lambda: not self._scaling)  # it fences the engines the scaling leaves
@@ -290,6 +303,7 @@ class RunWorkflow:
                                        CheckpointRequest(incarnation=inp.incarnation, trigger=trigger))
                 return None
             step = anchor.newest_checkpoint_step if anchor.newest_checkpoint_step is not None else 0
+            held = self._take_queued(step)
         number = self._state.numbers.get(str(step), 1)
         self._state.numbers[str(step)] = number + 1
         attempt_id = checkpoint_id(inp.run_id, step, number)

@@ -166,6 +166,22 @@ def test_a_repeat_announcement_nobody_waits_for_starts_no_attempt():
     assert run._requested is None
 
 
+def test_an_attempt_anchored_at_a_queued_checkpoint_serves_it_and_takes_its_hold(monkeypatch):
+    """A save_period checkpoint queued while a preemption's attempt waited for its anchor: one attempt under that
+    step, not a second one right after it in the grace period (a CI run restored from that second one)."""
+    from schemas.choices import Trigger
+    from schemas.snapshot import TrainerCheckpointSignal
+    from workflows import run_workflow
+
+    monkeypatch.setattr(run_workflow.workflow, "patched", lambda patch_id: True)
+    run = _run_workflow_state()
+    run.trainer_checkpoint_saved(TrainerCheckpointSignal(step=12))
+    run.snapshot_now(SnapshotNowSignal(reason="SIGTERM", preemption=True))
+    assert run._take_queued(11) is False and len(run._triggers) == 2
+    assert run._take_queued(12) is True  # the train pump's hold at step 12 goes to the attempt
+    assert [(t.trigger, t.step) for t in run._triggers] == [(Trigger.PREEMPTION, None)]
+
+
 @workflow.defn(name=WorkflowType.SNAPSHOT_ATTEMPT, sandboxed=False)
 class OutrunOnceAttempt:
     """Stands in for an attempt: the first is skipped (the trainer outran its hold), the next publishes."""
