@@ -26,6 +26,8 @@ BENCHMARKS = {
                "replacement taking turns",
     "partial_turns": "long turns cut by kills at the turn and the token level: tokens generated again, restart "
                      "time, and what journaling a turn's tokens as they stream costs",
+    "journal_cost": "rollouts alone on one policy server, whole turns against streamed and journaled ones: "
+                    "rollout tokens/s in alternating rounds",
     "ranks": "1 and 2 trainer ranks: step time, refit gather, checkpoint save and load, memory per rank; a rank's "
              "death to the next train step, from a chaos run",
 }

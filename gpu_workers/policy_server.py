@@ -46,6 +46,10 @@ from schemas.policy import (
 
 logger = logging.getLogger("turnkeep.policy_server")
 
+STREAM_STEPS_MAX = 8
+"""A streamed turn's new tokens come from vLLM at most this many at a time: seldom enough to spare its front end
+a wake-up per token, often enough that a line's `stream_chunk_s` is kept to within this many tokens."""
+
 
 class PolicyServer:
     """vLLM engine + HTTP endpoint + admission gate + policy version."""
@@ -178,8 +182,10 @@ class PolicyServer:
         token_ids: list[int] = []
         logprobs: list[float] = []
         last_line = time.monotonic()
+        # vLLM reports every few tokens, never more than the line needs; `stream_chunk_s` is checked at each report.
+        every = min(req.stream_chunk_tokens, STREAM_STEPS_MAX)
         async for sample in stream_sample(self._engine, req.prompt, req.max_tokens, req.temperature,
-                                          req.stop_token_ids, req.seed):
+                                          req.stop_token_ids, req.seed, every_tokens=every):
             finish_reason = sample.finish_reason or finish_reason
             self.tokens_generated += len(sample.token_ids)
             token_ids += sample.token_ids
