@@ -17,6 +17,7 @@ from schemas.config import TurnkeepConfig
 from workers.model_maker import transcript_source
 from workers.ray_cluster.gpu_placement import check_local_gpus
 from workers.ray_cluster.temp_dir import ray_temp_dir
+from workers.temporal.ports import free_port
 
 
 def check_before_start(cfg: TurnkeepConfig) -> None:
@@ -28,6 +29,8 @@ def check_before_start(cfg: TurnkeepConfig) -> None:
         check_local_gpus(cfg.placement, cfg.policy.engines, cfg.train.ranks)
         if cfg.model.path is not None:  # on a cluster, the node that loads it checks it
             check_model_files(cfg.model.path.expanduser())
+    if cfg.snapshot.enabled and cfg.temporal.address is None:
+        free_port(cfg.temporal.ip)  # the embedded server's address, named before Ray starts and leaves a keeper
     check_rollout_levels(cfg)
     for name, spec in sorted(local_environments(cfg.environments).items()):
         try:
