@@ -279,16 +279,17 @@ class RunWorkflow:
             return None
         return pending
 
-    def _take_queued(self, step: int) -> bool:
-        """Take the trigger queued for checkpoint `step` into the attempt anchored there; whether it held the trainer.
+    def _take_queued(self, step: int) -> PendingTrigger | None:
+        """Take the trigger queued for checkpoint `step` into the attempt anchored there (its hold and, when more
+        urgent, its trigger, so whoever waits on that trigger's result gets this attempt's).
 
         A save_period checkpoint announced while an operator's or a preemption's attempt waited for its anchor
         would otherwise run a second attempt under the same step right after (in a preemption's grace period)."""
         queued = [t for t in self._triggers if t.step == step]
         if not queued or not workflow.patched(ONE_ATTEMPT_PER_STEP):
-            return False
+            return None
         self._triggers.remove(queued[0])
-        return queued[0].held
+        return queued[0]
 
     async def _attempt(self, inp: RunWorkflowInput, pending: PendingTrigger):
         """Run one attempt; None when it waits for a trainer checkpoint it asked for (that one starts it)."""
@@ -303,7 +304,9 @@ class RunWorkflow:
                                        CheckpointRequest(incarnation=inp.incarnation, trigger=trigger))
                 return None
             step = anchor.newest_checkpoint_step if anchor.newest_checkpoint_step is not None else 0
-            held = self._take_queued(step)
+            queued = self._take_queued(step)
+            if queued is not None:
+                held, trigger = queued.held, _more_urgent(trigger, queued.trigger)
         number = self._state.numbers.get(str(step), 1)
         self._state.numbers[str(step)] = number + 1
         attempt_id = checkpoint_id(inp.run_id, step, number)

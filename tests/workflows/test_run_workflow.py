@@ -177,8 +177,9 @@ def test_an_attempt_anchored_at_a_queued_checkpoint_serves_it_and_takes_its_hold
     run = _run_workflow_state()
     run.trainer_checkpoint_saved(TrainerCheckpointSignal(step=12))
     run.snapshot_now(SnapshotNowSignal(reason="SIGTERM", preemption=True))
-    assert run._take_queued(11) is False and len(run._triggers) == 2
-    assert run._take_queued(12) is True  # the train pump's hold at step 12 goes to the attempt
+    assert run._take_queued(11) is None and len(run._triggers) == 2
+    taken = run._take_queued(12)
+    assert (taken.trigger, taken.held) == (Trigger.TRAINER_CHECKPOINT, True)  # the train pump's hold goes along
     assert [(t.trigger, t.step) for t in run._triggers] == [(Trigger.PREEMPTION, None)]
 
 
