@@ -12,13 +12,15 @@ run to run with the trainer's timing, more than the cost they look for. Here rou
 Both keep a real turn journal and audit log on disk, made durable every `env.journal_flush_s`.
 No turn has a stop token, so every turn is exactly `--tokens` long at both levels: the same
 work for the engine. (Per-request seeds would make the tokens equal too, but vLLM's CPU backend
-fails a seeded request whose prefill is split across steps: "CPU Generator does not use offset".) The clients run in a process of their own, as the environment server does.
+fails a seeded request whose prefill is split across steps: "CPU Generator does not use offset".)
+The clients run in a process of their own, as the environment server does.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import tempfile
 import time
@@ -27,9 +29,6 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from bench.report import BenchResult, markdown_table
-
-STREAM_STEPS_MAX = 8
-"""As `gpu_workers.policy_server.STREAM_STEPS_MAX` (not imported: that module needs vLLM); a test keeps them equal."""
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "long_turns.toml"
 LEVELS = ("turn", "token")
@@ -70,6 +69,8 @@ def run(args: argparse.Namespace) -> BenchResult:
 
     cfg = load_config(args.config, parse_overrides(args.set))
     rounds = asyncio.run(_measure(cfg, args))
+    from gpu_workers.policy_server import STREAM_STEPS_MAX  # vLLM is imported by now
+
     table, spread, medians = summary(rounds)
     notes = [
         f"Rounds of {args.agents} agents at once, each {args.turns} turns of {args.tokens} tokens one after another, "
@@ -106,10 +107,11 @@ async def _measure(cfg, args: argparse.Namespace) -> list[dict[str, dict]]:
     pairs: list[dict[str, dict]] = []
     try:
         with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as clients:
-            await _timed_round(clients, url, "turn", -1, limits)  # warms both sides
+            client = await asyncio.get_running_loop().run_in_executor(clients, os.getpid)
+            await _timed_round(clients, client, url, "turn", -1, limits)  # warms both sides
             for pair in range(args.pairs):
                 order = LEVELS if pair % 2 == 0 else tuple(reversed(LEVELS))
-                figures = {level: await _timed_round(clients, url, level, pair, limits) for level in order}
+                figures = {level: await _timed_round(clients, client, url, level, pair, limits) for level in order}
                 print(f"bench journal_cost: pair {pair + 1}: " + ", ".join(
                     f"{level} {figures[level]['tokens_per_s']:,.0f} tok/s" for level in LEVELS), flush=True)
                 pairs.append(figures)
@@ -118,14 +120,15 @@ async def _measure(cfg, args: argparse.Namespace) -> list[dict[str, dict]]:
     return pairs
 
 
-async def _timed_round(clients: ProcessPoolExecutor, url: str, level: str, pair: int, limits: dict) -> dict:
+async def _timed_round(clients: ProcessPoolExecutor, client: int, url: str, level: str, pair: int,
+                       limits: dict) -> dict:
     """One round's tokens/s and the CPU seconds per 1,000 tokens of each side: the clients (the environment
-    server's part), the policy server's process (HTTP, vLLM's front end) and vLLM's engine core."""
+    server's part, process `client`), the policy server's process (HTTP, vLLM's front end) and vLLM's engine core
+    (this process's other children)."""
     import psutil
 
     front = psutil.Process()
-    client_pids = {p.pid for p in clients._processes.values()}  # noqa: SLF001 - the pool's one worker
-    cores = [c for c in front.children(recursive=True) if c.pid not in client_pids]
+    cores = [c for c in front.children(recursive=True) if c.pid != client]
     before = _cpu(front), sum(_cpu(c) for c in cores)
     tokens, elapsed, client_cpu = await asyncio.get_running_loop().run_in_executor(
         clients, _round_in_process, url, level, pair, limits)

@@ -76,6 +76,18 @@ def turnkeep(*args: str, log: Path) -> subprocess.Popen:
     )
 
 
+def passing_chaos_run(prefix: str, *args: str, timeout_s: float = 1500) -> tuple[Path, dict]:
+    """`turnkeep chaos --run-dir <new> *args`; asserts it exited 0 with `chaos: PASS`; the run directory and its
+    report."""
+    run_dir = short_run_dir(prefix)
+    log = run_dir.parent / "chaos.log"
+    code = turnkeep("chaos", "--run-dir", str(run_dir), *args, log=log).wait(timeout=timeout_s)
+    output = log.read_text()
+    assert code == 0, output[-4000:]
+    assert "chaos: PASS" in output
+    return run_dir, orjson.loads((run_dir / "chaos" / "report.json").read_bytes())
+
+
 def train_steps(run_dir: Path) -> int:
     return count_train_steps(run_dir / "metrics.jsonl")
 

@@ -138,12 +138,12 @@ class RunWorkflow:
         # The first checkpoint after a request serves it, under the request's trigger.
         trigger = _more_urgent(signal.trigger, self._requested)
         served_request, self._requested = self._requested is not None, None
-        queued = [t for t in self._triggers if t.step == signal.step]
-        if queued:
+        queued = self._queued_at(signal.step)
+        if queued is not None:
             # Announced twice (a request raced a save_period checkpoint of the same step): one attempt serves both.
-            if _more_urgent(trigger, queued[0].trigger) is not queued[0].trigger:
-                self._triggers.remove(queued[0])
-                self._triggers.appendleft(queued[0]._replace(trigger=trigger))
+            if _more_urgent(trigger, queued.trigger) is not queued.trigger:
+                self._triggers.remove(queued)
+                self._triggers.appendleft(queued._replace(trigger=trigger))
             return
         if signal.repeat and not served_request:
             return  # its attempt already ran or runs now
@@ -285,11 +285,15 @@ class RunWorkflow:
 
         A save_period checkpoint announced while an operator's or a preemption's attempt waited for its anchor
         would otherwise run a second attempt under the same step right after (in a preemption's grace period)."""
-        queued = [t for t in self._triggers if t.step == step]
-        if not queued or not workflow.patched(ONE_ATTEMPT_PER_STEP):
+        queued = self._queued_at(step)
+        if queued is None or not workflow.patched(ONE_ATTEMPT_PER_STEP):
             return None
-        self._triggers.remove(queued[0])
-        return queued[0]
+        self._triggers.remove(queued)
+        return queued
+
+    def _queued_at(self, step: int) -> PendingTrigger | None:
+        """The trigger queued for trainer checkpoint `step` (one at most: a second announcement merges into it)."""
+        return next((t for t in self._triggers if t.step == step), None)
 
     async def _attempt(self, inp: RunWorkflowInput, pending: PendingTrigger):
         """Run one attempt; None when it waits for a trainer checkpoint it asked for (that one starts it)."""

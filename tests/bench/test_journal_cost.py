@@ -15,8 +15,3 @@ def test_the_ratio_is_taken_within_each_pair_and_its_median_reported():
     assert medians["token"]["client_cpu_per_ktok"] == 0.003 and medians["turn"]["client_cpu_per_ktok"] == 0.001
     assert "| median (low-high) |  |  | 0.990 (0.950-1.050) | 0.001 / 0.003 |" in table
 
-
-def test_the_bench_names_the_policy_servers_stream_step():
-    from gpu_workers import policy_server
-
-    assert journal_cost.STREAM_STEPS_MAX == policy_server.STREAM_STEPS_MAX

@@ -6,11 +6,10 @@ restart."""
 
 from __future__ import annotations
 
-import orjson
 import pytest
 
 from primitives.audit_log import read_audit
-from tests.run_command import EVERY_KIND, short_run_dir, small_run_settings, turnkeep
+from tests.run_command import EVERY_KIND, passing_chaos_run, small_run_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 
@@ -18,10 +17,8 @@ POINTS = ["gym_prepare", "cut", "training"]
 
 
 def test_kills_around_journal_snapshots_restore_running_agents_from_the_journals(stack_config) -> None:
-    run_dir = short_run_dir("tk-chaosj-")
-    log = run_dir.parent / "chaos.log"
-    proc = turnkeep(
-        "chaos", "--run-dir", str(run_dir), "--kills", str(len(POINTS)), "--points", ",".join(POINTS),
+    run_dir, report = passing_chaos_run(
+        "tk-chaosj-", "--kills", str(len(POINTS)), "--points", ",".join(POINTS),
         "--steps", "30", "--seed", "5", "--phase-timeout-s", "240", *small_run_settings(stack_config),
         "--set", "snapshot.agents=journal",
         # Slower tools keep agents mid-rollout at every cut, so a restore has running agents to continue; every
@@ -30,13 +27,8 @@ def test_kills_around_journal_snapshots_restore_running_agents_from_the_journals
         # the ones it had just admitted, with no turn yet.
         "--set", f"environments={EVERY_KIND}", "--set", "env.tool_latency_s=0.3",
         # The token level, its turns (16 tokens at most here) journaled in chunks of 4 tokens.
-        "--set", "rollout_recovery.target_level=token", "--set", "env.journal_partial_tokens=4", log=log,
+        "--set", "rollout_recovery.target_level=token", "--set", "env.journal_partial_tokens=4",
     )
-    code = proc.wait(timeout=1500)
-    output = log.read_text()
-    assert code == 0, output[-4000:]
-    assert "chaos: PASS" in output
-    report = orjson.loads((run_dir / "chaos" / "report.json").read_bytes())
     results = report["verdict"]["results"]
     assert all(r["ok"] for r in results), results
 

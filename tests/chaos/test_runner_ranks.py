@@ -4,28 +4,20 @@ the same policy engine and environment server, no restart; the invariants hold o
 
 from __future__ import annotations
 
-import orjson
 import pytest
 
 from primitives.audit_log import read_audit
-from tests.run_command import metrics, short_run_dir, small_run_settings, turnkeep
+from tests.run_command import metrics, passing_chaos_run, small_run_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 
 
 def test_trainer_rank_kills_rebuild_the_group_and_keep_every_invariant(stack_config) -> None:
-    run_dir = short_run_dir("tk-chaosr-")
-    log = run_dir.parent / "chaos.log"
-    proc = turnkeep(
-        "chaos", "--run-dir", str(run_dir), "--kills", "2", "--target", "rank,trainer", "--steps", "80",
+    run_dir, report = passing_chaos_run(
+        "tk-chaosr-", "--kills", "2", "--target", "rank,trainer", "--steps", "80",
         "--seed", "11", "--max-delay-s", "4", *small_run_settings(stack_config), "--set", "train.ranks=2",
-        "--set", "env.tool_latency_s=0.3", log=log,
+        "--set", "env.tool_latency_s=0.3",
     )
-    code = proc.wait(timeout=1500)
-    output = log.read_text()
-    assert code == 0, output[-4000:]
-    assert "chaos: PASS" in output
-    report = orjson.loads((run_dir / "chaos" / "report.json").read_bytes())
     rounds = {r["target"]: r for r in report["rounds"]}
     assert {target: r["outcome"] for target, r in rounds.items()} == {"rank": "repaired", "trainer": "repaired"}
     assert all(r["ok"] for r in report["verdict"]["results"]), report["verdict"]["results"]
