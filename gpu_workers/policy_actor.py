@@ -22,9 +22,17 @@ class PolicyActor(RunMember):
     """Owns one PolicyServer (vLLM engine + completions endpoint): engine `engine` of the run."""
 
     def __init__(self, engine: int = 0) -> None:
+        from gpu_workers import engine_forkserver
+
+        forkserver = engine_forkserver.wanted()
+        if forkserver:
+            engine_forkserver.start()  # imports vLLM's engine core beside this process's own import of vLLM
         # Imported in the actor's process only: the controller holds this class (to start the actor, or a handle
         # to re-attach to it) without importing vLLM, which takes seconds.
         from gpu_workers.policy_server import PolicyServer
+
+        if forkserver:
+            engine_forkserver.use_for_engines()
 
         self._engine = engine
         self._server = PolicyServer(engine)

@@ -67,6 +67,9 @@ class PolicyServer:
         self.weight_shapes: Shapes | None = None
         self._runner: web.AppRunner | None = None
         self._refit_lock = asyncio.Lock()
+        self._warming: asyncio.Task | None = None
+        self.warm_up_error: str | None = None
+        """Why the engine's first request failed (None: it has not failed)."""
         self._restore_pending = False
         self.participant = ParticipantCore(policy_capabilities(engine), PolicyParticipant(self))
         self.faults = FaultInjector()
@@ -87,9 +90,11 @@ class PolicyServer:
         # Engine start blocks for ~20 s; a thread keeps this loop (Ray, Temporal) live.
         self._engine = await asyncio.to_thread(build_engine, model_dir, cfg, seed)
         self._vocab_size = self._engine.model_config.get_vocab_size()
-        # The first request pays ~1.5 s of lazy setup (output handler, first batch
-        # shapes); pay it here, before agents see the URL, and prove the engine works.
-        await generate(self._engine, [0], 1, 1.0, [], 0)
+        # The first request pays ~2 s of lazy setup (output handler, first batch shapes). It runs while the run
+        # goes on starting (the environment server, a restore's first steps); the refit lock makes a weight load
+        # wait for it, and a failure refuses calls as a failed load does.
+        await self._refit_lock.acquire()
+        self._warming = asyncio.create_task(self._warm_up(), name="policy-warm-up")
         app = build_app(self, ControlAuth(control_token), fault_injection=cfg.fault_injection)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -100,8 +105,22 @@ class PolicyServer:
         logger.info("policy server listening on %s", self.url)
         return self.url
 
+    async def _warm_up(self) -> None:
+        """The engine's first request, under the refit lock `start` took for it."""
+        try:
+            await generate(self._engine, [0], 1, 1.0, [], 0)
+        except Exception as err:
+            self.weights_ok = False
+            self.warm_up_error = f"the engine's first request failed: {type(err).__name__}: {err}"
+            logger.error("policy engine %d: %s", self.engine, self.warm_up_error)
+        finally:
+            self._refit_lock.release()
+
     async def stop(self) -> None:
         """Stop the endpoint, then the engine (its processes exit with it)."""
+        if self._warming is not None and not self._warming.done():
+            self._warming.cancel()
+            await asyncio.gather(self._warming, return_exceptions=True)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -139,18 +158,22 @@ class PolicyServer:
             "admission_open": self.gate.is_open(),
             "holders": self.gate.holders(),
             "weights_ok": self.weights_ok,
+            "warm_up_error": self.warm_up_error,
             "engine": self.engine,
             "tokens_generated": self.tokens_generated,
         }
 
     # -- completions ---------------------------------------------------------------
 
+    def _unavailable(self) -> str:
+        return self.warm_up_error or f"weight load after version {self.policy_version} failed; retry it"
+
     async def complete(self, req: CompletionRequest) -> CompletionResponse:
         """Serve one completion once admitted; stamp it with the generating version."""
         self._check_request(req)
         async with self.gate.admitted():
             if not self.weights_ok:
-                raise WeightsUnavailable(f"weight load after version {self.policy_version} failed; retry it")
+                raise WeightsUnavailable(self._unavailable())
             version = self.policy_version
             sample = await generate(
                 self._engine, req.prompt, req.max_tokens, req.temperature, req.stop_token_ids, req.seed
@@ -174,7 +197,7 @@ class PolicyServer:
         self._check_request(req)
         async with self.gate.admitted():
             if not self.weights_ok:
-                raise WeightsUnavailable(f"weight load after version {self.policy_version} failed; retry it")
+                raise WeightsUnavailable(self._unavailable())
             yield self._stream_lines(req, self.policy_version)
 
     async def _stream_lines(self, req: CompletionRequest, version: int) -> AsyncIterator[CompletionStreamLine]:
@@ -231,6 +254,8 @@ class PolicyServer:
         except for the one load a restore makes after `expect_restore`.
         """
         async with self._refit_lock:
+            if self.warm_up_error is not None:
+                raise RuntimeError(f"policy engine {self.engine} cannot load weights: {self.warm_up_error}")
             if version < self.policy_version and not self._restore_pending:
                 raise ValueError(f"refusing weights for version {version}: serving {self.policy_version}")
             check_blob(blob, self.weight_shapes)

@@ -30,3 +30,17 @@ def test_actor_serves_and_its_gate_closes_and_drains(stack) -> None:
     assert ray.get(policy.health.remote(), timeout=30)["inflight"] == 0
     assert ray.get(policy.open_admission.remote("snapshot:x"), timeout=30)
     assert ray.get(policy.health.remote(), timeout=30)["admission_open"]
+
+
+def test_the_engine_core_is_forked_from_the_preloaded_forkserver_not_spawned(stack) -> None:
+    import os
+
+    import psutil
+    import ray
+
+    actor_pid = ray.get(stack.policy.__ray_call__.remote(lambda actor: os.getpid()), timeout=30)
+    children = psutil.Process(actor_pid).children()
+    [forkserver] = [p for p in children if "multiprocessing.forkserver" in " ".join(p.cmdline())]
+    assert "vllm.v1.engine.core" in " ".join(forkserver.cmdline())  # it imported vLLM beside the actor
+    assert forkserver.children(), "the engine core is the forkserver's child"
+    assert not [p for p in children if "multiprocessing.spawn" in " ".join(p.cmdline())]

@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import aiohttp
 from ray.exceptions import RayActorError
@@ -55,6 +56,7 @@ from workflows.retry_policies import WORKFLOW_TASK_TIMEOUT
 from workflows.run_workflow import RunWorkflow
 from workflows.snapshot_attempt import SnapshotAttemptWorkflow
 
+T = TypeVar("T")
 log = logging.getLogger("turnkeep.snapshot")
 
 
@@ -181,7 +183,9 @@ async def start_snapshots(
         await engine.actor.start_temporal_worker.remote(address, cfg.temporal.namespace, run_id, incarnation,
                                                         security)
 
-    await asyncio.gather(
+    # The trainer's and the engines' workers start (seconds: each process imports and connects) while the recovery
+    # runs; a task for them waits in their queue until they poll.
+    actor_workers = asyncio.gather(
         processes.trainer.start_temporal_worker.remote(address, cfg.temporal.namespace, run_id, incarnation,
                                                        security),
         *(engine_worker(engine) for engine in processes.engines.live()))
@@ -200,11 +204,13 @@ async def start_snapshots(
                                record_local_runs(cfg.run.run_dir))
     workflows = WorkflowThread(address, cfg.temporal.namespace, security, controller_queue(run_id),
                                CONTROLLER_WORKFLOWS, local)
-    await workflows.start()
     try:
+        await workflows.start()
         worker, worker_task = controller_worker(client, ctx, recovery_acts)
         if recovery is not None:
-            ctx.recovery = await _recover(cfg, client, run_id, incarnation, processes.engines.indices())
+            ctx.recovery = await _unless_it_fails(actor_workers, _recover(cfg, client, run_id, incarnation,
+                                                                          processes.engines.indices()))
+        await actor_workers
         handle = await client.start_workflow(
             RunWorkflow.run,
             RunWorkflowInput(
@@ -220,12 +226,28 @@ async def start_snapshots(
             search_attributes=TypedSearchAttributes([SearchAttributePair(sa.RUN_ID, run_id)]),
         )
     except BaseException:
+        actor_workers.cancel()
+        await asyncio.gather(actor_workers, return_exceptions=True)
         await workflows.stop()  # the run does not start: nothing may keep polling for it
         raise
     runtime = SnapshotRuntime(client, worker, worker_task, handle, ctx, workflows)
     controller.after_checkpoint = lambda step, trigger, repeat: _tie_attempt_to_checkpoint(
         cfg, runtime, step, trigger, repeat)
     return runtime
+
+
+async def _unless_it_fails(beside: asyncio.Future, work: Awaitable[T]) -> T:
+    """`work`'s result; `beside` failing first cancels `work` and raises its error instead."""
+    task = asyncio.ensure_future(work)
+    try:
+        await asyncio.wait({task, beside}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done() and not beside.cancelled() and beside.exception() is not None:
+            beside.result()
+        return await task
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 async def _recover(cfg: TurnkeepConfig, client: Client, run_id: str, incarnation: int,

@@ -1,0 +1,42 @@
+"""The engine core's forkserver: its children start with the environment the policy actor has when it starts
+them, not the one the forkserver started with; vLLM's launcher is pointed at it only where it has the attribute."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import types
+from pathlib import Path
+
+from gpu_workers import engine_forkserver
+
+
+def _write_variable(path: str) -> None:
+    Path(path).write_text(os.environ.get("TURNKEEP_TEST_VARIABLE", "<unset>"))
+
+
+def test_a_child_takes_the_variables_set_after_the_forkserver_started(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("TURNKEEP_TEST_VARIABLE", raising=False)
+    multiprocessing.forkserver.ensure_running()  # started without the variable
+    monkeypatch.setenv("TURNKEEP_TEST_VARIABLE", "set by vLLM before its engine core starts")
+    out = tmp_path / "seen"
+    child = engine_forkserver.EnvironmentCarryingProcess(target=_write_variable, args=(str(out),))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert out.read_text() == "set by vLLM before its engine core starts"
+
+
+def test_vllms_launcher_gets_the_forkserver_only_where_it_reads_its_context(monkeypatch) -> None:
+    launcher = types.ModuleType("vllm.v1.engine.utils")
+    launcher.get_mp_context = lambda: multiprocessing.get_context("spawn")
+    monkeypatch.setitem(sys.modules, "vllm.v1.engine.utils", launcher)
+    assert engine_forkserver.use_for_engines()
+    context = launcher.get_mp_context()
+    assert context.get_start_method() == "forkserver"
+    assert isinstance(context.Process(target=print), engine_forkserver.EnvironmentCarryingProcess)
+
+    moved = types.ModuleType("vllm.v1.engine.utils")
+    monkeypatch.setitem(sys.modules, "vllm.v1.engine.utils", moved)
+    assert not engine_forkserver.use_for_engines()
