@@ -21,6 +21,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import TLSConfig
 from temporalio.worker import Worker
 
+from primitives.build_id import code_build_id
 from schemas.config_services import TemporalSecurity
 from schemas.step_registry import declared_steps
 from schemas.steps import Runs, Step
@@ -84,7 +85,7 @@ def _read_text(path: Path, key: str) -> str:
 def start_worker(client: Client, task_queue: str, *, activities: Sequence = (), workflows: Sequence = ()) -> tuple[Worker, asyncio.Task]:
     worker = Worker(
         client, task_queue=task_queue, activities=list(activities), workflows=list(workflows),
-        max_concurrent_activities=32,
+        max_concurrent_activities=32, build_id=code_build_id(),
     )
     return worker, asyncio.get_running_loop().create_task(worker.run(), name=f"worker:{task_queue}")
 

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
+from primitives.build_id import code_build_id
 from primitives.temporal_client import connect
 from schemas.config_services import TemporalSecurity
 from workflows.retry_policies import STICKY_TASK_FALLBACK
@@ -94,7 +95,7 @@ class WorkflowThread:
         # no_remote_activities: the controller's activity tasks stay with the main loop's worker.
         worker = Worker(client, task_queue=self._task_queue, workflows=self._workflows, workflow_runner=WORKFLOW_RUNNER,
                         activities=self._local_activities, no_remote_activities=True,
-                        sticky_queue_schedule_to_start_timeout=STICKY_TASK_FALLBACK)
+                        sticky_queue_schedule_to_start_timeout=STICKY_TASK_FALLBACK, build_id=code_build_id())
         running = asyncio.ensure_future(worker.run())
         stopping = asyncio.ensure_future(self._stop.wait())
         self._ready.set()
