@@ -80,8 +80,13 @@ class EnvironmentCarryingProcess(ForkServerProcess):
         super().start()
 
     def run(self) -> None:
-        os.environ.clear()
-        os.environ.update(self._environment)
+        # Only what differs: clearing the environment first would keep vLLM from retitling the process
+        # (setproctitle), and the run's memory figures find the engine core by its title.
+        for name in set(os.environ) - set(self._environment):
+            del os.environ[name]
+        for name, value in self._environment.items():
+            if os.environ.get(name) != value:
+                os.environ[name] = value
         threads = os.environ.get("OMP_NUM_THREADS")
         if threads and threads.isdigit():
             # OpenMP read its variable when the forkserver imported torch, before vLLM set it for this child.

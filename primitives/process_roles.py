@@ -2,7 +2,7 @@
 
 A run's tree holds the controller, Ray's GCS and raylet and its workers, the three
 actors (Ray renames their processes `ray::TrainerActor` and so on), vLLM's engine core
-and workers, and the Temporal dev server.
+(forked, on a CPU, from a forkserver: `gpu_workers/engine_forkserver.py`) and workers, and the Temporal dev server.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ ROLES = (
     ("ray::EnvServerActor", "environment server"),
     ("VLLM::EngineCore", "vLLM engine core"),
     ("VLLM::Worker", "vLLM worker"),
+    ("multiprocessing.forkserver", "vLLM engine core's forkserver"),
     ("temporal", "Temporal dev server"),
     ("gcs_server", "Ray GCS and raylet"),
     ("raylet", "Ray GCS and raylet"),

@@ -12,20 +12,26 @@ from pathlib import Path
 from gpu_workers import engine_forkserver
 
 
-def _write_variable(path: str) -> None:
-    Path(path).write_text(os.environ.get("TURNKEEP_TEST_VARIABLE", "<unset>"))
+def _write_variable_and_title(path: str) -> None:
+    import setproctitle
+
+    setproctitle.setproctitle("VLLM::EngineCore")  # what vLLM's engine core does first
+    title = Path(f"/proc/{os.getpid()}/cmdline").read_text().split("\0")[0].strip()
+    Path(path).write_text(f"{os.environ.get('TURNKEEP_TEST_VARIABLE', '<unset>')}|{title}")
 
 
-def test_a_child_takes_the_variables_set_after_the_forkserver_started(tmp_path, monkeypatch) -> None:
+def test_a_child_takes_the_variables_set_after_the_forkserver_started_and_can_retitle_itself(tmp_path,
+                                                                                              monkeypatch) -> None:
     monkeypatch.delenv("TURNKEEP_TEST_VARIABLE", raising=False)
     multiprocessing.forkserver.ensure_running()  # started without the variable
     monkeypatch.setenv("TURNKEEP_TEST_VARIABLE", "set by vLLM before its engine core starts")
     out = tmp_path / "seen"
-    child = engine_forkserver.EnvironmentCarryingProcess(target=_write_variable, args=(str(out),))
+    child = engine_forkserver.EnvironmentCarryingProcess(target=_write_variable_and_title, args=(str(out),))
     child.start()
     child.join(60)
     assert child.exitcode == 0
-    assert out.read_text() == "set by vLLM before its engine core starts"
+    # The title is how the run's memory figures tell the engine core from the other processes.
+    assert out.read_text() == "set by vLLM before its engine core starts|VLLM::EngineCore"
 
 
 def test_vllms_launcher_gets_the_forkserver_only_where_it_reads_its_context(monkeypatch) -> None:
