@@ -87,10 +87,19 @@ class EnvironmentCarryingProcess(ForkServerProcess):
         for name, value in self._environment.items():
             if os.environ.get(name) != value:
                 os.environ[name] = value
-        threads = os.environ.get("OMP_NUM_THREADS")
-        if threads and threads.isdigit():
-            # OpenMP read its variable when the forkserver imported torch, before vLLM set it for this child.
-            import torch
-
-            torch.set_num_threads(int(threads))
+        _apply_variables_read_at_import()
         super().run()
+
+
+def _apply_variables_read_at_import() -> None:
+    """OpenMP and torch's compiler read these when the forkserver imported torch, before vLLM set them for this
+    child."""
+    import torch
+
+    threads = os.environ.get("OMP_NUM_THREADS")
+    if threads and threads.isdigit():
+        torch.set_num_threads(int(threads))
+    if os.environ.get("TORCHDYNAMO_DISABLE") == "1":
+        import torch._dynamo
+
+        torch._dynamo.config.disable = True

@@ -46,3 +46,26 @@ def test_vllms_launcher_gets_the_forkserver_only_where_it_reads_its_context(monk
     moved = types.ModuleType("vllm.v1.engine.utils")
     monkeypatch.setitem(sys.modules, "vllm.v1.engine.utils", moved)
     assert not engine_forkserver.use_for_engines()
+
+
+def test_a_child_applies_the_variables_torch_read_when_the_forkserver_imported_it(monkeypatch) -> None:
+    import torch
+    import torch._dynamo
+
+    monkeypatch.setattr(torch._dynamo.config, "disable", False)
+    threads = torch.get_num_threads()
+    monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    try:
+        engine_forkserver._apply_variables_read_at_import()
+        assert torch._dynamo.config.disable and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_an_eager_cpu_engine_runs_vllms_sampler_ops_uncompiled() -> None:
+    from gpu_workers.vllm_engine import engine_env
+    from schemas.config_services import PolicyServerConfig
+
+    assert engine_env(PolicyServerConfig(enforce_eager=True))["TORCHDYNAMO_DISABLE"] == "1"
+    assert "TORCHDYNAMO_DISABLE" not in engine_env(PolicyServerConfig(enforce_eager=False))
