@@ -90,10 +90,9 @@ class PolicyServer:
         # Engine start blocks for ~20 s; a thread keeps this loop (Ray, Temporal) live.
         self._engine = await asyncio.to_thread(build_engine, model_dir, cfg, seed)
         self._vocab_size = self._engine.model_config.get_vocab_size()
-        # The first request pays ~2 s of lazy setup (output handler, first batch shapes). It runs while the run
-        # goes on starting (the environment server, a restore's first steps); the refit lock makes a weight load
-        # wait for it, and a failure refuses calls as a failed load does.
-        await self._refit_lock.acquire()
+        # The first request pays the engine's lazy setup (its output handler, first batch shapes; on a GPU, more).
+        # It runs while the run goes on starting (the environment server, a restore); a weight load waits for it,
+        # and a failure refuses calls as a failed load does.
         self._warming = asyncio.create_task(self._warm_up(), name="policy-warm-up")
         app = build_app(self, ControlAuth(control_token), fault_injection=cfg.fault_injection)
         self._runner = web.AppRunner(app, access_log=None)
@@ -106,15 +105,13 @@ class PolicyServer:
         return self.url
 
     async def _warm_up(self) -> None:
-        """The engine's first request, under the refit lock `start` took for it."""
+        """The engine's first request; its failure is kept as the engine's state (nothing raises)."""
         try:
             await generate(self._engine, [0], 1, 1.0, [], 0)
         except Exception as err:
             self.weights_ok = False
             self.warm_up_error = f"the engine's first request failed: {type(err).__name__}: {err}"
             logger.error("policy engine %d: %s", self.engine, self.warm_up_error)
-        finally:
-            self._refit_lock.release()
 
     async def stop(self) -> None:
         """Stop the endpoint, then the engine (its processes exit with it)."""
@@ -253,6 +250,8 @@ class PolicyServer:
         older version is refused, so a late retry can never roll the policy back,
         except for the one load a restore makes after `expect_restore`.
         """
+        if self._warming is not None:
+            await asyncio.shield(self._warming)  # the first request runs on the weights it started with
         async with self._refit_lock:
             if self.warm_up_error is not None:
                 raise RuntimeError(f"policy engine {self.engine} cannot load weights: {self.warm_up_error}")

@@ -75,7 +75,7 @@ def test_completion_returns_tokens_logprobs_and_version(policy_server, loop) -> 
     health = loop.run(_health(policy_server.url))
     assert health.pop("tokens_generated") >= len(choice["token_ids"])  # the fixture's server may have served more
     assert health == {"policy_version": 0, "inflight": 0, "admission_open": True, "holders": [], "weights_ok": True,
-                      "engine": 0}
+                      "warm_up_error": None, "engine": 0}
 
 
 def test_refit_logprobs_match_trainer(policy_server, loop, tiny_model_dir) -> None:
