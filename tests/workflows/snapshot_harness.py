@@ -101,6 +101,10 @@ async def run_scenario(
         max_steps = None if steps is None else start + steps
         controller = Controller(cfg, stack, session, max_steps, **controller_inputs(cfg))
         controller.training.continue_from(start, policy_version=start)  # the shared trainer: one version per step
+        # The engine serves the trainer's version, as a run's start or restore makes it: an earlier scenario stopped
+        # between a step and its refit left it behind, and every turn it generated was then too stale to train, so
+        # the scenario never trained a step (seen once in CI: 10 minutes of discarded groups).
+        await controller.load_policy_weights(start)
         controller.start_journal(run_id, 1)  # as a run's start does, fresh or restored
         (env,), policy = participant_clients(stack, session, 30)
         await env.set_faults(env_faults or FaultPlan())
