@@ -30,3 +30,14 @@ def test_the_build_id_changes_with_turnkeeps_code_and_not_with_other_modules(tmp
     (tmp_path / "ours.py").write_text("x = 2\n")
     assert _build_id() != with_ours
     code_build_id.cache_clear()
+
+
+def test_the_packages_it_hashes_are_the_ones_pyproject_installs() -> None:
+    import tomllib
+    from pathlib import Path
+
+    from primitives.build_id import PACKAGES
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    installed = {pattern.rstrip("*") for pattern in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
+    assert set(PACKAGES) == installed
