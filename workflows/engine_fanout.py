@@ -17,6 +17,8 @@ with workflow.unsafe.imports_passed_through():
     from schemas.attempt_steps import GymCommitResult, GymReleaseResult, PolicyPrepareResult
     from schemas.names import ErrorType
 
+from workflows.timed_activity import tick
+
 T = TypeVar("T")
 EngineCall = Callable[[dict[str, float], "int | None"], Awaitable[T]]
 """`call(clock, engine)`: the step on one engine (None: the one policy server), its seconds added to `clock`."""
@@ -36,8 +38,10 @@ async def fan_out(seconds: dict[str, float], phase: str, engines: list[int] | No
     began = workflow.time()
     try:
         answers = await asyncio.gather(*(call({}, engine) for engine in engines), return_exceptions=True)
-    finally:
-        seconds[phase] = round(seconds.get(phase, 0.0) + workflow.time() - began, 3)
+    except asyncio.CancelledError:
+        tick(seconds, phase, began)
+        raise
+    tick(seconds, phase, began)
     for answer in answers:
         if isinstance(answer, BaseException):
             raise answer

@@ -8,6 +8,7 @@ import os
 import tempfile
 import uuid
 from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -284,6 +285,26 @@ async def attempt_with_stand_ins(participants: StandInParticipants,
                                  engines: list[int] | None) -> SnapshotAttemptResult:
     """One parked attempt on a dev server of its own: the controller's worker serves the workflow and the
     controller's steps; the old policy server's queue and engines 0 and 1 each have a worker."""
+    async with _stand_in_workers(participants) as (client, run_id, _):
+        return await client.execute_workflow(SnapshotAttemptWorkflow.run, _attempt_input(run_id, engines),
+                                             id=f"{run_id}.snapshot.4.1", task_queue=f"{run_id}.controller")
+
+
+async def attempt_dropped_by_its_worker(participants: StandInParticipants, engines: list[int] | None,
+                                        step: str) -> None:
+    """An attempt whose controller worker shuts down while every engine runs `step`: the worker drops the workflow
+    instance mid-activity, and the garbage collector closes its coroutines later, outside any workflow event loop."""
+    async with _stand_in_workers(participants) as (client, run_id, controller):
+        await client.start_workflow(SnapshotAttemptWorkflow.run, _attempt_input(run_id, engines),
+                                    id=f"{run_id}.snapshot.4.1", task_queue=f"{run_id}.controller")
+        while len(participants.policy_calls(step)) < len(engines or [None]):
+            await asyncio.sleep(0.05)
+        await controller.shutdown()
+
+
+@asynccontextmanager
+async def _stand_in_workers(participants: StandInParticipants):
+    """(client, run id, the controller's worker), the workers running."""
     run_id = f"fake-{uuid.uuid4().hex[:6]}"
     async with await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(), data_converter=pydantic_data_converter, search_attributes=sa.ALL,
@@ -295,9 +316,11 @@ async def attempt_with_stand_ins(participants: StandInParticipants,
         controller = Worker(env.client, task_queue=f"{run_id}.controller", workflows=[SnapshotAttemptWorkflow],
                             activities=participants.controller_activities())
         async with controller, policy_workers[0], policy_workers[1], policy_workers[2]:
-            return await env.client.execute_workflow(
-                SnapshotAttemptWorkflow.run, SnapshotAttemptInput(
-                    run_id=run_id, checkpoint_id=f"{run_id}.snapshot.4.1", number=1, trigger="operator",
-                    anchor_step=4, incarnation=1, trainer_hold=False, engines=engines,
-                    timeouts=SnapshotTimeouts(prepare_s=10, phase_s=10, lease_s=10)),
-                id=f"{run_id}.snapshot.4.1", task_queue=f"{run_id}.controller")
+            yield env.client, run_id, controller
+
+
+def _attempt_input(run_id: str, engines: list[int] | None) -> SnapshotAttemptInput:
+    return SnapshotAttemptInput(
+        run_id=run_id, checkpoint_id=f"{run_id}.snapshot.4.1", number=1, trigger="operator", anchor_step=4,
+        incarnation=1, trainer_hold=False, engines=engines,
+        timeouts=SnapshotTimeouts(prepare_s=10, phase_s=10, lease_s=10))

@@ -4,6 +4,7 @@ the real controller, trainer and vLLM engine (the session's shared stack)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 
 import orjson
@@ -15,6 +16,7 @@ from schemas.snapshot import SnapshotManifest
 from tests.stack_training import in_new_run_dir, train_shared_stack
 from tests.workflows.snapshot_harness import (
     StandInParticipants,
+    attempt_dropped_by_its_worker,
     attempt_with_stand_ins,
     published_dirs,
     run_scenario,
@@ -379,3 +381,13 @@ def test_a_journal_snapshot_stops_nothing_and_names_the_journal_positions(stack,
     # A cut taken before any agent committed a turn names position 0; a later one names the turns since.
     assert max(positions) > 0, positions
     assert_released(result)
+
+
+def test_an_attempt_dropped_by_its_worker_mid_activity_closes_without_a_traceback(monkeypatch):
+    """A stopping run's worker (or one replaced after its Temporal server came back) drops the instances it holds.
+    Their coroutines are closed later, outside any workflow event loop: cleanup there must not call the workflow."""
+    unraisable = []
+    monkeypatch.setattr("sys.unraisablehook", unraisable.append)
+    asyncio.run(attempt_dropped_by_its_worker(StandInParticipants(prepare_s=30), [0, 1], "policy.prepare"))
+    gc.collect()
+    assert [f"{u.exc_type.__name__}: {u.exc_value} in {u.object}" for u in unraisable] == []
