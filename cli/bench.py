@@ -12,6 +12,8 @@ from pathlib import Path
 
 import orjson
 
+from cli.bench_pass import PASS_FILE, bench_pass, pass_line
+
 BENCHMARKS = {
     "overhead": "snapshots off vs on in alternating pairs, same seed and length: rollout tokens/s, train steps/min",
     "wasted": "a slow participant, with and without the trainer hold: attempts thrown away, trainer wait",
@@ -44,6 +46,12 @@ def add_bench_parser(subparsers) -> None:
         parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                             help="config override for the runs it starts")
         importlib.import_module(f"bench.{name}").add_arguments(parser)
+    about = "every benchmark, sized for about 90 minutes on 2 cores, into one --out; then BENCHMARKS.md from it"
+    every = names.add_parser("all", help=about, description=about)
+    every.add_argument("--out", type=Path, default=Path("runs/bench"), help="where runs and results go")
+    every.add_argument("--file", type=Path, default=REPO / "BENCHMARKS.md", help="the markdown file to write")
+    every.add_argument("--only", type=_names, default=None, metavar="NAME,NAME",
+                       help="these benchmarks of the pass only, in the pass's order")
     markdown = names.add_parser("markdown", help="render every result in --out into BENCHMARKS.md (sections of "
                                              "benchmarks --out has no result for stay as they are)")
     markdown.add_argument("--out", type=Path, default=Path("runs/bench"))
@@ -53,6 +61,8 @@ def add_bench_parser(subparsers) -> None:
 def run_bench(args: argparse.Namespace) -> int:
     from bench.report import write_result
 
+    if args.bench == "all":
+        return bench_pass(args.out, args.file, args.only)
     if args.bench == "markdown":
         args.file.write_text(render_markdown(args.out, args.file.read_text() if args.file.exists() else ""))
         print(f"turnkeep bench: wrote {args.file}")
@@ -65,6 +75,15 @@ def run_bench(args: argparse.Namespace) -> int:
         print(f"- {note}")
     print(f"\nturnkeep bench: {path}")
     return 0
+
+
+def _names(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in BENCHMARKS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"no benchmark is named {', '.join(unknown) or repr(text)}; the benchmarks "
+                                         f"are {', '.join(BENCHMARKS)}")
+    return [name for name in BENCHMARKS if name in names]
 
 
 def render_markdown(out: Path, previous: str = "") -> str:
@@ -84,8 +103,11 @@ def render_markdown(out: Path, previous: str = "") -> str:
         sections[name] = "\n".join(lines)
     head = ["# Benchmarks", "", "What a snapshot and a recovery cost, measured side by side on one machine. "
             "Every table is written by `turnkeep bench <name>` (the command is under each table; results are "
-            "JSON in `--out`, default `runs/bench`) and collected here with `turnkeep bench markdown`. Figures, "
-            "not timed tests.", ""]
+            "JSON in `--out`, default `runs/bench`) and collected here with `turnkeep bench markdown`; "
+            "`turnkeep bench all` runs them all and collects them. Figures, not timed tests.", ""]
+    line = pass_line(out)
+    if line is not None:
+        head += [line, ""]
     ordered = sorted(sections, key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER))
     return "\n".join(head + [sections[name] for name in ordered])
 
@@ -99,6 +121,8 @@ def _results(out: Path) -> dict[str, dict]:
     benchmark's own file that is not a result stops the render with one line (its section would be lost)."""
     results = {}
     for path in sorted(out.glob("*.json")):
+        if path.name == PASS_FILE:  # the pass's own record
+            continue
         if path.stem not in BENCHMARKS:
             print(f"turnkeep bench: skipped {path}: no benchmark is named {path.stem!r}", file=sys.stderr)
             continue

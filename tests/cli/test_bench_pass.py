@@ -1,0 +1,73 @@
+"""`turnkeep bench all`: every benchmark once into one --out, then BENCHMARKS.md from that folder alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.report import BenchResult, write_result
+from cli.bench import BENCHMARKS
+from cli.bench_pass import PASS_ARGS, bench_pass
+from cli.main import _build_parser, main
+
+
+def test_the_pass_runs_every_benchmark_with_arguments_its_parser_takes():
+    assert list(PASS_ARGS) == list(BENCHMARKS)  # none left out, in the order the markdown shows them
+    for name, args in PASS_ARGS.items():
+        parsed = _build_parser().parse_args(["bench", name, "--out", "x", *args])
+        assert parsed.bench == name
+
+
+class StandInBenchmarks:
+    """Each benchmark writes a one-line result at once, except those told to fail; markdown is the real command."""
+
+    def __init__(self, failing: set[str] = frozenset()):
+        self.failing = failing
+        self.ran: list[str] = []
+
+    def __call__(self, command: list[str]) -> int:
+        _, name, _, out, *_ = command
+        self.ran.append(name)
+        if name == "markdown":
+            return main(command)
+        if name in self.failing:
+            return 1
+        write_result(Path(out), BenchResult(name=name, table=f"| {name} figures |", notes=[], data={}),
+                     "turnkeep " + " ".join(command))
+        return 0
+
+
+def test_a_whole_pass_writes_every_section_and_names_itself_in_the_head(tmp_path):
+    markdown = tmp_path / "BENCHMARKS.md"
+    markdown.write_text("# Benchmarks\n\n## overhead\n\n| an older overhead |\n")
+    benchmarks = StandInBenchmarks()
+    assert bench_pass(tmp_path / "out", markdown, run_one=benchmarks) == 0
+    assert benchmarks.ran == [*BENCHMARKS, "markdown"]
+    text = markdown.read_text()
+    assert "an older overhead" not in text
+    assert all(f"| {name} figures |" in text for name in BENCHMARKS)
+    assert "come from one pass, `turnkeep bench all`, at commit " in text
+    assert "failed in that pass" not in text
+
+
+def test_a_failing_benchmark_leaves_the_others_running_and_the_markdown_unwritten(tmp_path, capsys):
+    markdown = tmp_path / "BENCHMARKS.md"
+    markdown.write_text("kept as it was\n")
+    benchmarks = StandInBenchmarks(failing={"recovery"})
+    assert bench_pass(tmp_path / "out", markdown, run_one=benchmarks) == 1
+    assert benchmarks.ran == list(BENCHMARKS)  # every one ran; no markdown
+    assert markdown.read_text() == "kept as it was\n"
+    err = capsys.readouterr().err
+    assert "recovery failed" in err and f"turnkeep bench recovery --out {tmp_path / 'out'} --kills 10" in err
+    assert f"`turnkeep bench markdown --out {tmp_path / 'out'}`" in err
+    # Completed by hand, the head says which section came later.
+    write_result(tmp_path / "out", BenchResult(name="recovery", table="| later |", notes=[], data={}),
+                 "turnkeep bench recovery --out out")
+    assert main(["bench", "markdown", "--out", str(tmp_path / "out"), "--file", str(markdown)]) == 0
+    assert "recovery failed in that pass; their sections come from the command under each." in markdown.read_text()
+
+
+def test_only_runs_the_named_benchmarks_in_the_pass_order(tmp_path):
+    parsed = _build_parser().parse_args(["bench", "all", "--only", "ranks,overhead", "--out", str(tmp_path)])
+    benchmarks = StandInBenchmarks()
+    assert bench_pass(parsed.out, tmp_path / "B.md", parsed.only, run_one=benchmarks) == 0
+    assert benchmarks.ran == ["overhead", "ranks", "markdown"]
