@@ -26,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> BenchResult:
     slow = ['env.fault_injection=true', f'env.startup_faults={{"delay_s": {{"prepare": {args.prepare_delay_s}}}}}']
-    common = [*args.set, *slow, "temporal.port=0", "temporal.ui_port=0",
+    # Parked agents: the Gym phase (prepare, commit) is where the slow participant costs; journaled agents have none.
+    common = [*args.set, *slow, "temporal.port=0", "temporal.ui_port=0", "snapshot.agents=parked",
               f"snapshot.attempt_interval_s={args.interval_s}", "snapshot.checkpoint_on_demand=true"]
     results = {}
     for label, hold in (("trainer hold", True), ("no hold (peer)", False)):
@@ -36,6 +37,10 @@ def run(args: argparse.Namespace) -> BenchResult:
                      args.out / "wasted" / f"{run_dir.name}.log")
         attempts = metric_lines(run_dir, "snapshot")
         gym = [a for a in attempts if "gym_prepare" in a["phase_s"]]
+        if not gym:
+            raise SystemExit(f"bench wasted: {label}: none of the {len(attempts)} snapshot attempts of {run_dir} had "
+                             "a Gym phase, so there is nothing to compare; a --set of snapshot.agents other than "
+                             "parked, or too few --steps for one attempt, does that")
         thrown = [a for a in gym if THROWN_AWAY in a["reason"]]
         published = [a for a in gym if a["outcome"].startswith("published")]
         closed = [a["admission_closed_s"] for a in gym]

@@ -35,51 +35,56 @@ PASS_ARGS: dict[str, list[str]] = {
 `memory` read the runs `overhead` leaves in `--out`."""
 
 PASS_FILE = "_pass.json"
-"""What the pass itself records in `--out`: commit, start, and each benchmark's exit status and minutes."""
+"""What the pass itself records in `--out`: each benchmark's command, exit status, minutes and commit. A later
+`--only` into the same `--out` (a benchmark that failed, or one fixed since) replaces its own entries only."""
 
 RunOne = Callable[[list[str]], int]
 """Runs one `turnkeep` command line (without `turnkeep`), returns its exit status."""
 
 
 def bench_pass(out: Path, markdown: Path, only: list[str] | None = None, run_one: RunOne | None = None) -> int:
-    """Run the pass into `out`; write `markdown` from `out` when every benchmark succeeded. 0, or 1 naming each
-    benchmark that failed and the command that completes the pass."""
+    """Run the pass (or the benchmarks `only`) into `out`; write `markdown` from `out` when every one succeeded. 0, or
+    1 naming each benchmark that failed and the command that completes the pass."""
     run_one = run_one or _turnkeep
     names = only or list(PASS_ARGS)
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    record = {"commit": _commit(), "started_unix_s": round(time.time()), "benchmarks": {}}
+    record = _read(out / PASS_FILE)  # a pass completed with --only keeps what the first one ran
+    commit = _commit()
     for name in names:
         command = ["bench", name, "--out", str(out), *PASS_ARGS[name]]
         print(f"turnkeep bench all: {name}: turnkeep {' '.join(command)}", flush=True)
         began = time.monotonic()
         status = run_one(command)
         record["benchmarks"][name] = {"exit": status, "minutes": round((time.monotonic() - began) / 60, 1),
-                                      "command": "turnkeep " + " ".join(command)}
+                                      "command": "turnkeep " + " ".join(command), "commit": commit,
+                                      "finished_unix_s": round(time.time())}
         _write(out / PASS_FILE, record)
         print(f"turnkeep bench all: {name}: exit {status} after {record['benchmarks'][name]['minutes']} min",
               flush=True)
-    failed = [name for name, done in record["benchmarks"].items() if done["exit"] != 0]
+    failed = [name for name in names if record["benchmarks"][name]["exit"] != 0]
     if failed:
-        again = "; ".join(record["benchmarks"][name]["command"] for name in failed)
         print(f"turnkeep bench all: {', '.join(failed)} failed (their logs are above); {markdown} was not written. "
-              f"Run {again}, then `turnkeep bench markdown --out {out}`", file=sys.stderr)
+              f"Complete the pass with `turnkeep bench all --out {out} --only {','.join(failed)}`", file=sys.stderr)
         return 1
     return _turnkeep_markdown(out, markdown, run_one)
 
 
 def pass_line(out: Path) -> str | None:
     """One sentence for BENCHMARKS.md's head naming the pass that wrote `out`, or None when no pass did."""
-    path = out / PASS_FILE
-    if not path.exists():
+    done = _read(out / PASS_FILE)["benchmarks"]
+    if not done:
         return None
-    record = orjson.loads(path.read_bytes())
-    done = record["benchmarks"]
+    by_commit: dict[str, list[str]] = {}
+    for name, each in done.items():
+        by_commit.setdefault(each["commit"], []).append(name)
+    commits = " and ".join(f"{commit} ({', '.join(names)})" for commit, names in by_commit.items())
+    if len(by_commit) == 1:
+        commits = next(iter(by_commit))
     minutes = sum(each["minutes"] for each in done.values())
     each = ", ".join(f"{name} {done[name]['minutes']}" for name in done)
-    line = (f"The sections of {', '.join(done)} come from one pass, `turnkeep bench all`, at commit "
-            f"{record['commit']}: {minutes:.0f} minutes on the machine named under each table (minutes per "
-            f"benchmark: {each}).")
+    line = (f"The sections of {', '.join(done)} come from one pass, `turnkeep bench all`, at commit {commits}: "
+            f"{minutes:.0f} minutes on the machine named under each table (minutes per benchmark: {each}).")
     failed = [name for name in done if done[name]["exit"] != 0]
     if failed:
         line += f" {', '.join(failed)} failed in that pass; their sections come from the command under each."
@@ -98,6 +103,15 @@ def _commit() -> str:
     found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                            cwd=Path(__file__).resolve().parents[1])
     return found.stdout.strip() if found.returncode == 0 else "unknown (not a git checkout)"
+
+
+def _read(path: Path) -> dict:
+    if not path.exists():
+        return {"started_unix_s": round(time.time()), "benchmarks": {}}
+    record = orjson.loads(path.read_bytes())
+    for each in record["benchmarks"].values():  # a first pass recorded one commit for all
+        each.setdefault("commit", record.get("commit", "unknown"))
+    return record
 
 
 def _write(path: Path, record: dict) -> None:

@@ -52,18 +52,19 @@ def test_a_whole_pass_writes_every_section_and_names_itself_in_the_head(tmp_path
 def test_a_failing_benchmark_leaves_the_others_running_and_the_markdown_unwritten(tmp_path, capsys):
     markdown = tmp_path / "BENCHMARKS.md"
     markdown.write_text("kept as it was\n")
+    out = tmp_path / "out"
     benchmarks = StandInBenchmarks(failing={"recovery"})
-    assert bench_pass(tmp_path / "out", markdown, run_one=benchmarks) == 1
+    assert bench_pass(out, markdown, run_one=benchmarks) == 1
     assert benchmarks.ran == list(BENCHMARKS)  # every one ran; no markdown
     assert markdown.read_text() == "kept as it was\n"
-    err = capsys.readouterr().err
-    assert "recovery failed" in err and f"turnkeep bench recovery --out {tmp_path / 'out'} --kills 10" in err
-    assert f"`turnkeep bench markdown --out {tmp_path / 'out'}`" in err
-    # Completed by hand, the head says which section came later.
-    write_result(tmp_path / "out", BenchResult(name="recovery", table="| later |", notes=[], data={}),
-                 "turnkeep bench recovery --out out")
-    assert main(["bench", "markdown", "--out", str(tmp_path / "out"), "--file", str(markdown)]) == 0
-    assert "recovery failed in that pass; their sections come from the command under each." in markdown.read_text()
+    assert "recovery failed" in (err := capsys.readouterr().err)
+    assert f"`turnkeep bench all --out {out} --only recovery`" in err
+    # Completed as it says: the pass keeps the others' records and names the commit of each.
+    benchmarks.failing = set()
+    assert bench_pass(out, markdown, ["recovery"], run_one=benchmarks) == 0
+    text = markdown.read_text()
+    assert all(f"| {name} figures |" in text for name in BENCHMARKS) and "failed in that pass" not in text
+    assert "come from one pass, `turnkeep bench all`, at commit " in text and "overhead 0.0" in text
 
 
 def test_only_runs_the_named_benchmarks_in_the_pass_order(tmp_path):
