@@ -76,6 +76,8 @@ def run(args: argparse.Namespace) -> BenchResult:
         [f"restores whose killed incarnation had agents to continue (a turn >= {JOURNAL_GRACE_S:g} s before the kill)",
          counts.get("restores_owing_agents", "not counted")],
         ["invariants the chaos checker runs", "all hold" if verdict["ok"] else "BROKEN"],
+        ["restart -> first train step, median s (by what was killed)",
+         ", ".join(f"{target} {s}" for target, s in report.get("restart_to_first_step_s", {}).items()) or "none"],
         ["restart -> first generation, median s", counts["median_restart_to_first_generation_s"]],
         ["restart -> first generation, max s", max(restarts, default=0.0)],
         ["tokens generated again", f"{counts['tokens_regenerated']} of {counts['tokens_generated']} "
@@ -84,8 +86,11 @@ def run(args: argparse.Namespace) -> BenchResult:
         ["saved agents continued / sealed on their saved prefix",
          f"{counts['continuations_restored']} / {counts['continuations_sealed']}"],
     ]
-    notes = ["Restart time is mostly process start-up: Ray, the vLLM engine (about 20 s on CPU) and the "
-             "Temporal dev server; the recovery workflow itself takes well under a second here.",
+    notes = ["Restart to the first train step is process start-up (Ray and Temporal, the trainer, vLLM) and the "
+             "restore; from there to the first generation, the steps the kill undid (trained after the newest "
+             "snapshot, up to train.save_period of them) train again first, generation held meanwhile by the "
+             "staleness bound. A kill's moment sets how many: docs/recovery.md, \"Where a restart's time goes\", "
+             "times one pinned moment phase by phase.",
              "Tokens generated again: turns of a sibling that a later incarnation committed again (same group, "
              "sibling and turn index), read from the audit log's turns alone. A restore keeps what the journals "
              "hold after its cut (`rollout_recovery.keep_after_cut`; a fresh restart keeps the first incarnation's "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+import orjson
 import pytest
 
 from bench import recovery
@@ -52,3 +53,17 @@ def test_a_report_this_version_cannot_read_is_one_line_naming_what_it_lacks(tmp_
         recovery.run(args)
     message = str(exit_.value)
     assert named in message and "run `turnkeep chaos` again" in message and "\n" not in message, message
+
+
+def test_the_table_splits_a_restart_at_its_first_train_step(tmp_path):
+    counts = {"restart_to_first_generation_s": {"2": 27.0, "3": 29.0}, "restores_by_source": {"snapshot": 2},
+              "median_restart_to_first_generation_s": 27.0, "tokens_regenerated": 5, "tokens_generated": 1000,
+              "tokens_regenerated_share": 0.005, "continuations_restored": 3, "continuations_sealed": 1}
+    report = {"verdict": {"ok": True, "counts": counts}, "kills_by_point": {"random": 2},
+              "restart_to_first_step_s": {"all": 19.5}}
+    (tmp_path / "chaos").mkdir()
+    (tmp_path / "chaos" / "report.json").write_bytes(orjson.dumps(report))
+    (tmp_path / "audit.jsonl").write_bytes(b"")
+    result = recovery.run(argparse.Namespace(chaos_dir=tmp_path, out=tmp_path / "out", kills=2, set=[]))
+    assert "| restart -> first train step, median s (by what was killed) | all 19.5 |" in result.table
+    assert "| restart -> first generation, median s | 27 |" in result.table
