@@ -13,6 +13,7 @@ invariants. Everything lands in `<run_dir>/chaos/` (logs, report.json).
 from __future__ import annotations
 
 import random
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -52,6 +53,9 @@ def run_chaos(args) -> int:
         max_delay_s = _max_delay_s(args, config)
     except ConfigError as err:
         print(f"turnkeep chaos: {err}", file=sys.stderr)
+        return 2
+    if (failed := _model_made(config, args.set)) is not None:
+        print(f"turnkeep chaos: {failed}", file=sys.stderr)
         return 2
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     rng = random.Random(seed)
@@ -154,6 +158,21 @@ def newest_snapshot_problem(run_dir: Path) -> str | None:
     fingerprint = config_fingerprint(TurnkeepConfig.model_validate_json(config_json.read_bytes()))
     problem = newest_published_problem(run_dir, run_id, fingerprint)
     return None if problem is None else f"{problem.path}: {problem.problem} ({problem.detail})"
+
+
+def _model_made(config: Path, sets: list[str]) -> str | None:
+    """Make (or find cached) the tiny model the config asks for before the first incarnation, untimed: a first start
+    that makes it (minutes for a bigger tiny model on 2 cores) would outlast --phase-timeout-s, be killed, and start
+    making it again in every incarnation. None, or the line saying why it could not."""
+    command = [sys.executable, "-m", "cli.main", "make-model", "--config", str(config),
+               *[arg for pair in sets for arg in ("--set", pair)]]
+    print(f"turnkeep chaos: the model first, not timed: turnkeep {' '.join(command[3:])}", flush=True)
+    made = subprocess.run(command, capture_output=True, text=True)
+    if made.returncode != 0:
+        last = (made.stderr.strip().splitlines() or ["no output"])[-1]
+        return (f"the model could not be made (`turnkeep make-model` exit {made.returncode}: {last}); nothing was "
+                "started")
+    return None
 
 
 def _max_delay_s(args, config: Path) -> float:

@@ -298,3 +298,15 @@ def test_targets_and_moments_are_mixed_over_a_schedule():
     assert {moment for _, moment in schedule} == {"random", "cut"}
     with pytest.raises(ValueError, match="choose from all, controller"):
         parse_targets("trainer,gpu")
+
+
+def test_the_model_is_made_before_the_first_incarnation_and_a_failure_starts_nothing(tmp_path, capsys):
+    """A first start that makes a big tiny model would outlast the phase timeout in every incarnation."""
+    run_dir = tmp_path / "run"
+    demonstrations = 'model.tiny.demonstrations="nowhere.module:Gone"'  # a config that loads; its model cannot be made
+    assert run_chaos(parse(["--run-dir", str(run_dir), "--set", demonstrations])) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("turnkeep chaos: the model could not be made (`turnkeep make-model` exit 2: ") and \
+        "No module named 'nowhere'" in err and err.rstrip().endswith("nothing was started"), err
+    assert len(err.strip().splitlines()) == 1
+    assert not run_dir.exists()
