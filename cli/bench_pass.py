@@ -38,6 +38,10 @@ PASS_FILE = "_pass.json"
 """What the pass itself records in `--out`: each benchmark's command, exit status, minutes and commit. A later
 `--only` into the same `--out` (a benchmark that failed, or one fixed since) replaces its own entries only."""
 
+RUN_FOLDERS = {"overhead": "overhead", "wasted": "wasted", "recovery": "chaos", "soak": "soak", "engines": "engines",
+               "partial_turns": "partial_turns", "ranks": "ranks"}
+"""The folder of `--out` where each benchmark that starts runs keeps them (it refuses one that is not empty)."""
+
 RunOne = Callable[[list[str]], int]
 """Runs one `turnkeep` command line (without `turnkeep`), returns its exit status."""
 
@@ -54,6 +58,7 @@ def bench_pass(out: Path, markdown: Path, only: list[str] | None = None, run_one
     for name in names:
         command = ["bench", name, "--out", str(out), *PASS_ARGS[name]]
         print(f"turnkeep bench all: {name}: turnkeep {' '.join(command)}", flush=True)
+        _set_aside(out, name)
         began = time.monotonic()
         status = run_one(command)
         record["benchmarks"][name] = {"exit": status, "minutes": round((time.monotonic() - began) / 60, 1),
@@ -89,6 +94,17 @@ def pass_line(out: Path) -> str | None:
     if failed:
         line += f" {', '.join(failed)} failed in that pass; their sections come from the command under each."
     return line
+
+
+def _set_aside(out: Path, name: str) -> None:
+    """Runs an earlier try of `name` left in `out` move to `out/set-aside/`, kept (never deleted), so the benchmark
+    starts its runs afresh."""
+    folder = out / RUN_FOLDERS.get(name, "")
+    if name in RUN_FOLDERS and folder.exists():
+        aside = out / "set-aside" / f"{folder.name}-{round(time.time())}"
+        aside.parent.mkdir(exist_ok=True)
+        folder.rename(aside)
+        print(f"turnkeep bench all: {name}: the runs of an earlier try moved to {aside}", flush=True)
 
 
 def _turnkeep_markdown(out: Path, markdown: Path, run_one: RunOne) -> int:
