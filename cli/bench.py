@@ -23,7 +23,8 @@ BENCHMARKS = {
     "recovery": "restart to first generation and tokens generated again, from a chaos run",
     "memory": "peak RSS of each process of the overhead runs",
     "fanout": "one attempt's Gym phase over 16, 64 and 256 environment servers, some slow: all at once vs one by one",
-    "soak": "1,000 snapshot attempts back to back: file descriptors, threads, RSS and Temporal histories stay flat",
+    "soak": "snapshot attempts back to back (--attempts, 1,000 by default): file descriptors, threads, RSS and "
+            "Temporal histories stay flat",
     "engines": "1 and 2 engines: rollout tokens/s, the refit against one memory copy, an engine's death to its "
                "replacement taking turns",
     "partial_turns": "long turns cut by kills at the turn and the token level: tokens generated again, restart "
