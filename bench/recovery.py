@@ -64,7 +64,9 @@ def run(args: argparse.Namespace) -> BenchResult:
         command = [sys.executable, "-m", "cli.main", "chaos", "--run-dir", str(chaos_dir), "--kills", str(args.kills)]
         for setting in args.set:
             command += ["--set", setting]
-        subprocess.call(command)
+        if subprocess.call(command) == 2:  # refused before starting (its line is above): any report there is older
+            raise SystemExit(f"turnkeep bench recovery: the chaos run in {chaos_dir} did not start (see the line "
+                             "above); nothing was measured")
     report = _readable_report(_report_path(chaos_dir))
     verdict, counts = report["verdict"], report["verdict"]["counts"]
     restarts = [s for s in counts["restart_to_first_generation_s"].values() if s is not None]

@@ -67,3 +67,11 @@ def test_the_table_splits_a_restart_at_its_first_train_step(tmp_path):
     result = recovery.run(argparse.Namespace(chaos_dir=tmp_path, out=tmp_path / "out", kills=2, set=[]))
     assert "| restart -> first train step, median s (by what was killed) | all 19.5 |" in result.table
     assert "| restart -> first generation, median s | 27 |" in result.table
+
+
+def test_a_chaos_run_that_refused_to_start_is_not_read_as_measured(tmp_path, monkeypatch):
+    (tmp_path / "chaos" / "chaos").mkdir(parents=True)
+    (tmp_path / "chaos" / "chaos" / "report.json").write_bytes(b"{}")  # an older run's, left in --out
+    monkeypatch.setattr(recovery.subprocess, "call", lambda command: 2)
+    with pytest.raises(SystemExit, match="did not start .*nothing was measured"):
+        recovery.run(argparse.Namespace(chaos_dir=None, out=tmp_path, kills=2, set=[]))
