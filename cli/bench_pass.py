@@ -16,6 +16,8 @@ from pathlib import Path
 
 import orjson
 
+from primitives.atomic_files import atomic_write_json
+
 PASS_ARGS: dict[str, list[str]] = {
     "overhead": ["--pairs", "2", "--steps", "40", "--agents", "parked,journal"],
     "wasted": ["--steps", "40"],
@@ -64,7 +66,7 @@ def bench_pass(out: Path, markdown: Path, only: list[str] | None = None, run_one
         record["benchmarks"][name] = {"exit": status, "minutes": round((time.monotonic() - began) / 60, 1),
                                       "command": "turnkeep " + " ".join(command), "commit": commit,
                                       "finished_unix_s": round(time.time())}
-        _write(out / PASS_FILE, record)
+        atomic_write_json(out / PASS_FILE, record)
         print(f"turnkeep bench all: {name}: exit {status} after {record['benchmarks'][name]['minutes']} min",
               flush=True)
     failed = [name for name in names if record["benchmarks"][name]["exit"] != 0]
@@ -72,12 +74,13 @@ def bench_pass(out: Path, markdown: Path, only: list[str] | None = None, run_one
         print(f"turnkeep bench all: {', '.join(failed)} failed (their logs are above); {markdown} was not written. "
               f"Complete the pass with `turnkeep bench all --out {out} --only {','.join(failed)}`", file=sys.stderr)
         return 1
-    return _turnkeep_markdown(out, markdown, run_one)
+    return run_one(["bench", "markdown", "--out", str(out), "--file", str(markdown)])
 
 
 def pass_line(out: Path) -> str | None:
     """One sentence for BENCHMARKS.md's head naming the pass that wrote `out`, or None when no pass did."""
-    done = _read(out / PASS_FILE)["benchmarks"]
+    record = _read(out / PASS_FILE)["benchmarks"]
+    done = {name: record[name] for name in PASS_ARGS if name in record}  # the file keeps its keys sorted
     if not done:
         return None
     by_commit: dict[str, list[str]] = {}
@@ -99,16 +102,12 @@ def pass_line(out: Path) -> str | None:
 def _set_aside(out: Path, name: str) -> None:
     """Runs an earlier try of `name` left in `out` move to `out/set-aside/`, kept (never deleted), so the benchmark
     starts its runs afresh."""
-    folder = out / RUN_FOLDERS.get(name, "")
-    if name in RUN_FOLDERS and folder.exists():
-        aside = out / "set-aside" / f"{folder.name}-{round(time.time())}"
-        aside.parent.mkdir(exist_ok=True)
-        folder.rename(aside)
-        print(f"turnkeep bench all: {name}: the runs of an earlier try moved to {aside}", flush=True)
-
-
-def _turnkeep_markdown(out: Path, markdown: Path, run_one: RunOne) -> int:
-    return run_one(["bench", "markdown", "--out", str(out), "--file", str(markdown)])
+    if name not in RUN_FOLDERS or not (folder := out / RUN_FOLDERS[name]).exists():
+        return
+    aside = out / "set-aside" / f"{folder.name}-{round(time.time())}"
+    aside.parent.mkdir(exist_ok=True)
+    folder.rename(aside)
+    print(f"turnkeep bench all: {name}: the runs of an earlier try moved to {aside}", flush=True)
 
 
 def _turnkeep(command: list[str]) -> int:
@@ -124,13 +123,4 @@ def _commit() -> str:
 def _read(path: Path) -> dict:
     if not path.exists():
         return {"started_unix_s": round(time.time()), "benchmarks": {}}
-    record = orjson.loads(path.read_bytes())
-    for each in record["benchmarks"].values():  # a first pass recorded one commit for all
-        each.setdefault("commit", record.get("commit", "unknown"))
-    return record
-
-
-def _write(path: Path, record: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(orjson.dumps(record, option=orjson.OPT_INDENT_2))
-    tmp.replace(path)
+    return orjson.loads(path.read_bytes())
