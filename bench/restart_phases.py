@@ -11,14 +11,13 @@ PHASES = {
     "ray": "Ray's head up and joined",
     "temporal": "Temporal up (started beside Ray)",
     "trainer": "trainer loaded",
+    "engines": "engines ready (vLLM imported, engine core forked, model loaded)",
     "env_server": "environment server up",
-    "recovered": "recovery done (`cancel_stale`, choose, restore, workers up)",
+    "recovered": "recovery done (`cancel_stale`, choose, restore, weights loaded, workers up)",
     "first_step": "first train step (an undone step trained again)",
-    "engines": "engines live (vLLM imported, engine core forked, model loaded, the trainer's weights loaded)",
     "first_turn": "first generated turn",
 }
-"""Each phase, in the order a restart reaches them (the engines start beside the rest and join when ready), and the
-words for it in the table."""
+"""Each phase, in the order a restart reaches them, and the words for it in the table."""
 
 ROLES = [
     ("trainer", re.compile(r"ray::TrainerActor|ray::TrainerRank")),
