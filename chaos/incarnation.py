@@ -15,14 +15,7 @@ import orjson
 from chaos.local_cluster import LocalCluster
 from chaos.report import Round
 from chaos.schedule import RANDOM, RANDOM_MIN_DELAY_S, TRAINING
-from chaos.targets import (
-    REPAIRED_BY_THE_RUN,
-    kill_everything,
-    kill_target,
-    repaired,
-    stop_reason,
-    target_running,
-)
+from chaos.targets import REPAIRED_BY_THE_RUN, kill_everything, kill_target, repaired, stop_reason
 from primitives.chaos_points import ENV_POINT, ENV_WAIT, POINTS, marker_path
 from primitives.process_tree import kill_tree
 from schemas.choices import MetricsKind
@@ -91,8 +84,6 @@ def one_round(current: Incarnation, run_dir: Path, target: str, point: str, time
                      killed, str(current.log.path), target, reason, after_kill_s,
                      current.first_step_s if fresh_first_step else None, lost)
 
-    if moment == "reached":
-        moment = _until_target_runs(current, run_dir, target, started + timeout_s)
     if moment == "exited":
         code = current.proc.wait()
         return record("finished" if code == 0 else "crashed")
@@ -204,16 +195,6 @@ def _wait_for_kill_moment(current: Incarnation, point: str, timeout_s: float, rn
             return "reached"
         time.sleep(POLL_S)
     return "timeout"
-
-
-def _until_target_runs(current: Incarnation, run_dir: Path, target: str, deadline: float) -> str:
-    """`reached` once a process of `target` runs (a restart's engines may still be starting at its first step);
-    `exited` if the run ends first; `reached` at the deadline too, and the kill then finds it missing."""
-    while not target_running(target, run_dir) and time.monotonic() < deadline:
-        if current.proc.poll() is not None:
-            return "exited"
-        time.sleep(POLL_S)
-    return "reached"
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -91,17 +91,6 @@ def kill_target(target: str, run_dir: Path, root_pid: int, rng: random.Random | 
     return Kill(1, pid, role)
 
 
-def target_running(target: str, run_dir: Path) -> bool:
-    """Whether a process the target names runs now. `all`, `controller` and `node` always have one; a restart's
-    engines start beside its trainer, so an engine may not run yet when the first step after a restore trains."""
-    if target in ("all", "controller", NODE):
-        return True
-    picks = {"engine": ENGINE_ROLE, "rank": RANK_ROLE}
-    if target in picks:
-        return any(picks[target].match(role) for role in live_pids(run_dir))
-    return live_pid(run_dir, target) is not None
-
-
 def kill_node(run_dir: Path, cluster: LocalCluster | None) -> Kill:
     """Take the cluster's second node away, noting which of the run's processes were on it."""
     if cluster is None:

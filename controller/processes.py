@@ -52,9 +52,6 @@ class Processes:
     """Re-attached, but with a new trainer: the one left running had died (`train.max_rebuilds`)."""
     spawn_engine: Callable[[int, int], Awaitable[Engine]] | None = None
     """Starts engine k anew (its n-th replacement): `workers.ray_cluster.engines.EngineStarter.spawn`."""
-    engines_starting: list[Awaitable[Engine]] = field(default_factory=list)
-    """The first engines' starts, still going when the run's processes were handed over (`launch(engines_later)`):
-    each is in `engines` as `starting`, and `EngineKeeper.join` makes it live when its start is done."""
 
     @property
     def policy(self) -> object:

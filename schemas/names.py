@@ -75,10 +75,6 @@ REFIT_HOLDER = "refit"
 ENGINES_REFIT_HOLDER = "refit:all-engines"
 """Every engine's gate while a refit loads into several engines: none reopens before all have the new version."""
 
-ENGINES_STARTING_HOLDER = "engines:starting"
-"""Admission while none of the run's first engines is live yet (they start beside the trainer): a turn asked for
-now would only wait on the environment server for one, and time out there on a slow start."""
-
 REPLAY_HOLDER = "replay"
 """Admission while a restored trainer trains its undone steps again and a turn generated now, with the policy of
 the moment, could not be trained within `train.max_staleness` behind them and the groups already open: its whole

@@ -4,12 +4,8 @@ run, train until `steps`, stop everything.
 Start order: run directory (new run, or the next incarnation of an existing one), the
 audit log, Temporal (the embedded dev server unless `temporal.address` is set), Ray and
 the three processes, the workers, the recovery workflow (on a restart), the run
-workflow, then the pumps. The engines go on starting beside the trainer, the recovery and
-the pumps, and join when ready (`EngineKeeper.join`): a restart's undone steps train while
-vLLM starts, and admission waits for the first engine. With a stand-alone environment
-server they are live first, as it attaches with their URLs. Stop order is the reverse, and
-every piece is stopped even when a later one failed to start. Each piece's start is
-marked (`workers.startup_clock`).
+workflow, then the pumps. Stop order is the reverse, and every piece is stopped even
+when a later one failed to start.
 """
 
 from __future__ import annotations
@@ -26,7 +22,7 @@ from typing import NoReturn
 import aiohttp
 import ray
 
-from controller.engines.engine_keeper import admit_once_an_engine_is_live, keep_engines
+from controller.engines.engine_keeper import keep_engines
 from controller.engines.scaled_count import count_at_start
 from controller.errors import RunStopped
 from controller.fingerprint import fingerprint_fields, process_digest
@@ -43,9 +39,9 @@ from primitives.atomic_files import append_jsonl
 from primitives.audit_log import AUDIT_FILE, AuditLog
 from primitives.pid_files import write_pid_file
 from schemas.audit import RunEnded, RunStarted
-from schemas.choices import AgentsMode, EnvironmentKind, MetricsKind
+from schemas.choices import AgentsMode, MetricsKind
 from schemas.config import TurnkeepConfig
-from schemas.names import ENGINES_STARTING_HOLDER, ray_namespace
+from schemas.names import ray_namespace
 from schemas.participant import Capabilities
 from schemas.recovery import RecoveryResult, SourceKind
 from workers.preemption import PreemptionHandler
@@ -58,7 +54,7 @@ from workers.ray_cluster.warden import beat_forever
 from workers.remote_envs import attach_remote_servers, probe_remote_servers
 from workers.run_observers import start_observers
 from workers.startup_checks import check_before_start
-from workers.startup_clock import StartupClock, marked, record_once_engines_live
+from workers.startup_clock import StartupClock, marked
 from workers.temporal.controller_worker import (
     participant_clients,
     start_snapshots,
@@ -145,7 +141,7 @@ async def _incarnation(cfg: TurnkeepConfig, max_steps: int | None, rebuilds: Tra
         )
         await attach_remote_servers(cfg, processes, session, identity.run_id, identity.incarnation)
         servers = ", ".join(f"{ep.name} {ep.url} ({', '.join(ep.environments)})" for ep in processes.env_servers)
-        engines = ", ".join(engine.url or f"{engine.index} (starting)" for engine in processes.engines.all())
+        engines = ", ".join(engine.url for engine in processes.engines.all())
         log.info("policy engines %s, environment servers: %s; model %s", engines, servers,
                  processes.model_dir)
         reported = await _server_capabilities(cfg, processes, session)
@@ -155,8 +151,6 @@ async def _incarnation(cfg: TurnkeepConfig, max_steps: int | None, rebuilds: Tra
             prompts=prompt_source(cfg), level_plans=_recovery_plans(cfg, reported),
         )
         stack.push_async_callback(controller.env_client.close)
-        if processes.engines_starting:
-            admit_once_an_engine_is_live(processes.engines, controller.admission)
         stack.callback(lambda: controller.data_plane.journal.close())
         if not identity.resumed:
             controller.start_journal(identity.run_id, identity.incarnation)
@@ -172,14 +166,13 @@ async def _incarnation(cfg: TurnkeepConfig, max_steps: int | None, rebuilds: Tra
         elif recovery is not None:
             _report_recovery(run_dir, identity, await _recover_without_temporal(recovery))
         clock.mark("recovered" if recovery is not None else "workflows")
+        clock.record(run_dir, identity.incarnation)
         observers = start_observers(stack, cfg, controller, processes, run_dir, identity)
         preemption = PreemptionHandler(controller, snapshots, cfg.snapshot.preemption_grace_s)
         preemption.install()
         keeper = keep_engines(processes, session, run_dir=run_dir, no_engine_stop_s=cfg.policy.no_engine_stop_s,
                               restart_pause_s=cfg.policy.engine_restart_s)
         stack.push_async_callback(keeper.stop)  # before the processes stop: their stopping is no death to repair
-        recorded = asyncio.create_task(record_once_engines_live(clock, keeper, run_dir, identity.incarnation))
-        stack.push_async_callback(_cancelled, recorded)
         controller.engine_keeper = keeper  # `turnkeep scale` reaches it through the run workflow's update
         died: list[str] = []
         trainer_death = asyncio.ensure_future(first_death({"trainer": processes.trainer}))
@@ -194,7 +187,6 @@ async def _incarnation(cfg: TurnkeepConfig, max_steps: int | None, rebuilds: Tra
             raise
         finally:
             preemption.uninstall()
-            controller.admission.release(ENGINES_STARTING_HOLDER)  # a run that ended before any engine was live
         if snapshots is not None:
             # An attempt in flight cannot finish without the process that died: waiting the full phase timeout
             # for it would only delay the one-line stop.
@@ -228,10 +220,8 @@ async def _processes(cfg: TurnkeepConfig, identity: RunIdentity, head: RayHead |
     """The trainer, the policy server and the environment server: re-attached when a crashed controller of this run
     left them running in its Ray, started otherwise."""
     survives = cfg.ray.survive_controller_s > 0
-    # A stand-alone environment server attaches with the engines' URLs: with one, the engines are live first.
-    engines_later = not any(spec.kind == EnvironmentKind.REMOTE for spec in cfg.environments.values())
     if head is None and not (cfg.ray.address and survives):
-        return await launch(cfg, identity.incarnation, reserve_gpus(cfg), clock=clock, engines_later=engines_later)
+        return await launch(cfg, identity.incarnation, reserve_gpus(cfg), clock=clock)
     stamp = {"run_id": identity.run_id, "digest": process_digest(cfg)}
     # On a user's cluster anything this run left is found in its namespace; the run's own head says so itself.
     if head is None or head.reused:
@@ -245,8 +235,7 @@ async def _processes(cfg: TurnkeepConfig, identity: RunIdentity, head: RayHead |
                   flush=True)
             clock.mark("reattached")
             return survivors
-    return await launch(cfg, identity.incarnation, reserve_gpus(cfg, detached=True), identity=stamp, clock=clock,
-                        engines_later=engines_later)
+    return await launch(cfg, identity.incarnation, reserve_gpus(cfg, detached=True), identity=stamp, clock=clock)
 
 
 async def _server_capabilities(cfg: TurnkeepConfig, processes, session) -> list[Capabilities]:

@@ -54,12 +54,3 @@ async def marked(clock: StartupClock | None, phase: str, awaitable):
     if clock is not None:
         clock.mark(phase)
     return result
-
-
-async def record_once_engines_live(clock: StartupClock, keeper, run_dir: Path, incarnation: int) -> None:
-    """The incarnation's `startup` line, once its first engines are live too (`EngineKeeper.joined`: they may go
-    live after the recovery)."""
-    await keeper.joined()
-    if keeper.joining and keeper.join_failure is None:
-        clock.mark("engines")
-    clock.record(run_dir, incarnation)

@@ -2,10 +2,9 @@
 
 cancel what the previous incarnation left open -> choose the source (newest verified
 snapshot, an older one, or the trainer checkpoint's own data plane) -> restore while
-paused -> load the restored weights into every live policy engine at once (each its own activity,
-in its process; an engine still starting loads them when it goes live) -> resume. Its summary
-and details say which source was used and why, so the Temporal UI answers "where did this run
-continue from?".
+paused -> load the restored weights into every policy engine at once (each its own activity,
+in its process) -> resume. Its summary and details say which source was used and why, so the
+Temporal UI answers "where did this run continue from?".
 """
 
 from __future__ import annotations

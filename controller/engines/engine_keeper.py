@@ -21,9 +21,7 @@ import ray.exceptions
 
 from controller.engines.engine_pool import Engine, EnginePool, EngineState
 from primitives.atomic_files import append_jsonl
-from primitives.holds import HoldSet
 from schemas.choices import MetricsKind
-from schemas.names import ENGINES_STARTING_HOLDER
 
 log = logging.getLogger("turnkeep.engines")
 
@@ -47,64 +45,19 @@ class EngineKeeper:
         self._restart_pause_s = restart_pause_s
         self._watchers: dict[int, asyncio.Task] = {}
         self.restarts = 0
-        self._joining: asyncio.Task | None = None
-        self.join_failure: str | None = None
-        """Why one of the run's first engines did not start (`join`): the run stops with it."""
 
-    def start(self, starting: list[Awaitable[Engine]] = ()) -> None:
-        """Watch the live engines; the ones still `starting` join as their starts finish."""
+    def start(self) -> None:
         for engine in self._pool.all():
-            if engine.state is not EngineState.STARTING:
-                self.watch_engine(engine.index)
-        if starting:
-            self._joining = asyncio.create_task(self.join(starting), name="engines-join")
-
-    async def join(self, starting: list[Awaitable[Engine]]) -> None:
-        """The run's first engines (engine k's start at index k), started beside the trainer: each goes live as soon
-        as its start is done (its Temporal worker first, then the trainer's newest weights), and is watched like the
-        others from then on. One whose process dies meanwhile is replaced as any engine that dies; one whose start
-        fails stops the run (`none_live`), as it stopped the launch before."""
-        await asyncio.gather(*(self._join_one(index, start) for index, start in enumerate(starting)))
-
-    async def _join_one(self, index: int, start: Awaitable[Engine]) -> None:
-        try:
-            engine = await start
-            self._pool.put(engine)
-            await self._pool.started(engine)
-            await self._pool.catch_up(engine, self._trainer)
-            log.info("policy engine %d is live at %s (version %d)", index, engine.url, engine.version)
-        except ray.exceptions.RayActorError:
-            dead = self._pool.get(index)
-            dead.state = EngineState.DEAD
-            log.warning("policy engine %d died while it started; starting a replacement", index)
-            await self._replace(dead, time.monotonic())
-        except Exception as err:  # noqa: BLE001 - whatever ended an engine's start is the run's stop reason
-            first_line = str(err).splitlines()[0] if str(err) else repr(err)
-            self.join_failure = f"policy engine {index} did not start: {first_line}"
-            log.error("%s", self.join_failure)
-            return
-        self.watch_engine(index)
-        await self._pool.changed()
-
-    @property
-    def joining(self) -> bool:
-        """Some of the run's first engines were still starting when the keeper took over (`start`)."""
-        return self._joining is not None
-
-    async def joined(self) -> None:
-        """Until every one of the run's first engines is live (at once when none was starting)."""
-        if self._joining is not None:
-            await asyncio.shield(self._joining)
+            self.watch_engine(engine.index)
 
     def watch_engine(self, index: int) -> None:
         if index not in self._watchers or self._watchers[index].done():
             self._watchers[index] = asyncio.create_task(self._keep(index), name=f"engine-{index}")
 
     async def stop(self) -> None:
-        tasks = [*self._watchers.values(), *([self._joining] if self._joining is not None else [])]
-        for task in tasks:
+        for task in self._watchers.values():
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*self._watchers.values(), return_exceptions=True)
 
     async def add(self, index: int) -> None:
         """Scale up: engine `index` started, refitted, live and routed to, then watched like the others."""
@@ -146,10 +99,8 @@ class EngineKeeper:
         """Resolves to the run's stop reason once no engine has been live for `no_engine_stop_s`."""
         since = None
         while True:
-            if self.join_failure is not None:
-                return self.join_failure
-            if self._pool.live() or (self._joining is not None and not self._joining.done()):
-                since = None  # the run's first engines are still starting: that is no absence
+            if self._pool.live():
+                since = None
             elif since is None:
                 since = time.monotonic()
             elif time.monotonic() - since >= self._no_engine_stop_s:
@@ -217,21 +168,9 @@ async def _until_dead(actor) -> None:
         await asyncio.sleep(PROBE_INTERVAL_S)
 
 
-def admit_once_an_engine_is_live(pool: EnginePool, admission: HoldSet) -> None:
-    """The run's first engines start beside the trainer (a restart's recovery and undone steps run meanwhile): the
-    controller's admission opens when one of them is live."""
-    admission.add(ENGINES_STARTING_HOLDER)
-
-    async def open_when_live() -> None:
-        if pool.live():
-            admission.release(ENGINES_STARTING_HOLDER)
-
-    pool.on_change.append(open_when_live)
-
-
 def keep_engines(processes, session, *, run_dir: Path, no_engine_stop_s: float, restart_pause_s: float) -> EngineKeeper:
-    """Watch every engine of `processes`, make the ones still starting live as they are ready, replace the ones
-    that die, and tell the environment servers each time the live set changes."""
+    """Watch every engine of `processes`, replace the ones that die, and tell the environment servers each time
+    the live set changes."""
     from controller.engines.engine_routes import push_routes
 
     pool = processes.engines
@@ -242,5 +181,5 @@ def keep_engines(processes, session, *, run_dir: Path, no_engine_stop_s: float, 
     pool.on_change.append(tell_servers)
     keeper = EngineKeeper(pool, processes.spawn_engine, processes.trainer, run_dir=run_dir,
                           no_engine_stop_s=no_engine_stop_s, restart_pause_s=restart_pause_s)
-    keeper.start(processes.engines_starting)
+    keeper.start()
     return keeper

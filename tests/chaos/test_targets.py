@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from chaos.report import Round, build_report, format_report
-from chaos.targets import NODE, Kill, kill_target, parse_targets, repaired, target_running
+from chaos.targets import NODE, Kill, kill_target, parse_targets, repaired
 from chaos.verdict import check_invariants
 from primitives.pid_files import write_pid_file
 from primitives.process_tree import kill_tree
@@ -103,18 +103,3 @@ def test_a_rank_kill_in_a_one_rank_run_finds_nothing(tmp_path: Path):
         assert kill_target("rank", tmp_path, root_pid=0).killed == 0 and trainer.poll() is None
     finally:
         trainer.kill()
-
-
-def test_a_target_runs_once_a_live_process_has_its_pid_file(tmp_path: Path):
-    engine = _sleeper()
-    try:
-        assert all(target_running(target, tmp_path) for target in ("all", "controller", NODE))
-        assert not target_running("policy", tmp_path) and not target_running("engine", tmp_path)
-        write_pid_file(tmp_path, "policy.1", engine.pid)  # engine 1 started; engine 0 (`policy`) still starts
-        assert target_running("engine", tmp_path) and not target_running("policy", tmp_path)
-        write_pid_file(tmp_path, "policy", engine.pid)
-        assert target_running("policy", tmp_path) and not target_running("rank", tmp_path)
-    finally:
-        engine.kill()
-        engine.wait()
-    assert not target_running("policy", tmp_path)  # its pid file names a process that is gone

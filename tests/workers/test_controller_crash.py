@@ -131,12 +131,8 @@ def test_a_restarted_controller_reattaches_to_what_the_killed_one_left_and_other
     assert "reattached" in startups[2] and "engines" not in startups[2], startups[2]
     for incarnation, last in ((1, "workflows"), (3, "recovered"), (4, "recovered")):
         marks = startups[incarnation]
-        assert marks["run_started"] <= marks["ray"] <= marks["trainer"] <= marks["env_server"] <= marks[last], marks
-        assert marks["ray"] < marks["engines"], marks  # live once started; before or after the recovery
-    # The re-attached engine was live at its recovery, which loaded the restored weights into it; a restart whose
-    # engine started anew loads them when it goes live.
-    recoveries = {line["incarnation"]: set(line["seconds"]) for line in metrics(run_dir, "recovery")}
-    assert "load_weights" in recoveries[2] and "load_weights" not in recoveries[4], recoveries
+        assert marks["run_started"] <= marks["ray"] <= marks["trainer"], marks
+        assert max(marks["trainer"], marks["engines"]) <= marks["env_server"] <= marks[last], marks
     restored = [e for e in read_audit(run_dir) if e.event == "restored"]
     assert len(restored) == 3 and all(e.source != "fresh" for e in restored), [(e.inc, e.source) for e in restored]
     verdict = check_run_dir(run_dir)

@@ -94,9 +94,7 @@ def test_sigterm_saves_a_final_snapshot_through_a_restarted_outside_temporal_and
     assert restored.inc == 2
     [recovery] = metrics(run_dir, "recovery")
     assert recovery["source"]["kind"] == "snapshot" and recovery["restore"]["step"] == stopped_at
-    # No load_weights phase: the restart's engine starts beside the trainer and the recovery, and takes the restored
-    # weights when it goes live (a re-attached engine, live at the recovery, has the phase: test_controller_crash).
-    assert set(recovery["seconds"]) == {"cancel_stale", "choose_source", "restore", "resume"}
+    assert set(recovery["seconds"]) == {"cancel_stale", "choose_source", "restore", "load_weights", "resume"}
     # Only the run's user can read what it wrote: the directory, checkpoints and snapshots. (Ray makes its own
     # folders 0777; they are inside the 0700 run directory.)
     assert run_dir.stat().st_mode & 0o777 == 0o700

@@ -17,7 +17,7 @@ import psutil
 import ray
 
 from controller.config_file import ConfigError
-from controller.engines.engine_pool import Engine, EnginePool, EngineState
+from controller.engines.engine_pool import EnginePool, EngineState
 from controller.processes import EnvServerEndpoint, Processes
 from envs.kinds import local_environments
 from primitives.control_token import create_control_token
@@ -105,14 +105,9 @@ def _make_model(cfg_json: str) -> str:
 
 
 async def launch(cfg: TurnkeepConfig, incarnation: int | None = None, gpus=None,
-                 identity: dict | None = None, clock: StartupClock | None = None,
-                 engines_later: bool = False) -> Processes:
+                 identity: dict | None = None, clock: StartupClock | None = None) -> Processes:
     """Start the trainer, the engines and the run's environment server; with `incarnation`, the environment server
     writes turn commits to the audit log; with `clock`, each is marked the moment it is up.
-
-    With `engines_later` it returns once the trainer and the environment server are up: the engines are in the
-    pool as `starting`, their starts go on (`Processes.engines_starting`), and `EngineKeeper.join` makes each live
-    when it is ready, so a restart's recovery and its undone steps run while vLLM still starts.
 
     With `identity` (the run id and `process_digest` of the config) they are detached actors, stamped with it, that
     outlive this controller: a restarted one re-attaches to them (`workers.ray_cluster.survivors`)."""
@@ -124,37 +119,30 @@ async def launch(cfg: TurnkeepConfig, incarnation: int | None = None, gpus=None,
     actors = [starter.create(k) for k in range(cfg.policy.engines)]
     model_dir = str(cached) if (cached := cached_tiny_model_dir(cfg)) is not None else await _model_dir(cfg_json)
     starter.model_dir = model_dir
-    pool = EnginePool([Engine(k, actor, "", state=EngineState.STARTING) for k, actor in enumerate(actors)])
+    pool = EnginePool([])
     local = sorted(local_environments(cfg.environments))
     env = LocalEnvServer(cfg, Path(model_dir), pool.routable_urls, token, incarnation, identity=identity) if local \
         else None
     if env is not None:
-        env.create()  # its process starts beside the others
-    # The trainer loads its model while the engines start: none waits for another.
-    starting = [asyncio.ensure_future(starter.begin(k, actor)) for k, actor in enumerate(actors)]
+        env.create()  # its process starts beside the others; it is started once the engines it routes to are live
     try:
-        trainer_up = marked(clock, "trainer", setup_trainer(trainer, model_dir, cfg, identity, gpus))
-        if engines_later:
-            await trainer_up
-        else:
-            engines, _ = await asyncio.gather(marked(clock, "engines", asyncio.gather(*starting)), trainer_up)
-            for engine in engines:
-                engine.state = EngineState.LIVE
-                pool.put(engine)
-            starting = []
+        # The trainer loads its model while the engines start: none waits for another.
+        engines, _ = await asyncio.gather(
+            marked(clock, "engines", asyncio.gather(*(starter.begin(k, actor) for k, actor in enumerate(actors)))),
+            marked(clock, "trainer", setup_trainer(trainer, model_dir, cfg, identity, gpus)),
+        )
+        for engine in engines:
+            engine.state = EngineState.LIVE
+            pool.put(engine)
         env_url, servers = None, []
         if env is not None:
-            # With the engines still starting it routes to none yet: its calls wait for the routes they get live.
             env_url = await marked(clock, "env_server", env.start())
             servers.append(EnvServerEndpoint("env", env_url, token, local))
     except BaseException:
-        for start in starting:
-            start.cancel()
         if env is not None and env.url is None:
             _kill_quietly(env.actor)  # never stamped, so nothing would find it again on a user's cluster
         raise
-    return Processes(trainer, pool, env, Path(model_dir), env_url, token, servers, spawn_engine=starter.spawn,
-                     engines_starting=starting)
+    return Processes(trainer, pool, env, Path(model_dir), env_url, token, servers, spawn_engine=starter.spawn)
 
 
 def _kill_quietly(actor) -> None:
@@ -198,8 +186,6 @@ async def shutdown(processes: Processes | None, on_cluster: bool = False) -> Non
     """Stop the run's processes. `on_cluster`: they are detached actors on a user's cluster, which nothing else
     stops when the run ends (the run's own Ray goes with its head): every one of them, and the warden, go too."""
     if processes is not None:
-        for start in processes.engines_starting:
-            start.cancel()  # the engine's own stop below ends it
         engines = [engine.actor for engine in processes.engines.all() if engine.state is not EngineState.DEAD]
         stops = [process.stop() if isinstance(process, LocalEnvServer) else process.stop.remote()
                  for process in (processes.env, *engines) if process is not None]

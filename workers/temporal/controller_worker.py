@@ -208,9 +208,8 @@ async def start_snapshots(
         await workflows.start()
         worker, worker_task = controller_worker(client, ctx, recovery_acts)
         if recovery is not None:
-            # Into the live engines only: one still starting takes the restored weights when it goes live.
-            live = [engine.index for engine in processes.engines.live()]
-            ctx.recovery = await _unless_it_fails(actor_workers, _recover(cfg, client, run_id, incarnation, live))
+            ctx.recovery = await _unless_it_fails(actor_workers, _recover(cfg, client, run_id, incarnation,
+                                                                          processes.engines.indices()))
         await actor_workers
         handle = await client.start_workflow(
             RunWorkflow.run,
