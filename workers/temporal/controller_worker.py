@@ -204,6 +204,7 @@ async def start_snapshots(
                                record_local_runs(cfg.run.run_dir))
     workflows = WorkflowThread(address, cfg.temporal.namespace, security, controller_queue(run_id),
                                CONTROLLER_WORKFLOWS, local)
+    worker: Worker | None = None
     try:
         await workflows.start()
         worker, worker_task = controller_worker(client, ctx, recovery_acts)
@@ -228,7 +229,10 @@ async def start_snapshots(
     except BaseException:
         actor_workers.cancel()
         await asyncio.gather(actor_workers, return_exceptions=True)
-        await workflows.stop()  # the run does not start: nothing may keep polling for it
+        # The run does not start: nothing may keep polling for it. An activity worker left running was cancelled
+        # only when the event loop closed, after the embedded Temporal server had stopped, and its shutdown then
+        # waited for that server forever (a trainer killed during the recovery: the process never exited).
+        await stop_controller_workers(worker, workflows)
         raise
     runtime = SnapshotRuntime(client, worker, worker_task, handle, ctx, workflows)
     controller.after_checkpoint = lambda step, trigger, repeat: _tie_attempt_to_checkpoint(
@@ -332,9 +336,18 @@ async def stop_snapshots(runtime: SnapshotRuntime | None, reason: str, grace_s: 
             await engine.actor.stop_temporal_worker.remote()
         except RayActorError as err:
             log.info("engine %d gone while stopping: %s", engine.index, str(err).splitlines()[0] if str(err) else err)
-    for what, stopping in (("activity worker", runtime.worker.shutdown()), ("workflow worker", runtime.workflows.stop())):
+    await stop_controller_workers(runtime.worker, runtime.workflows)
+
+
+async def stop_controller_workers(worker: Worker | None, workflows: WorkflowThread) -> None:
+    """Stop the controller's activity worker (None: not started) and its workflow thread, each within
+    `WORKER_SHUTDOWN_S`."""
+    stopping = [("workflow worker", workflows.stop())]
+    if worker is not None:
+        stopping.insert(0, ("activity worker", worker.shutdown()))
+    for what, stop in stopping:
         try:
-            await asyncio.wait_for(stopping, WORKER_SHUTDOWN_S)
+            await asyncio.wait_for(stop, WORKER_SHUTDOWN_S)
         except asyncio.TimeoutError:
             # Seen once: a shutdown waiting on a task that never ended kept a finished run from exiting.
             log.warning("the controller's Temporal %s did not stop within %.0fs; the run ends without it", what,

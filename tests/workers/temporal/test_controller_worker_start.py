@@ -1,13 +1,21 @@
 """The recovery runs while the trainer's and the engines' workers start: their failure ends it at once with their
-error, and their being slower does not hold it back."""
+error, and their being slower does not hold it back; a recovery that fails leaves no worker of the controller
+polling."""
 
 from __future__ import annotations
 
 import asyncio
+import uuid
+from types import SimpleNamespace
 
 import pytest
+from temporalio import activity
 
-from workers.temporal.controller_worker import _unless_it_fails
+from primitives.temporal_client import start_worker
+from schemas.choices import AgentsMode
+from schemas.config import TurnkeepConfig
+from workers.temporal import controller_worker as module
+from workers.temporal.controller_worker import _unless_it_fails, start_snapshots
 
 
 def test_workers_that_fail_to_start_cancel_the_recovery_and_their_error_is_raised() -> None:
@@ -37,3 +45,48 @@ def test_the_recovery_returns_while_the_workers_are_still_starting() -> None:
         return result, still_starting
 
     assert asyncio.run(scenario()) == ("restored", True)
+
+
+@activity.defn(name="test.noop")
+async def _noop() -> None:
+    return None
+
+
+@pytest.mark.integration
+def test_a_recovery_that_fails_stops_the_controllers_activity_worker_before_raising(temporal_address, tmp_path,
+                                                                                   monkeypatch) -> None:
+    """A trainer killed during the recovery: the run stops its embedded Temporal server on the way out, and an
+    activity worker still running then was cancelled only as the event loop closed; its shutdown waited for that
+    server forever and the process never exited (`test_single_process_deaths` timed out in CI)."""
+    started: list[asyncio.Task] = []
+
+    def controller_worker(client, ctx, recovery):
+        worker, task = start_worker(client, f"test-{uuid.uuid4().hex[:6]}", activities=[_noop])
+        started.append(task)
+        return worker, task
+
+    async def recovery_fails(*_args) -> None:
+        raise RuntimeError("the trainer died during the recovery")
+
+    async def trainer_worker(*_args) -> None:
+        return None
+
+    for name, fake in {"controller_worker": controller_worker, "_recover": recovery_fails,
+                       "participant_clients": lambda *_args: ([], None), "controller_activities": lambda ctx: [],
+                       "bridged_activities": lambda *_args: [],
+                       "RecoveryActivities": lambda *_args, **_kwargs: None,
+                       "SnapshotCoordinator": lambda **kwargs: SimpleNamespace(**kwargs)}.items():
+        monkeypatch.setattr(module, name, fake)
+    engines = SimpleNamespace(live=lambda: [], indices=lambda: [], on_start=[])
+    trainer = SimpleNamespace(start_temporal_worker=SimpleNamespace(remote=trainer_worker))
+    controller = SimpleNamespace(processes=SimpleNamespace(trainer=trainer, engines=engines))
+    cfg = TurnkeepConfig.model_validate({"run": {"run_dir": str(tmp_path)}})
+
+    async def scenario() -> bool:
+        with pytest.raises(RuntimeError, match="during the recovery"):
+            await start_snapshots(cfg, controller, None, temporal_address, f"run-{uuid.uuid4().hex[:6]}", 2,
+                                  recovery=object(), agents_mode=AgentsMode.JOURNAL)
+        [task] = started
+        return task.done()
+
+    assert asyncio.run(scenario()), "the controller's activity worker was left polling"
