@@ -12,7 +12,7 @@ from pathlib import Path
 
 import orjson
 
-from cli.bench_pass import PASS_FILE, bench_pass, pass_line
+from cli.bench_pass import PASS_FILE, PASS_SENTENCE, bench_pass, pass_line
 
 BENCHMARKS = {
     "overhead": "snapshots off vs on in alternating pairs, same seed and length: rollout tokens/s, train steps/min",
@@ -33,6 +33,8 @@ BENCHMARKS = {
                     "rollout tokens/s in alternating rounds",
     "ranks": "1 and 2 trainer ranks: step time, refit gather, checkpoint save and load, memory per rank; a rank's "
              "death to the next train step, from a chaos run",
+    "restart": "a whole-tree kill a few steps after a snapshot, then the same command: seconds from the command to "
+               "each piece being up, the first train step and the first generated turn; CPU seconds by process",
 }
 ORDER = list(BENCHMARKS)
 REPO = Path(__file__).resolve().parents[1]
@@ -107,6 +109,10 @@ def render_markdown(out: Path, previous: str = "") -> str:
             "JSON in `--out`, default `runs/bench`) and collected here with `turnkeep bench markdown`; "
             "`turnkeep bench all` runs them all and collects them. Figures, not timed tests.", ""]
     line = pass_line(out)
+    if line is None:
+        # `out` is not a pass: the sections it keeps still come from the pass the previous file named.
+        line = next((kept for kept in previous.split("\n## ", 1)[0].splitlines() if kept.startswith(PASS_SENTENCE)),
+                    None)
     if line is not None:
         head += [line, ""]
     ordered = sorted(sections, key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER))

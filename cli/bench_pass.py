@@ -32,6 +32,7 @@ PASS_ARGS: dict[str, list[str]] = {
     "partial_turns": ["--kills", "8", "--chaos-steps", "70", "--pairs", "2", "--steps", "25"],
     "journal_cost": ["--pairs", "4"],
     "ranks": ["--kills", "2", "--chaos-steps", "60"],
+    "restart": ["--restarts", "3"],
 }
 """Each benchmark's arguments in a pass (besides `--out`), in the order they run: `lower_bound`, `orchestration` and
 `memory` read the runs `overhead` leaves in `--out`."""
@@ -40,8 +41,13 @@ PASS_FILE = "_pass.json"
 """What the pass itself records in `--out`: each benchmark's command, exit status, minutes and commit. A later
 `--only` into the same `--out` (a benchmark that failed, or one fixed since) replaces its own entries only."""
 
+PASS_SENTENCE = "The sections of "
+"""How the head's sentence naming a pass begins (`pass_line`); `turnkeep bench markdown` from a folder that is no pass
+keeps the previous file's."""
+
 RUN_FOLDERS = {"overhead": "overhead", "wasted": "wasted", "recovery": "chaos", "soak": "soak", "engines": "engines",
-               "partial_turns": "partial_turns", "ranks": "ranks"}
+               "partial_turns": "partial_turns", "ranks": "ranks",
+               "restart": "restart"}
 """The folder of `--out` where each benchmark that starts runs keeps them (it refuses one that is not empty)."""
 
 RunOne = Callable[[list[str]], int]
@@ -91,7 +97,7 @@ def pass_line(out: Path) -> str | None:
         commits = next(iter(by_commit))
     minutes = sum(each["minutes"] for each in done.values())
     each = ", ".join(f"{name} {done[name]['minutes']}" for name in done)
-    line = (f"The sections of {', '.join(done)} come from one pass, `turnkeep bench all`, at commit {commits}: "
+    line = (f"{PASS_SENTENCE}{', '.join(done)} come from one pass, `turnkeep bench all`, at commit {commits}: "
             f"{minutes:.0f} minutes on the machine named under each table (minutes per benchmark: {each}).")
     failed = [name for name in done if done[name]["exit"] != 0]
     if failed:

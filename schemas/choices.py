@@ -134,3 +134,5 @@ class MetricsKind(StrEnum):
     """The trainer (or one of its ranks) died and the run rebuilds the group and restores into it."""
     LOCAL_ACTIVITY = "local_activity"
     """One local activity's own clocks (`turnkeep bench orchestration`)."""
+    STARTUP = "startup"
+    """Where an incarnation's start went: seconds from its process's start to each piece being up."""

@@ -46,8 +46,14 @@ class LocalEnvServer:
         """The server an earlier controller of this run left running (`workers.ray_cluster.survivors`)."""
         self.actor, self.url, self.restarts = actor, url, restarts
 
+    def create(self) -> None:
+        """The actor now, not yet started: its process starts and imports while the engines start."""
+        self.actor = self._new_actor("env")
+
     async def start(self) -> str:
-        self.url = await self._start(self._cfg, "env")
+        if self.actor is None:
+            self.create()
+        self.url = await self._started(self._cfg)
         return self.url
 
     async def revive(self) -> None:
@@ -78,10 +84,16 @@ class LocalEnvServer:
             await self.actor.stop.remote()
 
     async def _start(self, cfg: TurnkeepConfig, name: str) -> str:
+        self.actor = self._new_actor(name)
+        return await self._started(cfg)
+
+    def _new_actor(self, name: str):
         from envs.env_actor import EnvServerActor
 
         detached = {"lifetime": "detached"} if self._identity is not None else {}
-        self.actor = EnvServerActor.options(name=name, **detached, **on_head_node()).remote()
+        return EnvServerActor.options(name=name, **detached, **on_head_node()).remote()
+
+    async def _started(self, cfg: TurnkeepConfig) -> str:
         url = await self.actor.start.remote(str(self._model_dir), self._policy_urls(), cfg.model_dump_json(),
                                             self._token, self._incarnation)
         write_pid_file(cfg.run.run_dir, "env", await self.actor.__ray_call__.remote(_pid_of))

@@ -54,6 +54,7 @@ from workers.ray_cluster.warden import beat_forever
 from workers.remote_envs import attach_remote_servers, probe_remote_servers
 from workers.run_observers import start_observers
 from workers.startup_checks import check_before_start
+from workers.startup_clock import StartupClock, marked
 from workers.temporal.controller_worker import (
     participant_clients,
     start_snapshots,
@@ -103,6 +104,8 @@ async def _incarnation(cfg: TurnkeepConfig, max_steps: int | None, rebuilds: Tra
     audit.emit(RunStarted, run_id=identity.run_id, pid=os.getpid(), resumed=identity.resumed)
     audit.start()
     started = time.monotonic()
+    clock = StartupClock()
+    clock.mark("run_started")
     kept = KeptForRebuild()
     async with AsyncExitStack() as stack:
         stack.push_async_callback(audit.close)
@@ -111,8 +114,9 @@ async def _incarnation(cfg: TurnkeepConfig, max_steps: int | None, rebuilds: Tra
         await asyncio.sleep(0)  # runs until it waits for the spawned server to answer
         try:
             head = join_ray(cfg, run_dir, ray_namespace(identity.run_id))
+            clock.mark("ray")
         finally:
-            temporal_address, temporal_supervisor = await temporal_start
+            temporal_address, temporal_supervisor = await marked(clock, "temporal", temporal_start)
         if head is not None:
             stack.callback(kept.unless, stop_head, head)  # after the processes' own stop (last in, first out)
             # Disconnect before the head goes: a driver left connected waits a minute for its GCS, then aborts the
@@ -120,7 +124,7 @@ async def _incarnation(cfg: TurnkeepConfig, max_steps: int | None, rebuilds: Tra
             stack.callback(ray.shutdown)
         on_cluster = bool(cfg.ray.address) and cfg.ray.survive_controller_s > 0
         try:
-            processes = await _processes(cfg, identity, head)
+            processes = await _processes(cfg, identity, head, clock)
         except TrainerDiedAtStart as died_at_start:
             _lose_trainer(died_at_start.reason, 0, rebuilds, kept, head is not None or on_cluster)
         stack.push_async_callback(kept.unless_async, shutdown, processes, on_cluster)
@@ -161,6 +165,8 @@ async def _incarnation(cfg: TurnkeepConfig, max_steps: int | None, rebuilds: Tra
                 _report_recovery(run_dir, identity, snapshots.ctx.recovery)
         elif recovery is not None:
             _report_recovery(run_dir, identity, await _recover_without_temporal(recovery))
+        clock.mark("recovered" if recovery is not None else "workflows")
+        clock.record(run_dir, identity.incarnation)
         observers = start_observers(stack, cfg, controller, processes, run_dir, identity)
         preemption = PreemptionHandler(controller, snapshots, cfg.snapshot.preemption_grace_s)
         preemption.install()
@@ -209,12 +215,13 @@ async def _noted(watch, noted: list[str]) -> str:
     return reason
 
 
-async def _processes(cfg: TurnkeepConfig, identity: RunIdentity, head: RayHead | None) -> Processes:
+async def _processes(cfg: TurnkeepConfig, identity: RunIdentity, head: RayHead | None,
+                     clock: StartupClock) -> Processes:
     """The trainer, the policy server and the environment server: re-attached when a crashed controller of this run
     left them running in its Ray, started otherwise."""
     survives = cfg.ray.survive_controller_s > 0
     if head is None and not (cfg.ray.address and survives):
-        return await launch(cfg, identity.incarnation, reserve_gpus(cfg))
+        return await launch(cfg, identity.incarnation, reserve_gpus(cfg), clock=clock)
     stamp = {"run_id": identity.run_id, "digest": process_digest(cfg)}
     # On a user's cluster anything this run left is found in its namespace; the run's own head says so itself.
     if head is None or head.reused:
@@ -226,8 +233,9 @@ async def _processes(cfg: TurnkeepConfig, identity: RunIdentity, head: RayHead |
                     else "re-attached the trainer, the policy server and the environment server")
             print(f"turnkeep: {what} an earlier controller left running ({time.monotonic() - began:.1f}s)",
                   flush=True)
+            clock.mark("reattached")
             return survivors
-    return await launch(cfg, identity.incarnation, reserve_gpus(cfg, detached=True), identity=stamp)
+    return await launch(cfg, identity.incarnation, reserve_gpus(cfg, detached=True), identity=stamp, clock=clock)
 
 
 async def _server_capabilities(cfg: TurnkeepConfig, processes, session) -> list[Capabilities]:

@@ -58,3 +58,14 @@ def test_a_stray_json_is_skipped_and_a_damaged_result_is_named(tmp_path, capsys)
     (tmp_path / "wasted.json").write_bytes(b'{"table": "| t |"}')
     with pytest.raises(SystemExit, match=r"\(no command, machine, notes\); run that command again"):
         render_markdown(tmp_path, PREVIOUS)
+
+
+def test_a_folder_that_is_no_pass_keeps_the_sentence_naming_the_pass_of_the_sections_it_keeps(tmp_path):
+    passed = "The sections of overhead, wasted come from one pass, `turnkeep bench all`, at commit abc: 3 minutes."
+    previous = PREVIOUS.replace("Old head.", f"Old head.\n\n{passed}")
+    write_result(tmp_path, BenchResult(name="scaling", table="| new scaling |", notes=[], data={}),
+                 "turnkeep bench scaling --out new")
+    text = render_markdown(tmp_path, previous)
+    assert passed in text.split("\n## ", 1)[0] and "| new scaling |" in text
+    assert passed not in render_markdown(tmp_path, PREVIOUS)  # nothing to keep: no sentence is made up
+

@@ -125,6 +125,14 @@ def test_a_restarted_controller_reattaches_to_what_the_killed_one_left_and_other
     text = log.read_text()
     assert "not re-attaching the processes an earlier controller left running (trainer was started with other " \
            "settings)" in text, text[-3000:]
+    # Every incarnation said where its start went; those that started the processes anew marked each piece.
+    startups = {line["incarnation"]: line["seconds"] for line in metrics(run_dir, "startup")}
+    assert set(startups) == {1, 2, 3, 4}, startups
+    assert "reattached" in startups[2] and "engines" not in startups[2], startups[2]
+    for incarnation, last in ((1, "workflows"), (3, "recovered"), (4, "recovered")):
+        marks = startups[incarnation]
+        assert marks["run_started"] <= marks["ray"] <= marks["trainer"], marks
+        assert max(marks["trainer"], marks["engines"]) <= marks["env_server"] <= marks[last], marks
     restored = [e for e in read_audit(run_dir) if e.event == "restored"]
     assert len(restored) == 3 and all(e.source != "fresh" for e in restored), [(e.inc, e.source) for e in restored]
     verdict = check_run_dir(run_dir)

@@ -87,6 +87,9 @@ def _start(cfg: TurnkeepConfig, run_dir: Path) -> RayHead:
         "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
         "--num-cpus", str(cfg.ray.num_cpus or os.cpu_count()), "--temp-dir", str(temp_dir),
         "--include-dashboard", "false", "--disable-usage-stats",
+        # No autoscaler: the run's own head is one machine that never grows, and its monitor process is half a
+        # second of CPU taken from the trainer's and vLLM's imports on every start.
+        "--no-monitor",
     ]
     log_path = run_dir / KEEPER_LOG
     with open(log_path, "ab") as out:

@@ -32,6 +32,7 @@ from workers.ray_cluster.head import RayHead, start_or_find_head
 from workers.ray_cluster.node_checks import check_nodes
 from workers.ray_cluster.security import ensure_ray_token
 from workers.ray_cluster.temp_dir import prepare_ray_temp_dir
+from workers.startup_clock import StartupClock, marked
 from workers.trainer_rebuilds import TrainerDiedAtStart
 
 
@@ -104,9 +105,9 @@ def _make_model(cfg_json: str) -> str:
 
 
 async def launch(cfg: TurnkeepConfig, incarnation: int | None = None, gpus=None,
-                 identity: dict | None = None) -> Processes:
+                 identity: dict | None = None, clock: StartupClock | None = None) -> Processes:
     """Start the trainer, the engines and the run's environment server; with `incarnation`, the environment server
-    writes turn commits to the audit log.
+    writes turn commits to the audit log; with `clock`, each is marked the moment it is up.
 
     With `identity` (the run id and `process_digest` of the config) they are detached actors, stamped with it, that
     outlive this controller: a restarted one re-attaches to them (`workers.ray_cluster.survivors`)."""
@@ -118,21 +119,37 @@ async def launch(cfg: TurnkeepConfig, incarnation: int | None = None, gpus=None,
     actors = [starter.create(k) for k in range(cfg.policy.engines)]
     model_dir = str(cached) if (cached := cached_tiny_model_dir(cfg)) is not None else await _model_dir(cfg_json)
     starter.model_dir = model_dir
-    # The trainer loads its model while the engines start: none waits for another.
-    *engines, _ = await asyncio.gather(
-        *(starter.begin(k, actor) for k, actor in enumerate(actors)),
-        setup_trainer(trainer, model_dir, cfg, identity, gpus),
-    )
-    for engine in engines:
-        engine.state = EngineState.LIVE
-    pool = EnginePool(engines)
+    pool = EnginePool([])
     local = sorted(local_environments(cfg.environments))
-    env, env_url, servers = None, None, []
-    if local:
-        env = LocalEnvServer(cfg, Path(model_dir), pool.routable_urls, token, incarnation, identity=identity)
-        env_url = await env.start()
-        servers.append(EnvServerEndpoint("env", env_url, token, local))
+    env = LocalEnvServer(cfg, Path(model_dir), pool.routable_urls, token, incarnation, identity=identity) if local \
+        else None
+    if env is not None:
+        env.create()  # its process starts beside the others; it is started once the engines it routes to are live
+    try:
+        # The trainer loads its model while the engines start: none waits for another.
+        engines, _ = await asyncio.gather(
+            marked(clock, "engines", asyncio.gather(*(starter.begin(k, actor) for k, actor in enumerate(actors)))),
+            marked(clock, "trainer", setup_trainer(trainer, model_dir, cfg, identity, gpus)),
+        )
+        for engine in engines:
+            engine.state = EngineState.LIVE
+            pool.put(engine)
+        env_url, servers = None, []
+        if env is not None:
+            env_url = await marked(clock, "env_server", env.start())
+            servers.append(EnvServerEndpoint("env", env_url, token, local))
+    except BaseException:
+        if env is not None and env.url is None:
+            _kill_quietly(env.actor)  # never stamped, so nothing would find it again on a user's cluster
+        raise
     return Processes(trainer, pool, env, Path(model_dir), env_url, token, servers, spawn_engine=starter.spawn)
+
+
+def _kill_quietly(actor) -> None:
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:  # noqa: BLE001 - gone already
+        pass
 
 
 def create_trainer(cfg: TurnkeepConfig, gpus, identity: dict | None = None):
