@@ -59,15 +59,23 @@ def _kill_and_see_it_repaired(run_dir, role: str, proc) -> int:
     return killed
 
 
-def _kill_each_new_trainer_before_it_trains(run_dir, proc, killed: int) -> None:
+def _kill_each_new_trainer_before_it_trains(run_dir, proc, killed: int, log) -> None:
     """The moment is pinned: a new trainer's pid file is written before it restores, refits the engine and
-    trains, which takes seconds; it is killed the moment its file names it."""
+    trains, which takes seconds; it is killed the moment its file names it. The run must then exit: a run that
+    printed its stop and stayed alive (a Temporal worker left waiting for a server already stopped) fails here
+    with its log, not at the test's timeout."""
+    deadline = time.monotonic() + STOP_AFTER_TRAINER_DEATHS_S
     while proc.poll() is None:
+        assert time.monotonic() < deadline, f"the run did not exit:\n{log.read_text()[-3000:]}"
         pid = live_pid(run_dir, "trainer")
         if pid not in (None, killed):
             os.kill(pid, signal.SIGKILL)
             killed = pid
         time.sleep(0.02)
+
+
+STOP_AFTER_TRAINER_DEATHS_S = 240.0
+"""Two trainer starts (about 11 s each here) and the stop: a minute at most on 2 cores; the rest is load."""
 
 
 def test_each_process_killed_alone_is_started_again_or_stops_the_run_in_one_line(stack_config) -> None:
@@ -86,7 +94,7 @@ def test_each_process_killed_alone_is_started_again_or_stops_the_run_in_one_line
         rank_killed = _kill_and_see_it_repaired(run_dir, "trainer.rank1", proc)
         assert (live_pid(run_dir, "policy"), live_pid(run_dir, "env")) == (engine, env)  # kept, not restarted
         # The new group trained on; its rank 0 is killed now, and every trainer after it before a step.
-        _kill_each_new_trainer_before_it_trains(run_dir, proc, _kill_alone(run_dir, "trainer"))
+        _kill_each_new_trainer_before_it_trains(run_dir, proc, _kill_alone(run_dir, "trainer"), log)
         assert proc.wait(timeout=150) == 1, log.read_text()[-3000:]
     finally:
         if proc.poll() is None:
