@@ -138,12 +138,18 @@ def _jsonl(path: Path) -> list[dict]:
         return []
 
 
+def _seconds(value: float) -> str:
+    """One decimal; the process start, read to the kernel's 10 ms tick, can fall a few ms before the command's clock,
+    and "-0.0" would read as a fault."""
+    return f"{round(value, 1) + 0.0:.1f}"
+
+
 def _result(args: argparse.Namespace, save_period: int, restarts: list[dict]) -> BenchResult:
     rows = []
     for phase, about in PHASES.items():
         values = [r["phases"][phase] for r in restarts if r["phases"].get(phase) is not None]
         if values:
-            rows.append([about, f"{statistics.median(values):.1f}", f"{min(values):.1f}-{max(values):.1f}"])
+            rows.append([about, _seconds(statistics.median(values)), f"{_seconds(min(values))}-{_seconds(max(values))}"])
     table = markdown_table(["seconds from the command", "median", "range"], rows)
     roles = sorted({role for r in restarts for role in r["cpu_s"]}, key=lambda role: -statistics.median(
         r["cpu_s"].get(role, 0.0) for r in restarts))
