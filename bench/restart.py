@@ -149,7 +149,8 @@ def _result(args: argparse.Namespace, save_period: int, restarts: list[dict]) ->
     for phase, about in PHASES.items():
         values = [r["phases"][phase] for r in restarts if r["phases"].get(phase) is not None]
         if values:
-            rows.append([about, _seconds(statistics.median(values)), f"{_seconds(min(values))}-{_seconds(max(values))}"])
+            spread = f"{_seconds(min(values))}-{_seconds(max(values))}"
+            rows.append([about, _seconds(statistics.median(values)), spread])
     table = markdown_table(["seconds from the command", "median", "range"], rows)
     roles = sorted({role for r in restarts for role in r["cpu_s"]}, key=lambda role: -statistics.median(
         r["cpu_s"].get(role, 0.0) for r in restarts))
