@@ -13,7 +13,6 @@ import pytest
 from bench.attempt_history import history_times
 from schemas.participant import FaultPlan
 from schemas.snapshot import SnapshotManifest
-from tests.stack_training import in_new_run_dir, train_shared_stack
 from tests.workflows.snapshot_harness import (
     StandInParticipants,
     attempt_dropped_by_its_worker,
@@ -111,18 +110,34 @@ async def _version(trainer) -> int:
 
 
 def test_a_step_finishing_during_a_slow_prepare_waits_and_the_attempt_lands(stack, stack_config, temporal_address):
-    # The peer's case: the Gym phase (3 s) is longer than a train step (about 1 s here). A fresh stack's first steps
-    # wait on a cold engine for their rows, not on the hold: start from a stack that has trained.
-    start = asyncio.run(_version(stack.trainer))
-    if start < 2:
-        asyncio.run(train_shared_stack(in_new_run_dir(stack_config, "tk-warm-"), stack, start, steps=2 - start))
+    """The peer's case: the Gym phase (3 s) is longer than a train step (about 1 s here). The moment is pinned: the
+    operator's attempt is asked for only once the groups of the step after its checkpoint are finished, so that
+    step is ready while the attempt prepares and waits on the hold (at a checkpoint taken on its own, whether they
+    are finished is timing: the file run alone once found them unfinished and the trainer never waited)."""
+    from schemas.snapshot import SnapshotNowSignal
+    from workflows.run_workflow import RunWorkflow
+
+    async def snapshot_when_the_next_step_is_ready(snapshots, controller):
+        per_step = controller.cfg.train.prompts_per_step
+        # Complete groups: at most a step's batch being trained, and a whole batch more.
+        while len(controller.ledger.complete_group_ids()) < 2 * per_step:
+            await asyncio.sleep(0.02)
+        await snapshots.handle.signal(RunWorkflow.snapshot_now, SnapshotNowSignal(reason="the next step is ready"))
+        await _until_outcome(snapshots, lambda r: r.trigger == "operator")
+        # The held step ends after the attempt released the hold; the scenario stops once its line is written.
+        after = controller.training.step + 1
+        while controller.training.step < after:
+            await asyncio.sleep(0.02)
+
     cfg = scenario_config(stack_config)
-    result = asyncio.run(run_scenario(stack, temporal_address, cfg, steps=4,
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"save_period": 1000})})
+    result = asyncio.run(run_scenario(stack, temporal_address, cfg, steps=None,
+                                      during=snapshot_when_the_next_step_is_ready,
                                       env_faults=FaultPlan(delay_s={"prepare": 3.0})))
     published = [line for line in result.snapshot_lines if line["outcome"] == "published"]
     assert published, outcomes(result)
     assert not [line for line in result.snapshot_lines if "trainer" in line["reason"] and line["outcome"] == "skipped"]
-    assert max(line["trainer_wait_s"] for line in published) > 1.0
+    assert max(line["trainer_wait_s"] for line in published) > 1.0, result.snapshot_lines
     assert max(line["trainer_hold_wait_s"] for line in result.step_lines) > 1.0
     assert_released(result)
 
