@@ -124,10 +124,11 @@ def test_a_step_finishing_during_a_slow_prepare_waits_and_the_attempt_lands(stac
             await asyncio.sleep(0.02)
         await snapshots.handle.signal(RunWorkflow.snapshot_now, SnapshotNowSignal(reason="the next step is ready"))
         await _until_outcome(snapshots, lambda r: r.trigger == "operator")
-        # The held step ends after the attempt released the hold; the scenario stops once its line is written.
-        after = controller.training.step + 1
-        while controller.training.step < after:
-            await asyncio.sleep(0.02)
+        # The held step ends after the attempt released the hold; the scenario stops once its line is written (the
+        # pump's step count moves before its refit, and the line is written after it).
+        held = controller.training.checkpointed_step + 1
+        while not [line for line in _step_lines(controller.cfg.run.run_dir) if line["step"] >= held]:
+            await asyncio.sleep(0.05)
 
     cfg = scenario_config(stack_config)
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"save_period": 1000})})
@@ -235,6 +236,12 @@ def test_a_killed_controller_worker_is_replaced_and_the_attempt_ends_from_histor
     assert first["outcome"] in ("published", "failed", "aborted"), first
     assert first["reason"]
     assert_released(result)
+
+
+def _step_lines(run_dir) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    lines = [orjson.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
+    return [line for line in lines if line["kind"] == "train_step"]
 
 
 async def _until_outcome(snapshots, predicate, timeout_s: float = 90.0):
