@@ -13,6 +13,7 @@ import pytest
 from bench.attempt_history import history_times
 from schemas.participant import FaultPlan
 from schemas.snapshot import SnapshotManifest
+from tests.run_command import metrics
 from tests.workflows.snapshot_harness import (
     StandInParticipants,
     attempt_dropped_by_its_worker,
@@ -105,10 +106,6 @@ def test_an_attempt_from_before_engines_uses_the_one_policy_servers_queue():
         assert participants.policy_calls(step) == [f"{run_id}.policy"], step
 
 
-async def _version(trainer) -> int:
-    return await trainer.version.remote()
-
-
 def test_a_step_finishing_during_a_slow_prepare_waits_and_the_attempt_lands(stack, stack_config, temporal_address):
     """The peer's case: the Gym phase (3 s) is longer than a train step (about 1 s here). The moment is pinned: the
     operator's attempt is asked for only once the groups of the step after its checkpoint are finished, so that
@@ -127,7 +124,7 @@ def test_a_step_finishing_during_a_slow_prepare_waits_and_the_attempt_lands(stac
         # The held step ends after the attempt released the hold; the scenario stops once its line is written (the
         # pump's step count moves before its refit, and the line is written after it).
         held = controller.training.checkpointed_step + 1
-        while not [line for line in _step_lines(controller.cfg.run.run_dir) if line["step"] >= held]:
+        while not [line for line in metrics(controller.cfg.run.run_dir, "train_step") if line["step"] >= held]:
             await asyncio.sleep(0.05)
 
     cfg = scenario_config(stack_config)
@@ -236,12 +233,6 @@ def test_a_killed_controller_worker_is_replaced_and_the_attempt_ends_from_histor
     assert first["outcome"] in ("published", "failed", "aborted"), first
     assert first["reason"]
     assert_released(result)
-
-
-def _step_lines(run_dir) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    lines = [orjson.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
-    return [line for line in lines if line["kind"] == "train_step"]
 
 
 async def _until_outcome(snapshots, predicate, timeout_s: float = 90.0):

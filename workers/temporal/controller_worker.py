@@ -342,10 +342,8 @@ async def stop_snapshots(runtime: SnapshotRuntime | None, reason: str, grace_s: 
 async def stop_controller_workers(worker: Worker | None, workflows: WorkflowThread) -> None:
     """Stop the controller's activity worker (None: not started) and its workflow thread, each within
     `WORKER_SHUTDOWN_S`."""
-    stopping = [("workflow worker", workflows.stop())]
-    if worker is not None:
-        stopping.insert(0, ("activity worker", worker.shutdown()))
-    for what, stop in stopping:
+    stopping = [] if worker is None else [("activity worker", worker.shutdown())]
+    for what, stop in (*stopping, ("workflow worker", workflows.stop())):
         try:
             await asyncio.wait_for(stop, WORKER_SHUTDOWN_S)
         except asyncio.TimeoutError:
