@@ -10,13 +10,13 @@ import time
 
 from temporalio import activity
 
-from activities.errors import check_incarnation, expected_failure
-from activities.heartbeat import heartbeating
-from controller.engines.engine_scaling import scale_to
-from controller.engines.scaled_count import save_scaled
-from controller.snapshot.coordinator import SnapshotCoordinator
-from schemas.engine_steps import ENGINES_SCALE, ScaleEnginesInput, ScaleEnginesResult
-from schemas.names import ErrorType
+from turnkeep.activities.errors import check_incarnation, expected_failure
+from turnkeep.activities.heartbeat import heartbeating
+from turnkeep.controller.engines.engine_scaling import scale_to
+from turnkeep.controller.engines.scaled_count import save_scaled
+from turnkeep.controller.snapshot.coordinator import SnapshotCoordinator
+from turnkeep.schemas.engine_steps import ENGINES_SCALE, ScaleEnginesInput, ScaleEnginesResult
+from turnkeep.schemas.names import ErrorType
 
 DRAIN_S = 30.0
 """A retiring engine's accepted calls get this long to finish before it stops anyway (their turns fail over)."""

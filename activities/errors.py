@@ -8,9 +8,9 @@ from contextlib import contextmanager
 from ray.exceptions import RayActorError
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
-from controller.errors import AcksInFlight, InvariantBroken, TrainerMoved
-from participants.errors import ParticipantInvariantBroken, ParticipantRefused, ParticipantUnavailable
-from schemas.names import ErrorType
+from turnkeep.participants.errors import ParticipantInvariantBroken, ParticipantRefused, ParticipantUnavailable
+from turnkeep.primitives.snapshot_errors import AcksInFlight, InvariantBroken, TrainerMoved
+from turnkeep.schemas.names import ErrorType
 
 
 def invariant_broken(message: str) -> ApplicationError:

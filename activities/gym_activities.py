@@ -16,19 +16,19 @@ from pathlib import Path
 
 from temporalio import activity
 
-from activities.budget import remaining_budget_s
-from activities.errors import check_incarnation, expected_failure, translated_errors
-from activities.heartbeat import heartbeating
-from activities.input_checks import check_lease, check_staging_dir, parse_attempt_id
-from controller.snapshot.coordinator import SnapshotCoordinator
-from controller.snapshot.gym_phase import (
+from turnkeep.activities.budget import remaining_budget_s
+from turnkeep.activities.errors import check_incarnation, expected_failure, translated_errors
+from turnkeep.activities.heartbeat import heartbeating
+from turnkeep.activities.input_checks import check_lease, check_staging_dir, parse_attempt_id
+from turnkeep.controller.snapshot.coordinator import SnapshotCoordinator
+from turnkeep.controller.snapshot.gym_phase import (
     commit_participants,
     mark_participants,
     prepare_participants,
     release_participants,
 )
-from primitives.chaos_points import reached
-from schemas.attempt_steps import (
+from turnkeep.primitives.chaos_points import reached
+from turnkeep.schemas.attempt_steps import (
     GYM_ABORT,
     GYM_COMMIT,
     GYM_MARK,
@@ -40,7 +40,7 @@ from schemas.attempt_steps import (
     GymPrepareResult,
     GymReleaseResult,
 )
-from schemas.names import ErrorType
+from turnkeep.schemas.names import ErrorType
 
 ACK_FLUSH_S = 15.0
 """How long prepare waits for ACKs in flight; one still unanswered then is named by the server's readiness."""

@@ -14,9 +14,9 @@ from pathlib import Path, PurePosixPath
 
 from temporalio.exceptions import ApplicationError
 
-from controller.stores import snapshot_store
-from schemas.names import CHECKPOINT_HOLDER_PREFIX, ErrorType, checkpoint_id
-from schemas.participant import MAX_LEASE_S, Artifact
+from turnkeep.primitives import snapshot_paths
+from turnkeep.schemas.names import CHECKPOINT_HOLDER_PREFIX, ErrorType, checkpoint_id
+from turnkeep.schemas.participant import MAX_LEASE_S, Artifact
 
 SHA256 = re.compile(r"[0-9a-f]{64}")
 _SHOWN_CHARS = 200
@@ -76,8 +76,8 @@ def resolved_inside(field: str, value: object, root: Path, run_dir: Path, what: 
 
 def check_snapshot_root(field: str, step: int, run_dir: Path) -> Path:
     """`<run_dir>/checkpoints/step_<step>/snapshots`, refused when a symlink on the way leads elsewhere."""
-    root = snapshot_store.snapshots_root(run_dir, step)
-    expected = snapshot_store.snapshots_root(run_dir.resolve(), step)
+    root = snapshot_paths.snapshots_root(run_dir, step)
+    expected = snapshot_paths.snapshots_root(run_dir.resolve(), step)
     if root.resolve() != expected:
         raise refused(field, step, f"a step whose snapshot root is {expected}; it resolves to {root.resolve()}")
     return expected
@@ -91,7 +91,7 @@ def check_staging_dir(field: str, value: object, run_dir: Path, step: int, numbe
     if not isinstance(value, str) or not value or "\x00" in value:
         raise refused(field, value, allowed)
     path = Path(value).resolve()
-    if path.parent != root or snapshot_store.staging_number(path.name) != number:
+    if path.parent != root or snapshot_paths.staging_number(path.name) != number:
         raise refused(field, value, f"{allowed}; it resolves to {path}")
     return path
 
@@ -102,7 +102,7 @@ def check_artifacts(field: str, artifacts: list[Artifact], staging: Path) -> Non
         rel = PurePosixPath(artifact.path)
         # In this order: a NUL byte or '..' never reaches resolve().
         if ("\x00" in artifact.path or not rel.parts or rel.is_absolute() or ".." in rel.parts
-                or rel == PurePosixPath(snapshot_store.MANIFEST)
+                or rel == PurePosixPath(snapshot_paths.MANIFEST)
                 or not (staging / rel).resolve().is_relative_to(staging)):
             raise refused(f"{field}[{i}].path", artifact.path,
                           "a relative path without '..' that stays inside the staging directory (not the manifest)")
@@ -140,6 +140,6 @@ def check_staging_shape(field: str, value: object, attempt_id: str) -> Path:
     path = Path(value)
     if (not path.is_absolute() or ".." in path.parts or path.parent.name != "snapshots"
             or path.parent.parent.name != f"step_{step}" or path.parent.parent.parent.name != "checkpoints"
-            or snapshot_store.staging_number(path.name) != number):
+            or snapshot_paths.staging_number(path.name) != number):
         raise refused(field, value, allowed)
     return path

@@ -22,16 +22,16 @@ from typing import TYPE_CHECKING
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.budget import remaining_budget_s
-from activities.errors import check_incarnation, translated_errors
-from activities.heartbeat import heartbeating
-from activities.input_checks import check_int, check_lease, check_staging_shape
-from controller.snapshot.gym_phase import until_ready
-from participants.core import ParticipantFault
-from participants.errors import ParticipantInvariantBroken, ParticipantRefused
-from participants.faults import FaultInjector
-from participants.in_process import InProcessParticipant
-from schemas.attempt_steps import (
+from turnkeep.activities.budget import remaining_budget_s
+from turnkeep.activities.errors import check_incarnation, translated_errors
+from turnkeep.activities.heartbeat import heartbeating
+from turnkeep.activities.input_checks import check_int, check_lease, check_staging_shape
+from turnkeep.participants.core import ParticipantFault
+from turnkeep.participants.errors import ParticipantInvariantBroken, ParticipantRefused
+from turnkeep.participants.faults import FaultInjector
+from turnkeep.participants.in_process import InProcessParticipant
+from turnkeep.participants.readiness import until_ready
+from turnkeep.schemas.attempt_steps import (
     POLICY_ABORT,
     POLICY_COMMIT,
     POLICY_PREPARE,
@@ -41,10 +41,10 @@ from schemas.attempt_steps import (
     GymReleaseResult,
     PolicyPrepareResult,
 )
-from schemas.recovery import POLICY_LOAD_WEIGHTS, PolicyLoadInput, PolicyLoadResult
+from turnkeep.schemas.recovery import POLICY_LOAD_WEIGHTS, PolicyLoadInput, PolicyLoadResult
 
 if TYPE_CHECKING:
-    from gpu_workers.policy_server import PolicyServer
+    from turnkeep.gpu_workers.policy_server import PolicyServer
 
 
 

@@ -20,16 +20,16 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
-from activities.errors import stale_incarnation
-from activities.input_checks import check_int, check_run_id, refused, resolved_inside
-from controller.restore.crash_restore import CrashRestore, CrashRestoreError
-from controller.restore.unusable import UnusableRunDir
-from controller.restore.verify import SNAPSHOT_CONTROLLER_STATE
-from controller.stores import snapshot_store
-from controller.stores.trainer_checkpoint import CONTROLLER_STATE, checkpoint_root
-from schemas import search_attributes as sa
-from schemas.names import ErrorType, WorkflowType
-from schemas.recovery import (
+from turnkeep.activities.errors import stale_incarnation
+from turnkeep.activities.input_checks import check_int, check_run_id, refused, resolved_inside
+from turnkeep.controller.restore.crash_restore import CrashRestore, CrashRestoreError
+from turnkeep.controller.restore.unusable import UnusableRunDir
+from turnkeep.controller.restore.verify import SNAPSHOT_CONTROLLER_STATE
+from turnkeep.controller.stores.trainer_checkpoint import CONTROLLER_STATE, checkpoint_root
+from turnkeep.primitives import snapshot_paths
+from turnkeep.schemas import search_attributes as sa
+from turnkeep.schemas.names import ErrorType, WorkflowType
+from turnkeep.schemas.recovery import (
     RECOVERY_CANCEL_STALE,
     RECOVERY_CHOOSE_SOURCE,
     RECOVERY_RESTORE,
@@ -165,7 +165,7 @@ def check_source(source: RecoverySource, run_dir: Path) -> None:
         snapshots = step_dir / "snapshots"
         snapshot = resolved_inside("source.snapshot_dir", source.snapshot_dir, snapshots, run_dir,
                                    f"the snapshots of {step_dir}")
-        if snapshot.parent != snapshots or not snapshot_store.NUMBER.fullmatch(snapshot.name):
+        if snapshot.parent != snapshots or not snapshot_paths.NUMBER.fullmatch(snapshot.name):
             raise refused("source.snapshot_dir", source.snapshot_dir,
                           f"a published snapshot {snapshots}/<n>; it resolves to {snapshot}")
         state = snapshot / SNAPSHOT_CONTROLLER_STATE

@@ -12,8 +12,8 @@ import shutil
 
 from temporalio import activity
 
-from activities.errors import check_incarnation, translated_errors
-from activities.input_checks import (
+from turnkeep.activities.errors import check_incarnation, translated_errors
+from turnkeep.activities.input_checks import (
     check_artifacts,
     check_attempt_id,
     check_int,
@@ -23,12 +23,12 @@ from activities.input_checks import (
     parse_attempt_id,
     refused,
 )
-from controller.snapshot.coordinator import SnapshotCoordinator
-from controller.snapshot.cut import cut_data_plane
-from controller.snapshot.publish import publish_snapshot
-from controller.stores import snapshot_store
-from primitives.chaos_points import reached, reached_sync
-from schemas.attempt_steps import (
+from turnkeep.controller.snapshot.coordinator import SnapshotCoordinator
+from turnkeep.controller.snapshot.cut import cut_data_plane
+from turnkeep.controller.snapshot.publish import publish_snapshot
+from turnkeep.controller.stores import snapshot_store
+from turnkeep.primitives.chaos_points import reached, reached_sync
+from turnkeep.schemas.attempt_steps import (
     ANCHOR,
     CUT,
     DISCARD_STAGING,
@@ -53,9 +53,9 @@ from schemas.attempt_steps import (
     StagingInput,
     StagingResult,
 )
-from schemas.choices import Trigger
-from schemas.names import checkpoint_holder
-from schemas.participant import JournalMark
+from turnkeep.schemas.choices import Trigger
+from turnkeep.schemas.names import checkpoint_holder
+from turnkeep.schemas.participant import JournalMark
 
 log = logging.getLogger("turnkeep.snapshot")
 

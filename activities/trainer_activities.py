@@ -8,11 +8,11 @@ from typing import Protocol
 
 from temporalio import activity
 
-from activities.errors import stale_incarnation
-from activities.input_checks import check_holder, check_lease
-from primitives.hold_wait_clock import HoldWaitClock
-from primitives.holds import HoldSet
-from schemas.attempt_steps import (
+from turnkeep.activities.errors import stale_incarnation
+from turnkeep.activities.input_checks import check_holder, check_lease
+from turnkeep.primitives.hold_wait_clock import HoldWaitClock
+from turnkeep.primitives.holds import HoldSet
+from turnkeep.schemas.attempt_steps import (
     TRAINER_HOLD,
     TRAINER_RELEASE,
     TrainerHoldInput,

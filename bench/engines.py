@@ -18,9 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-from bench.report import BenchResult, markdown_table
-from bench.runs import metric_lines, run_turnkeep, throughput
-from primitives.pid_files import live_pid
+from turnkeep.bench.report import BenchResult, markdown_table
+from turnkeep.bench.runs import metric_lines, run_turnkeep, throughput
+from turnkeep.primitives.pid_files import live_pid
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 KILL_AFTER_STEPS = 4
@@ -71,7 +71,7 @@ def _death(args, common: list[str]) -> dict:
     if run_dir.exists() and any(run_dir.iterdir()):
         raise SystemExit(f"{run_dir} is not empty; benchmarks start new runs (pick another --out)")
     log = run_dir.parent / "death.log"
-    command = [sys.executable, "-m", "cli.main", "run", "--config", str(args.config), "--run-dir", str(run_dir),
+    command = [sys.executable, "-m", "turnkeep", "run", "--config", str(args.config), "--run-dir", str(run_dir),
                "--steps", str(args.steps)]
     for setting in [*common, "policy.engines=2"]:
         command += ["--set", setting]

@@ -22,13 +22,13 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from bench.parked_gym import ParkedGym
-from bench.report import BenchResult, markdown_table
-from controller.snapshot.gym_phase import commit_participants, prepare_participants, release_participants
-from envs.env_participant import env_capabilities
-from participants.client import ParticipantClient
-from participants.http_server import ControlAuth, add_participant_routes
-from schemas.participant import FaultPlan
+from turnkeep.bench.parked_gym import ParkedGym
+from turnkeep.bench.report import BenchResult, markdown_table
+from turnkeep.controller.snapshot.gym_phase import commit_participants, prepare_participants, release_participants
+from turnkeep.envs.env_participant import env_capabilities
+from turnkeep.participants.client import ParticipantClient
+from turnkeep.participants.http_server import ControlAuth, add_participant_routes
+from turnkeep.schemas.participant import FaultPlan
 
 TOKEN = "bench-fanout"
 

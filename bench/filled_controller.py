@@ -12,15 +12,15 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.synthetic_rollouts import POLICY_VERSION, chain_problem, finished_row
-from controller.journal.state_journal import StateJournal
-from controller.state.claim_ledger import ClaimLedger
-from controller.state.data_plane import DataPlane
-from controller.state.dataloader import PromptDataloader
-from controller.state.group_ledger import GroupLedger
-from envs.calc_task import CalcProblems
-from schemas.config import TaskConfig
-from schemas.rollout import RolloutRequest
+from turnkeep.bench.synthetic_rollouts import POLICY_VERSION, chain_problem, finished_row
+from turnkeep.controller.journal.state_journal import StateJournal
+from turnkeep.controller.state.claim_ledger import ClaimLedger
+from turnkeep.controller.state.data_plane import DataPlane
+from turnkeep.controller.state.dataloader import PromptDataloader
+from turnkeep.controller.state.group_ledger import GroupLedger
+from turnkeep.envs.calc_task import CalcProblems
+from turnkeep.schemas.config import TaskConfig
+from turnkeep.schemas.rollout import RolloutRequest
 
 GROUP_SIZE = 8
 STEP = 1

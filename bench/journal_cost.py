@@ -28,7 +28,7 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
-from bench.report import BenchResult, markdown_table
+from turnkeep.bench.report import BenchResult, markdown_table
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "long_turns.toml"
 LEVELS = ("turn", "token")
@@ -65,11 +65,11 @@ def summary(rounds: list[dict[str, dict]]) -> tuple[str, dict, dict]:
 
 
 def run(args: argparse.Namespace) -> BenchResult:
-    from controller.config_file import load_config, parse_overrides
+    from turnkeep.config.loader import load_config, parse_overrides
 
     cfg = load_config(args.config, parse_overrides(args.set))
     rounds = asyncio.run(_measure(cfg, args))
-    from gpu_workers.policy_server import STREAM_STEPS_MAX  # vLLM is imported by now
+    from turnkeep.gpu_workers.policy_server import STREAM_STEPS_MAX  # vLLM is imported by now
 
     table, spread, medians = summary(rounds)
     notes = [
@@ -93,8 +93,8 @@ def run(args: argparse.Namespace) -> BenchResult:
 
 
 async def _measure(cfg, args: argparse.Namespace) -> list[dict[str, dict]]:
-    from gpu_workers.policy_server import PolicyServer
-    from workers.model_maker import tiny_model_dir
+    from turnkeep.gpu_workers.policy_server import PolicyServer
+    from turnkeep.workers.model_maker import tiny_model_dir
 
     model_dir = tiny_model_dir(cfg)
     policy_cfg = cfg.policy.model_copy(update={"max_num_seqs": max(cfg.policy.max_num_seqs, args.agents),
@@ -156,8 +156,8 @@ async def _round(url: str, level: str, pair: int, limits: dict) -> tuple[int, fl
 
     import aiohttp
 
-    from envs.policy_client import PolicyClient
-    from primitives.audit_log import AuditLog
+    from turnkeep.envs.policy_client import PolicyClient
+    from turnkeep.primitives.audit_log import AuditLog
 
     with tempfile.TemporaryDirectory(prefix="tk-journal-cost-") as folder:
         audit = AuditLog(Path(folder) / "audit.jsonl", incarnation=1)
@@ -183,8 +183,8 @@ async def _round(url: str, level: str, pair: int, limits: dict) -> tuple[int, fl
 
 
 def _journal(directory: Path, audit):
-    from envs.turn_audit import audit_tokens_durable
-    from envs.turn_journal import TurnJournal
+    from turnkeep.envs.turn_audit import audit_tokens_durable
+    from turnkeep.envs.turn_journal import TurnJournal
 
     journal = TurnJournal(directory, "bench")
     journal.before_sync = audit.flush
@@ -194,7 +194,7 @@ def _journal(directory: Path, audit):
 
 async def _agent(policy, journal, audit, level: str, pair: int, agent: int, prompt: list[int], limits: dict) -> int:
     """One agent's turns, one after another, each from the same prompt; returns the tokens generated."""
-    from schemas.rollout import Problem, RolloutRequest, Segment, TurnBoundary
+    from turnkeep.schemas.rollout import Problem, RolloutRequest, Segment, TurnBoundary
 
     request = RolloutRequest(rollout_id=f"g{pair}.{agent}.0", group_id=f"g{pair}", sibling=agent, attempt=0,
                              incarnation=1, problem=Problem(question="bench", answer=0))
@@ -215,11 +215,11 @@ async def _agent(policy, journal, audit, level: str, pair: int, agent: int, prom
 async def _turn(policy, journal, audit, level: str, request, turn_index: int, prompt: list[int], limits: dict):
     """One turn through the environment server's code path at `level` (its tokens journaled as they stream at
     `token`); returns its policy segment."""
-    from envs.streamed_turn import StreamedTurn
-    from envs.turn_audit import audit_chunk
-    from envs.turn_progress import TurnProgress
-    from schemas.policy import CompletionRequest
-    from schemas.rollout import Segment
+    from turnkeep.envs.streamed_turn import StreamedTurn
+    from turnkeep.envs.turn_audit import audit_chunk
+    from turnkeep.envs.turn_progress import TurnProgress
+    from turnkeep.schemas.policy import CompletionRequest
+    from turnkeep.schemas.rollout import Segment
 
     call = CompletionRequest(prompt=prompt, max_tokens=limits["tokens"], temperature=limits["temperature"],
                              stream_chunk_tokens=limits["every_tokens"],

@@ -14,10 +14,10 @@ import statistics
 import time
 from pathlib import Path
 
-from bench.report import BenchResult, markdown_table
-from bench.runs import metric_lines, percentile
-from bench.turn_bound import turn_bounds
-from primitives.audit_log import read_audit
+from turnkeep.bench.report import BenchResult, markdown_table
+from turnkeep.bench.runs import metric_lines, percentile
+from turnkeep.bench.turn_bound import turn_bounds
+from turnkeep.primitives.audit_log import read_audit
 
 PROBE_BYTES = 64 * 2**20
 

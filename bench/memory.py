@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench.report import BenchResult, markdown_table
-from bench.runs import metric_lines
+from turnkeep.bench.report import BenchResult, markdown_table
+from turnkeep.bench.runs import metric_lines
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -16,12 +16,12 @@ from typing import Any
 import orjson
 from temporalio.client import Client, WorkflowExecutionStatus
 
-from bench.attempt_history import HistoryTimes, add_local_clocks, history_times
-from bench.report import BenchResult, markdown_table
-from bench.runs import run_id_of
-from schemas import search_attributes as sa
-from schemas.choices import MetricsKind
-from schemas.names import WorkflowType
+from turnkeep.bench.attempt_history import HistoryTimes, add_local_clocks, history_times
+from turnkeep.bench.report import BenchResult, markdown_table
+from turnkeep.bench.runs import run_id_of
+from turnkeep.schemas import search_attributes as sa
+from turnkeep.schemas.choices import MetricsKind
+from turnkeep.schemas.names import WorkflowType
 
 ATTEMPT_TYPE = WorkflowType.SNAPSHOT_ATTEMPT
 
@@ -87,9 +87,9 @@ async def attempt_costs(client: Client, run_id: str, workflow_type: str = ATTEMP
 
 async def costs_of_run_dir(run_dir: Path, limit: int | None,
                            workflow_type: str = ATTEMPT_TYPE) -> list[AttemptCost]:
-    from primitives.temporal_client import connect
-    from schemas.config_services import TemporalConfig
-    from workers.temporal.dev_server import start_dev_server, stop_dev_server
+    from turnkeep.primitives.temporal_client import connect
+    from turnkeep.schemas.config_services import TemporalConfig
+    from turnkeep.workers.temporal.dev_server import start_dev_server, stop_dev_server
 
     run_id = run_id_of(run_dir)
     temporal = orjson.loads((run_dir / "config.json").read_bytes()).get("temporal", {})
@@ -118,7 +118,7 @@ async def costs_of_run_dir(run_dir: Path, limit: int | None,
 
 def local_clocks_of(run_dir: Path) -> dict[tuple[str, str], list[dict]]:
     """The controller's `local_activity` lines in metrics.jsonl, by (workflow id, workflow run id)."""
-    from primitives.atomic_files import read_jsonl
+    from turnkeep.primitives.atomic_files import read_jsonl
 
     clocks: dict[tuple[str, str], list[dict]] = {}
     path = run_dir / "metrics.jsonl"

@@ -13,8 +13,8 @@ import statistics
 import time
 from pathlib import Path
 
-from bench.report import BenchResult, markdown_table
-from bench.runs import metric_lines, percentile, run_turnkeep, throughput
+from turnkeep.bench.report import BenchResult, markdown_table
+from turnkeep.bench.runs import metric_lines, percentile, run_turnkeep, throughput
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 AGENT_MODES = ("parked", "journal")

@@ -13,17 +13,17 @@ from __future__ import annotations
 import asyncio
 import random
 
-from bench.synthetic_rollouts import chain_problem, conversation, tool_turns
-from envs.agent_registry import AgentPhase, AgentRegistry
-from envs.calc_env import CalcEnvironment
-from envs.env_participant import EnvParticipant, env_capabilities
-from envs.kinds import environment_capabilities
-from envs.receipts import ReceiptBook
-from envs.turn_records import TurnRecords
-from participants.core import ParticipantCore
-from primitives.holds import HoldSet
-from schemas.config import EnvironmentSpec
-from schemas.rollout import RolloutRequest, Segment, TurnBoundary
+from turnkeep.bench.synthetic_rollouts import chain_problem, conversation, tool_turns
+from turnkeep.envs.agent_registry import AgentPhase, AgentRegistry
+from turnkeep.envs.calc_env import CalcEnvironment
+from turnkeep.envs.env_participant import EnvParticipant, env_capabilities
+from turnkeep.envs.kinds import environment_capabilities
+from turnkeep.envs.receipts import ReceiptBook
+from turnkeep.envs.turn_records import TurnRecords
+from turnkeep.participants.core import ParticipantCore
+from turnkeep.primitives.holds import HoldSet
+from turnkeep.schemas.config import EnvironmentSpec
+from turnkeep.schemas.rollout import RolloutRequest, Segment, TurnBoundary
 
 PARKED_HOLDER = "bench:keep-parked"
 PARK_POLL_S = 0.02

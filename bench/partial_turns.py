@@ -17,8 +17,8 @@ from pathlib import Path
 
 import orjson
 
-from bench.report import BenchResult, markdown_table
-from bench.runs import run_turnkeep, throughput
+from turnkeep.bench.report import BenchResult, markdown_table
+from turnkeep.bench.runs import run_turnkeep, throughput
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "long_turns.toml"
 LEVELS = ("turn", "token")
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> BenchResult:
 def _chaos_run(args: argparse.Namespace, run_dir: Path, level: str) -> dict:
     report_path = run_dir / "chaos" / "report.json"
     if not report_path.is_file():
-        command = [sys.executable, "-m", "cli.main", "chaos", "--run-dir", str(run_dir), "--config", str(args.config),
+        command = [sys.executable, "-m", "turnkeep", "chaos", "--run-dir", str(run_dir), "--config", str(args.config),
                    "--kills", str(args.kills), "--steps", str(args.chaos_steps), "--seed", str(args.seed),
                    "--max-delay-s", str(args.max_delay_s)]
         for setting in [*args.set, f"rollout_recovery.target_level={level}", "env.stream_turns=true",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from bench.growth_fit import LINEAR_FROM, LINEAR_TO, grows, growth_class, log_log_slope
+from turnkeep.bench.growth_fit import LINEAR_FROM, LINEAR_TO, grows, growth_class, log_log_slope
 
 # What each phase should grow with, and why: a phase that grows with anything else is a finding.
 EXPECTED_GROWTH = {

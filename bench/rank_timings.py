@@ -11,8 +11,8 @@ from pathlib import Path
 
 import psutil
 
-from schemas.config import TurnkeepConfig
-from schemas.rollout import RolloutRow, Segment
+from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.schemas.rollout import RolloutRow, Segment
 
 
 def synthetic_rows(count: int, length: int, vocab: int, seed: int) -> list[dict]:
@@ -38,7 +38,7 @@ def time_group(cfg: TurnkeepConfig, model_dir: Path, ranks: int, steps: int, row
     """Figures of a group of `ranks` ranks (Ray must be up in this process)."""
     import ray
 
-    from gpu_workers.trainer_actor import TrainerActor
+    from turnkeep.gpu_workers.trainer_actor import TrainerActor
 
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"ranks": ranks})})
     trainer = TrainerActor.options(num_gpus=0).remote()
@@ -79,13 +79,13 @@ def time_group(cfg: TurnkeepConfig, model_dir: Path, ranks: int, steps: int, row
 
 def time_ranks(cfg: TurnkeepConfig, run_dir: Path, counts: list[int], steps: int, rows: int, length: int) -> dict:
     """`time_group` for each rank count, on one Ray started here for them."""
-    from workers.ray_cluster.security import apply_ray_environment
+    from turnkeep.workers.ray_cluster.security import apply_ray_environment
 
     apply_ray_environment(cfg)  # before Ray is imported: it reads its authentication settings then
     import ray
 
-    from workers.model_maker import tiny_model_dir
-    from workers.ray_cluster.placement import start_ray
+    from turnkeep.workers.model_maker import tiny_model_dir
+    from turnkeep.workers.ray_cluster.placement import start_ray
 
     model_dir = tiny_model_dir(cfg)
     vocab = _vocab(model_dir)

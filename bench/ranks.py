@@ -18,9 +18,9 @@ from pathlib import Path
 
 import orjson
 
-from bench.rank_timings import time_ranks
-from bench.report import BenchResult, markdown_table
-from controller.config_file import load_config
+from turnkeep.bench.rank_timings import time_ranks
+from turnkeep.bench.report import BenchResult, markdown_table
+from turnkeep.config.loader import load_config
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 COUNTS = [1, 2]
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> BenchResult:
 def _rank_deaths(args: argparse.Namespace, run_dir: Path) -> dict:
     report_path = run_dir / "chaos" / "report.json"
     if not report_path.is_file():
-        command = [sys.executable, "-m", "cli.main", "chaos", "--run-dir", str(run_dir), "--config",
+        command = [sys.executable, "-m", "turnkeep", "chaos", "--run-dir", str(run_dir), "--config",
                    str(args.config), "--kills", str(args.kills), "--target", "rank", "--steps",
                    str(args.chaos_steps), "--seed", str(args.seed), "--max-delay-s", "10"]
         for setting in [*args.set, "train.ranks=2", "train.save_period=2"]:
@@ -103,7 +103,7 @@ def death_figures(report: dict, undone: list[int]) -> dict:
 
 def _undone_steps(run_dir: Path) -> list[int]:
     """Per restore after a rank's death: the steps it undid (the checkpoint it restored was that far behind)."""
-    from primitives.audit_log import read_audit
+    from turnkeep.primitives.audit_log import read_audit
 
     return [len(e.kept_after_cut.undone_steps) if e.kept_after_cut is not None else 0
             for e in read_audit(run_dir) if e.event == "restored" and e.inc > 1]

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import orjson
 
-from bench.report import BenchResult, markdown_table
-from chaos.invariants.figures import turns_committed_again
-from chaos.invariants.running_agents import JOURNAL_GRACE_S
-from primitives.audit_log import read_audit
+from turnkeep.bench.report import BenchResult, markdown_table
+from turnkeep.chaos.invariants.figures import turns_committed_again
+from turnkeep.chaos.invariants.running_agents import JOURNAL_GRACE_S
+from turnkeep.primitives.audit_log import read_audit
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     chaos_dir = args.chaos_dir
     if chaos_dir is None:
         chaos_dir = args.out / "chaos"
-        command = [sys.executable, "-m", "cli.main", "chaos", "--run-dir", str(chaos_dir), "--kills", str(args.kills)]
+        command = [sys.executable, "-m", "turnkeep", "chaos", "--run-dir", str(chaos_dir), "--kills", str(args.kills)]
         for setting in args.set:
             command += ["--set", setting]
         if subprocess.call(command) == 2:  # refused before starting (its line is above): any report there is older

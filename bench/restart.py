@@ -21,11 +21,11 @@ from pathlib import Path
 
 import psutil
 
-from bench.report import BenchResult, markdown_table
-from bench.restart_phases import PHASES, cpu_by_role, phases_of
-from chaos.targets import kill_everything
-from controller.config_file import load_config
-from primitives.atomic_files import read_jsonl
+from turnkeep.bench.report import BenchResult, markdown_table
+from turnkeep.bench.restart_phases import PHASES, cpu_by_role, phases_of
+from turnkeep.chaos.targets import kill_everything
+from turnkeep.config.loader import load_config
+from turnkeep.primitives.atomic_files import read_jsonl
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 FIRST_TURN_LIMIT_S = 300.0
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     if not 0 < args.after < period:
         raise SystemExit(f"--after {args.after}: it must be between 1 and train.save_period - 1 ({period - 1}), so "
                          "that the kill falls after a snapshot and before the next one")
-    command = [sys.executable, "-m", "cli.main", "run", "--config", str(args.config.resolve()), "--run-dir",
+    command = [sys.executable, "-m", "turnkeep", "run", "--config", str(args.config.resolve()), "--run-dir",
                str(run_dir), "--steps", str(period * (args.restarts + 2))]
     for setting in args.set:
         command += ["--set", setting]

@@ -16,7 +16,7 @@ def run_turnkeep(run_dir: Path, config: Path, steps: int, settings: list[str], l
     """Train `steps` steps in a new `run_dir`; returns wall seconds; raises with the log's tail on failure."""
     if run_dir.exists() and any(run_dir.iterdir()):
         raise SystemExit(f"{run_dir} is not empty; benchmarks start new runs (pick another --out)")
-    command = [sys.executable, "-m", "cli.main", "run", "--config", str(config), "--run-dir", str(run_dir),
+    command = [sys.executable, "-m", "turnkeep", "run", "--config", str(config), "--run-dir", str(run_dir),
                "--steps", str(steps)]
     for setting in settings:
         command += ["--set", setting]

@@ -23,13 +23,14 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.filled_controller import STEP, FilledController
-from bench.parked_gym import ParkedGym
-from bench.peak_rss import give_memory_back, peak_rss_bytes, reset_peak, rss_bytes
-from bench.phase_growth import EXPECTED_GROWTH, phase_growth
-from bench.report import BenchResult, markdown_table
-from bench.timed_attempt import AttemptTimes, timed_attempt
-from controller.stores import snapshot_store
+from turnkeep.bench.filled_controller import STEP, FilledController
+from turnkeep.bench.parked_gym import ParkedGym
+from turnkeep.bench.peak_rss import give_memory_back, peak_rss_bytes, reset_peak, rss_bytes
+from turnkeep.bench.phase_growth import EXPECTED_GROWTH, phase_growth
+from turnkeep.bench.report import BenchResult, markdown_table
+from turnkeep.bench.timed_attempt import AttemptTimes, timed_attempt
+from turnkeep.controller.stores import snapshot_store
+from turnkeep.primitives import snapshot_paths
 
 log = logging.getLogger("turnkeep.bench")
 
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     try:
         (work / "checkpoints" / f"step_{STEP}").mkdir(parents=True, exist_ok=True)
         # A reused work dir keeps its newest snapshots; numbering goes on after them.
-        already = snapshot_store.published(snapshot_store.snapshots_root(work, STEP))
+        already = snapshot_store.published(snapshot_paths.snapshots_root(work, STEP))
         numbers = itertools.count((already[-1] + 1) if already else 1)
         cells = [_measure_cell(a, r, args.turns, args.repeats, work, numbers) for a in agents for r in rows]
     finally:

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import orjson
 
-from bench.report import BenchResult, markdown_table
-from bench.runs import metric_lines
-from bench.soak_samples import ROLES, sample_processes, slope_per_1000
+from turnkeep.bench.report import BenchResult, markdown_table
+from turnkeep.bench.runs import metric_lines
+from turnkeep.bench.soak_samples import ROLES, sample_processes, slope_per_1000
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 SAMPLE_EVERY_S = 5.0
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> BenchResult:
         raise SystemExit(f"{run_dir} is not empty; the soak starts a new run (pick another --out)")
     log = args.out / "soak" / "run.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "cli.main", "run", "--config", str(args.config), "--run-dir", str(run_dir),
+    command = [sys.executable, "-m", "turnkeep", "run", "--config", str(args.config), "--run-dir", str(run_dir),
                "--steps", "1000000"]
     for setting in [*args.set, "temporal.port=0", "temporal.ui_port=0",
                     f"snapshot.attempt_interval_s={args.interval_s}"]:
@@ -78,7 +78,7 @@ def _attempts(run_dir: Path) -> int:
 
 def _history_lengths(run_dir: Path) -> dict:
     """Events in the first and the last ten attempts' histories, and in the run workflow's current run."""
-    from bench.soak_history import history_lengths
+    from turnkeep.bench.soak_history import history_lengths
 
     return history_lengths(run_dir)
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import orjson
 
-from bench.runs import run_id_of
-from primitives.temporal_client import connect
-from schemas.names import WorkflowType, run_workflow_id
+from turnkeep.bench.runs import run_id_of
+from turnkeep.primitives.temporal_client import connect
+from turnkeep.schemas.names import WorkflowType, run_workflow_id
 
 
 def history_lengths(run_dir: Path) -> dict:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import psutil
 
-from primitives.pid_files import live_pids
+from turnkeep.primitives.pid_files import live_pids
 
 ROLES = ("controller", "trainer", "policy", "env", "temporal", "ray")
 

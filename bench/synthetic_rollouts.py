@@ -11,8 +11,8 @@ from __future__ import annotations
 import random
 import struct
 
-from envs.calc_task import CalcCall, expected_calls
-from schemas.rollout import Problem, RolloutRow, Segment
+from turnkeep.envs.calc_task import CalcCall, expected_calls
+from turnkeep.schemas.rollout import Problem, RolloutRow, Segment
 
 PROMPT_TOKENS = 12
 POLICY_TOKENS = 8

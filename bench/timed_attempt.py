@@ -15,17 +15,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.filled_controller import STEP, FilledController
-from bench.gc_clock import GcClock
-from bench.parked_gym import ParkedGym
-from controller.snapshot.cut import cut_under_barrier
-from controller.snapshot.gym_phase import commit_participants, prepare_participants
-from controller.snapshot.publish import publish_snapshot
-from controller.state.continuations import read_saved_agents
-from controller.stores import snapshot_store
-from participants.in_process import InProcessParticipant
-from schemas.attempt_steps import TrainerHoldResult
-from schemas.names import checkpoint_id as attempt_id
+from turnkeep.bench.filled_controller import STEP, FilledController
+from turnkeep.bench.gc_clock import GcClock
+from turnkeep.bench.parked_gym import ParkedGym
+from turnkeep.controller.snapshot.cut import cut_under_barrier
+from turnkeep.controller.snapshot.gym_phase import commit_participants, prepare_participants
+from turnkeep.controller.snapshot.publish import publish_snapshot
+from turnkeep.controller.state.continuations import read_saved_agents
+from turnkeep.controller.stores import snapshot_store
+from turnkeep.participants.in_process import InProcessParticipant
+from turnkeep.schemas.attempt_steps import TrainerHoldResult
+from turnkeep.schemas.names import checkpoint_id as attempt_id
 
 RUN_ID = "bench-scaling"
 FINGERPRINT = "bench-scaling"

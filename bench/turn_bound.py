@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from schemas.choices import HoldChange
+from turnkeep.schemas.choices import HoldChange
 
 SNAPSHOT_PREFIX = "snapshot:"
 

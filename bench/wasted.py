@@ -9,9 +9,9 @@ import argparse
 import statistics
 from pathlib import Path
 
-from bench.overhead import DEFAULT_CONFIG
-from bench.report import BenchResult, markdown_table
-from bench.runs import metric_lines, run_turnkeep, throughput
+from turnkeep.bench.overhead import DEFAULT_CONFIG
+from turnkeep.bench.report import BenchResult, markdown_table
+from turnkeep.bench.runs import metric_lines, run_turnkeep, throughput
 
 THROWN_AWAY = "trainer_state_changed"
 

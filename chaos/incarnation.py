@@ -12,13 +12,13 @@ from pathlib import Path
 
 import orjson
 
-from chaos.local_cluster import LocalCluster
-from chaos.report import Round
-from chaos.schedule import RANDOM, RANDOM_MIN_DELAY_S, TRAINING
-from chaos.targets import REPAIRED_BY_THE_RUN, kill_everything, kill_target, repaired, stop_reason
-from primitives.chaos_points import ENV_POINT, ENV_WAIT, POINTS, marker_path
-from primitives.process_tree import kill_tree
-from schemas.choices import MetricsKind
+from turnkeep.chaos.local_cluster import LocalCluster
+from turnkeep.chaos.report import Round
+from turnkeep.chaos.schedule import RANDOM, RANDOM_MIN_DELAY_S, TRAINING
+from turnkeep.chaos.targets import REPAIRED_BY_THE_RUN, kill_everything, kill_target, repaired, stop_reason
+from turnkeep.primitives.chaos_points import ENV_POINT, ENV_WAIT, POINTS, marker_path
+from turnkeep.primitives.process_tree import kill_tree
+from turnkeep.schemas.choices import MetricsKind
 
 HOOK_WAIT_S = "120"
 """How long a hooked run sits at its point; far longer than the kill takes, so it never moves on."""

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import psutil
 
-from primitives.control_token import create_token_file
-from primitives.process_tree import kill_tree
-from workers.temporal.ports import free_port
+from turnkeep.primitives.control_token import create_token_file
+from turnkeep.primitives.process_tree import kill_tree
+from turnkeep.workers.temporal.ports import free_port
 
 HEAD_IP, WORKER_IP = "127.0.0.2", "127.0.0.3"
 START_S = 120.0

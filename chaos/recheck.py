@@ -10,8 +10,8 @@ from pathlib import Path
 
 import orjson
 
-from chaos.verdict import check_run_dir
-from primitives.atomic_files import atomic_write_bytes
+from turnkeep.chaos.verdict import check_run_dir
+from turnkeep.primitives.atomic_files import atomic_write_bytes
 
 REPORT = Path("chaos") / "report.json"
 

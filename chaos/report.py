@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-from chaos.targets import NODE, REPAIRED_BY_THE_RUN
-from chaos.verdict import Verdict
+from turnkeep.chaos.targets import NODE, REPAIRED_BY_THE_RUN
+from turnkeep.chaos.verdict import Verdict
 
 
 @dataclass

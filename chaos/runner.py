@@ -20,16 +20,16 @@ from pathlib import Path
 
 import orjson
 
-from chaos.incarnation import Incarnation, final_round, one_round
-from chaos.local_cluster import HEAD_IP, WORKER_IP, ClusterError, LocalCluster
-from chaos.recheck import recheck
-from chaos.report import Round, build_report, format_report
-from chaos.schedule import RANDOM, RANDOM_MIN_DELAY_S, kill_schedule, parse_points, random_max_delay_s
-from chaos.targets import NODE, kill_everything, parse_targets, sessions_cleanup
-from chaos.verdict import check_run_dir
-from controller.config_file import ConfigError, load_config, parse_overrides
-from primitives.atomic_files import atomic_write_json
-from primitives.chaos_points import POINTS
+from turnkeep.chaos.incarnation import Incarnation, final_round, one_round
+from turnkeep.chaos.local_cluster import HEAD_IP, WORKER_IP, ClusterError, LocalCluster
+from turnkeep.chaos.recheck import recheck
+from turnkeep.chaos.report import Round, build_report, format_report
+from turnkeep.chaos.schedule import RANDOM, RANDOM_MIN_DELAY_S, kill_schedule, parse_points, random_max_delay_s
+from turnkeep.chaos.targets import NODE, kill_everything, parse_targets, sessions_cleanup
+from turnkeep.chaos.verdict import check_run_dir
+from turnkeep.config.loader import ConfigError, load_config, parse_overrides
+from turnkeep.primitives.atomic_files import atomic_write_json
+from turnkeep.primitives.chaos_points import POINTS
 
 
 def run_chaos(args) -> int:
@@ -66,7 +66,7 @@ def run_chaos(args) -> int:
         print(f"turnkeep chaos: the two-node cluster for the node target did not start: {err}", file=sys.stderr)
         return 1
     sets = [*args.set, *(cluster.settings() if cluster is not None else [])]
-    command = [sys.executable, "-m", "cli.main", "run", "--config", str(config), "--run-dir", str(run_dir),
+    command = [sys.executable, "-m", "turnkeep", "run", "--config", str(config), "--run-dir", str(run_dir),
                "--steps", str(args.steps), *[arg for pair in sets for arg in ("--set", pair)]]
     if cluster is not None:
         print(f"turnkeep chaos: the run is on a two-node Ray cluster (head {HEAD_IP}, node {WORKER_IP}; logs in "
@@ -147,9 +147,9 @@ def _cluster_for(targets: list[str]) -> LocalCluster | None:
 
 def newest_snapshot_problem(run_dir: Path) -> str | None:
     """What is wrong with the newest published snapshot, in words (None: intact or none yet)."""
-    from controller.fingerprint import config_fingerprint
-    from controller.restore.restore_source import newest_published_problem
-    from schemas.config import TurnkeepConfig
+    from turnkeep.controller.fingerprint import config_fingerprint
+    from turnkeep.controller.restore.restore_source import newest_published_problem
+    from turnkeep.schemas.config import TurnkeepConfig
 
     run_json, config_json = run_dir / "run.json", run_dir / "config.json"
     if not (run_json.exists() and config_json.exists()):
@@ -164,7 +164,7 @@ def _model_made(config: Path, sets: list[str]) -> str | None:
     """Make (or find cached) the tiny model the config asks for before the first incarnation, untimed: a first start
     that makes it (minutes for a bigger tiny model on 2 cores) would outlast --phase-timeout-s, be killed, and start
     making it again in every incarnation. None, or the line saying why it could not."""
-    command = [sys.executable, "-m", "cli.main", "make-model", "--config", str(config),
+    command = [sys.executable, "-m", "turnkeep", "make-model", "--config", str(config),
                *[arg for pair in sets for arg in ("--set", pair)]]
     print(f"turnkeep chaos: the model first, not timed: turnkeep {' '.join(command[3:])}", flush=True)
     made = subprocess.run(command, capture_output=True, text=True)

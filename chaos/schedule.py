@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import random
 
-from controller.snapshot.periodic_attempts import PARKED_INTERVAL_S
-from primitives.chaos_points import POINTS
-from schemas.config import TurnkeepConfig
+from turnkeep.controller.snapshot.periodic_attempts import PARKED_INTERVAL_S
+from turnkeep.primitives.chaos_points import POINTS
+from turnkeep.schemas.config import TurnkeepConfig
 
 TRAINING = "training"
 """A random moment a few seconds after a train step (no hook in the code)."""

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import psutil
 
-from chaos.local_cluster import LocalCluster
-from primitives.pid_files import live_pid, live_pids
-from primitives.process_tree import kill_tree
+from turnkeep.chaos.local_cluster import LocalCluster
+from turnkeep.primitives.pid_files import live_pid, live_pids
+from turnkeep.primitives.process_tree import kill_tree
 
 TARGETS = ("all", "controller", "trainer", "rank", "policy", "engine", "env", "temporal", "node")
 EVERY = "every"

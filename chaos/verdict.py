@@ -16,17 +16,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from chaos.invariants.continuations import invariant_2, journaled_agents_were_committed, saved_agents_continued
-from chaos.invariants.deadlines import DEADLINE_SLACK_S, invariant_5
-from chaos.invariants.figures import fill_counts
-from chaos.invariants.holds import STALL_AFTER_RESTORE_S, hold_spans, holds_within_lease, invariant_4
-from chaos.invariants.lineage import invariant_1, walk_lineage
-from chaos.invariants.live_state import invariant_7
-from chaos.invariants.partial_turns import cut_turns_keep_their_tokens
-from chaos.invariants.results import MAX_LISTED_VIOLATIONS, AuditCounts, InvariantResult, Verdict
-from chaos.invariants.running_agents import running_agents_continued
-from chaos.invariants.snapshots import invariant_3
-from primitives.audit_log import read_audit
+from turnkeep.chaos.invariants.continuations import invariant_2, journaled_agents_were_committed, saved_agents_continued
+from turnkeep.chaos.invariants.deadlines import DEADLINE_SLACK_S, invariant_5
+from turnkeep.chaos.invariants.figures import fill_counts
+from turnkeep.chaos.invariants.holds import STALL_AFTER_RESTORE_S, hold_spans, holds_within_lease, invariant_4
+from turnkeep.chaos.invariants.lineage import invariant_1, walk_lineage
+from turnkeep.chaos.invariants.live_state import invariant_7
+from turnkeep.chaos.invariants.partial_turns import cut_turns_keep_their_tokens
+from turnkeep.chaos.invariants.results import MAX_LISTED_VIOLATIONS, AuditCounts, InvariantResult, Verdict
+from turnkeep.chaos.invariants.running_agents import running_agents_continued
+from turnkeep.chaos.invariants.snapshots import invariant_3
+from turnkeep.primitives.audit_log import read_audit
 
 __all__ = [
     "DEADLINE_SLACK_S", "MAX_LISTED_VIOLATIONS", "STALL_AFTER_RESTORE_S", "AuditCounts", "InvariantResult", "Verdict",

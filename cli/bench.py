@@ -12,7 +12,7 @@ from pathlib import Path
 
 import orjson
 
-from cli.bench_pass import PASS_FILE, PASS_SENTENCE, bench_pass, pass_line
+from turnkeep.cli.bench_pass import PASS_FILE, PASS_SENTENCE, bench_pass, pass_line
 
 BENCHMARKS = {
     "overhead": "snapshots off vs on in alternating pairs, same seed and length: rollout tokens/s, train steps/min",
@@ -62,7 +62,7 @@ def add_bench_parser(subparsers) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from bench.report import write_result
+    from turnkeep.bench.report import write_result
 
     if args.bench == "all":
         return bench_pass(args.out, args.file, args.only)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import orjson
 
-from primitives.atomic_files import atomic_write_json
+from turnkeep.primitives.atomic_files import atomic_write_json
 
 PASS_ARGS: dict[str, list[str]] = {
     "overhead": ["--pairs", "2", "--steps", "40", "--agents", "parked,journal"],
@@ -117,7 +117,7 @@ def _set_aside(out: Path, name: str) -> None:
 
 
 def _turnkeep(command: list[str]) -> int:
-    return subprocess.run([sys.executable, "-m", "cli.main", *command]).returncode
+    return subprocess.run([sys.executable, "-m", "turnkeep", *command]).returncode
 
 
 def _commit() -> str:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from chaos.schedule import ALL_MOMENTS, RANDOM
-from chaos.targets import TARGETS
-from cli.config_args import DEFAULT_CONFIG
+from turnkeep.chaos.schedule import ALL_MOMENTS, RANDOM
+from turnkeep.chaos.targets import TARGETS
+from turnkeep.cli.config_args import DEFAULT_CONFIG
 
 
 def add_chaos_parser(subparsers) -> argparse.ArgumentParser:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from controller.config_file import load_config, parse_overrides
-from schemas.config import TurnkeepConfig
-from workers.startup_checks import check_before_start
+from turnkeep.config.loader import load_config, parse_overrides
+from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.workers.startup_checks import check_before_start
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from schemas.config import TurnkeepConfig
+from turnkeep.schemas.config import TurnkeepConfig
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 HEADER = """# Configuration reference

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import orjson
 
-from envs.loading import EnvironmentLoadError, load_environment
-from primitives.control_token import ControlTokenError, create_token_file
-from primitives.segment_format import JournalCorrupt, JournalInUse
-from workers.env_server import EnvServerSettings, build_env_server, serve
+from turnkeep.envs.loading import EnvironmentLoadError, load_environment
+from turnkeep.primitives.control_token import ControlTokenError, create_token_file
+from turnkeep.primitives.segment_format import JournalCorrupt, JournalInUse
+from turnkeep.workers.env_server import EnvServerSettings, build_env_server, serve
 
 
 def add_env_server_parser(sub) -> None:

@@ -7,16 +7,16 @@ import logging
 import os
 import sys
 
-from chaos.runner import run_chaos
-from cli.bench import add_bench_parser, run_bench
-from cli.chaos import add_chaos_parser
-from cli.config_docs import add_config_docs_parser, run_config_docs
-from cli.env_server import add_env_server_parser, run_env_server
-from cli.make_model import add_make_model_parser, run_make_model
-from cli.plot import add_plot_parser, run_plot
-from cli.run import add_run_parser, run_run
-from cli.scale import add_scale_parser, run_scale
-from cli.status import add_status_parser, run_status
+from turnkeep.chaos.runner import run_chaos
+from turnkeep.cli.bench import add_bench_parser, run_bench
+from turnkeep.cli.chaos import add_chaos_parser
+from turnkeep.cli.config_docs import add_config_docs_parser, run_config_docs
+from turnkeep.cli.env_server import add_env_server_parser, run_env_server
+from turnkeep.cli.make_model import add_make_model_parser, run_make_model
+from turnkeep.cli.plot import add_plot_parser, run_plot
+from turnkeep.cli.run import add_run_parser, run_run
+from turnkeep.cli.scale import add_scale_parser, run_scale
+from turnkeep.cli.status import add_status_parser, run_status
 
 COMMANDS = {
     "run": (add_run_parser, run_run),

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cli.config_args import add_config_args, checked_config
-from controller.config_file import ConfigError
+from turnkeep.cli.config_args import add_config_args, checked_config
+from turnkeep.config.loader import ConfigError
 
 
 def add_make_model_parser(subparsers) -> None:
@@ -17,7 +17,7 @@ def add_make_model_parser(subparsers) -> None:
 def run_make_model(args: argparse.Namespace) -> int:
     try:
         cfg = checked_config(args)
-        from workers.model_maker import tiny_model_dir
+        from turnkeep.workers.model_maker import tiny_model_dir
 
         print(tiny_model_dir(cfg))  # a model.path on a cluster's node is checked only where it is loaded
     except ConfigError as err:

@@ -8,9 +8,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from cli.plot_data import PlotData, gather_plot_data
-from primitives.atomic_files import DamagedJsonl
-from schemas.choices import Outcome
+from turnkeep.cli.plot_data import PlotData, gather_plot_data
+from turnkeep.primitives.atomic_files import DamagedJsonl
+from turnkeep.schemas.choices import Outcome
 
 RESTORE_COLOURS = {"snapshot": "tab:green", "older_snapshot": "tab:olive", "trainer_checkpoint": "tab:orange",
                    "fresh": "tab:gray"}

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import orjson
 
-from primitives.audit_log import read_audit
-from schemas.choices import MetricsKind
+from turnkeep.primitives.audit_log import read_audit
+from turnkeep.schemas.choices import MetricsKind
 
 RESTART_KINDS = {MetricsKind.ENV_RESTART: "env", MetricsKind.TEMPORAL_RESTART: "temporal",
                  MetricsKind.ENGINE_RESTART: "engine", MetricsKind.TRAINER_REBUILD: "trainer"}

@@ -7,8 +7,8 @@ import asyncio
 import sys
 from pathlib import Path
 
-from cli.config_args import add_config_args, checked_config
-from controller.config_file import ConfigError
+from turnkeep.cli.config_args import add_config_args, checked_config
+from turnkeep.config.loader import ConfigError
 
 
 def add_run_parser(subparsers) -> None:
@@ -25,17 +25,17 @@ def run_run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"turnkeep: {err}", file=sys.stderr)
         return 2
-    from workers.ray_cluster.security import apply_ray_environment
+    from turnkeep.workers.ray_cluster.security import apply_ray_environment
 
     # Before anything imports Ray: it reads its address and authentication settings at import.
     apply_ray_environment(cfg)
-    from controller.errors import RunStopped
-    from controller.restore.crash_restore import CrashRestoreError
-    from controller.restore.run_identity import RunDirError
-    from controller.restore.unusable import UnusableRunDir
-    from workers.preemption import preempted_line
-    from workers.run_session import run_training
-    from workers.temporal.controller_worker import RecoveryFailed
+    from turnkeep.controller.errors import RunStopped
+    from turnkeep.controller.restore.crash_restore import CrashRestoreError
+    from turnkeep.controller.restore.run_identity import RunDirError
+    from turnkeep.controller.restore.unusable import UnusableRunDir
+    from turnkeep.workers.preemption import preempted_line
+    from turnkeep.workers.run_session import run_training
+    from turnkeep.workers.temporal.controller_worker import RecoveryFailed
 
     try:
         summary = asyncio.run(run_training(cfg, cfg.run.steps))

@@ -17,11 +17,11 @@ from pathlib import Path
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
-from cli.status_files import NotARunDir, gather
-from cli.status_temporal import run_security
-from primitives.temporal_client import connect
-from schemas.names import run_workflow_id
-from schemas.snapshot import MAX_ENGINES, SetEnginesInput, SetEnginesResult
+from turnkeep.cli.status_files import NotARunDir, gather
+from turnkeep.cli.status_temporal import run_security
+from turnkeep.primitives.temporal_client import connect
+from turnkeep.schemas.names import run_workflow_id
+from turnkeep.schemas.snapshot import MAX_ENGINES, SetEnginesInput, SetEnginesResult
 
 CONNECT_S = 10.0
 

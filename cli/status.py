@@ -14,8 +14,8 @@ from pathlib import Path
 
 import orjson
 
-from cli.status_files import NotARunDir, gather
-from cli.status_temporal import temporal_view
+from turnkeep.cli.status_files import NotARunDir, gather
+from turnkeep.cli.status_temporal import temporal_view
 
 
 def add_status_parser(subparsers) -> argparse.ArgumentParser:

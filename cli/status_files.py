@@ -15,11 +15,12 @@ from pathlib import Path
 
 import orjson
 
-from controller.live_status import LIVE_STATUS_FILE
-from controller.stores import snapshot_store
-from controller.stores.trainer_checkpoint import published_steps
-from primitives.pid_files import PIDS_DIR, live_pid
-from schemas.choices import MetricsKind
+from turnkeep.controller.live_status import LIVE_STATUS_FILE
+from turnkeep.controller.stores import snapshot_store
+from turnkeep.controller.stores.trainer_checkpoint import published_steps
+from turnkeep.primitives import snapshot_paths
+from turnkeep.primitives.pid_files import PIDS_DIR, live_pid
+from turnkeep.schemas.choices import MetricsKind
 
 TAIL_BYTES = 1 << 20
 """How much of the end of metrics.jsonl is read for the last line of each kind."""
@@ -120,9 +121,9 @@ def _recovery(line: dict | None) -> dict | None:
 
 def _newest_snapshot(run_dir: Path, now: float) -> dict | None:
     for step in reversed(published_steps(run_dir)):
-        root = snapshot_store.snapshots_root(run_dir, step)
+        root = snapshot_paths.snapshots_root(run_dir, step)
         for number in reversed(snapshot_store.published(root)):
-            manifest = _read_json(root / str(number) / snapshot_store.MANIFEST)
+            manifest = _read_json(root / str(number) / snapshot_paths.MANIFEST)
             if manifest is None:
                 continue
             created = float(manifest.get("created_unix_s", now))

@@ -10,10 +10,10 @@ from pathlib import Path
 import orjson
 from temporalio.client import Client
 
-from primitives.temporal_client import connect
-from schemas.config_services import TemporalConfig
-from schemas.names import WorkflowType, run_workflow_id
-from schemas.snapshot import RunStatus
+from turnkeep.primitives.temporal_client import connect
+from turnkeep.schemas.config_services import TemporalConfig
+from turnkeep.schemas.names import WorkflowType, run_workflow_id
+from turnkeep.schemas.snapshot import RunStatus
 
 ANSWER_S = 5.0
 

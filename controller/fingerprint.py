@@ -11,7 +11,7 @@ import hashlib
 
 import orjson
 
-from schemas.config import TurnkeepConfig
+from turnkeep.schemas.config import TurnkeepConfig
 
 
 def fingerprint_fields(cfg: TurnkeepConfig) -> dict:

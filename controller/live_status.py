@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from primitives.atomic_files import atomic_write_json
+from turnkeep.primitives.atomic_files import atomic_write_json
 
 LIVE_STATUS_FILE = "status.json"
 EVERY_S = 2.0

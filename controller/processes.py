@@ -10,8 +10,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from controller.engines.engine_pool import Engine, EnginePool
-from schemas.environments import AttachRequest
+from turnkeep.controller.engines.engine_pool import Engine, EnginePool
+from turnkeep.schemas.environments import AttachRequest
 
 
 @dataclass(frozen=True)

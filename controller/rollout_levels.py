@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controller.config_file import ConfigError
-from schemas.choices import RecoveryLevel, RecoveryMode
-from schemas.config import TurnkeepConfig
-from schemas.environments import FINEST_LEVEL, EnvironmentCapabilities, coarser
-from schemas.participant import Capabilities
+from turnkeep.config.loader import ConfigError
+from turnkeep.schemas.choices import RecoveryLevel, RecoveryMode
+from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.schemas.environments import FINEST_LEVEL, EnvironmentCapabilities, coarser
+from turnkeep.schemas.participant import Capabilities
 
 _WHY_LOWERED = {
     RecoveryMode.RESTART_ONLY: "its state cannot be saved, so a saved turn cannot be continued; unfinished siblings rerun "

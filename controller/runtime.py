@@ -15,37 +15,37 @@ from pathlib import Path
 
 import aiohttp
 
-from controller.journal.journal_flusher import flush_journal_forever
-from controller.journal.journal_prune import prune_journals
-from controller.journal.records import REPLAY_BATCHES
-from controller.journal.replay import state_at
-from controller.journal.state_journal import BASE_KEY, JournalRef, StateJournal, base_marker
-from controller.processes import EnvServerEndpoint, Processes
-from controller.pumps.env_client import EnvClient
-from controller.pumps.env_router import EnvRouter, EnvServerLink
-from controller.pumps.rollout_pump import RolloutPump
-from controller.pumps.supervision import supervise_pumps
-from controller.pumps.train_pump import StepReport, TrainPump
-from controller.rollout_levels import RolloutLevelPlan
-from controller.state.claim_ledger import ClaimLedger
-from controller.state.cut_state import capture_cut
-from controller.state.data_plane import DataPlane
-from controller.state.dataloader import PromptDataloader
-from controller.state.group_ledger import GroupLedger
-from controller.state.prompt_sources import PromptSource
-from controller.state.run_stats import RunStats
-from controller.stores.metrics import MetricsSink
-from controller.stores.trainer_checkpoint import (
+from turnkeep.controller.journal.journal_flusher import flush_journal_forever
+from turnkeep.controller.journal.journal_prune import prune_journals
+from turnkeep.controller.journal.records import REPLAY_BATCHES
+from turnkeep.controller.journal.replay import state_at
+from turnkeep.controller.journal.state_journal import BASE_KEY, JournalRef, StateJournal, base_marker
+from turnkeep.controller.processes import EnvServerEndpoint, Processes
+from turnkeep.controller.pumps.env_client import EnvClient
+from turnkeep.controller.pumps.env_router import EnvRouter, EnvServerLink
+from turnkeep.controller.pumps.rollout_pump import RolloutPump
+from turnkeep.controller.pumps.supervision import supervise_pumps
+from turnkeep.controller.pumps.train_pump import StepReport, TrainPump
+from turnkeep.controller.rollout_levels import RolloutLevelPlan
+from turnkeep.controller.state.claim_ledger import ClaimLedger
+from turnkeep.controller.state.cut_state import capture_cut
+from turnkeep.controller.state.data_plane import DataPlane
+from turnkeep.controller.state.dataloader import PromptDataloader
+from turnkeep.controller.state.group_ledger import GroupLedger
+from turnkeep.controller.state.prompt_sources import PromptSource
+from turnkeep.controller.state.run_stats import RunStats
+from turnkeep.controller.stores.metrics import MetricsSink
+from turnkeep.controller.stores.trainer_checkpoint import (
     CONTROLLER_STATE,
     CheckpointIdentity,
     write_trainer_checkpoint,
 )
-from primitives.audit_log import AuditLog
-from primitives.deadlines import DeadlineRegistry
-from primitives.holds import HoldSet
-from schemas.audit import CutTaken, HoldChanged, SnapshotPublished
-from schemas.choices import CutKind
-from schemas.config import TurnkeepConfig
+from turnkeep.primitives.audit_log import AuditLog
+from turnkeep.primitives.deadlines import DeadlineRegistry
+from turnkeep.primitives.holds import HoldSet
+from turnkeep.schemas.audit import CutTaken, HoldChanged, SnapshotPublished
+from turnkeep.schemas.choices import CutKind
+from turnkeep.schemas.config import TurnkeepConfig
 
 
 @dataclass

@@ -21,16 +21,16 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from envs.codec import TurnCodec
-from envs.environment import Environment
-from envs.policy_client import Policy
-from envs.streamed_turn import StreamedTurn
-from envs.turn_journal import TurnJournal
-from envs.turn_progress import ChunkListener, TurnProgress
-from envs.turn_records import TurnRecords
-from schemas.environments import RolloutLimits
-from schemas.policy import CompletionRequest, CompletionResponse
-from schemas.rollout import RolloutOutcome, RolloutRequest, RolloutResult, RolloutRow, Segment, TurnBoundary
+from turnkeep.envs.codec import TurnCodec
+from turnkeep.envs.environment import Environment
+from turnkeep.envs.policy_client import Policy
+from turnkeep.envs.streamed_turn import StreamedTurn
+from turnkeep.envs.turn_journal import TurnJournal
+from turnkeep.envs.turn_progress import ChunkListener, TurnProgress
+from turnkeep.envs.turn_records import TurnRecords
+from turnkeep.schemas.environments import RolloutLimits
+from turnkeep.schemas.policy import CompletionRequest, CompletionResponse
+from turnkeep.schemas.rollout import RolloutOutcome, RolloutRequest, RolloutResult, RolloutRow, Segment, TurnBoundary
 
 
 @dataclass(frozen=True)

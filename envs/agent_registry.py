@@ -16,9 +16,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 
-from envs.environment import Environment
-from primitives.holds import HoldSet
-from schemas.rollout import RolloutRequest
+from turnkeep.envs.environment import Environment
+from turnkeep.primitives.holds import HoldSet
+from turnkeep.schemas.rollout import RolloutRequest
 
 
 class AgentPhase(StrEnum):

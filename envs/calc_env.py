@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from envs.calc_task import CalcCall, parse_action, run_tool, score
-from envs.environment import EnvContext, Environment, StepResult
-from schemas.rollout import Problem
+from turnkeep.envs.calc_task import CalcCall, parse_action, run_tool, score
+from turnkeep.envs.environment import EnvContext, Environment, StepResult
+from turnkeep.schemas.rollout import Problem
 
 
 class CalcEnvironment(Environment):

@@ -26,8 +26,8 @@ import random
 import re
 from dataclasses import dataclass
 
-from schemas.config import TaskConfig
-from schemas.rollout import Problem, PromptRecord
+from turnkeep.schemas.config import TaskConfig
+from turnkeep.schemas.rollout import Problem, PromptRecord
 
 SUPPORTED_OPERATORS = "+-*"
 ALPHABET = "0123456789+-*/ \nQCRAE"

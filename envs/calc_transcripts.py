@@ -12,10 +12,18 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from envs.calc_task import ALPHABET, FinalAnswer, parse_action, run_tool, sample_problem, score, synthetic_transcript
-from envs.codec import LINE_TEMPLATE
-from schemas.config import TaskConfig
-from schemas.rollout import Problem
+from turnkeep.envs.calc_task import (
+    ALPHABET,
+    FinalAnswer,
+    parse_action,
+    run_tool,
+    sample_problem,
+    score,
+    synthetic_transcript,
+)
+from turnkeep.envs.codec import LINE_TEMPLATE
+from turnkeep.schemas.config import TaskConfig
+from turnkeep.schemas.rollout import Problem
 
 CALC_EXTRA_LINES = ["R ERR\n"] * 8
 """Lines the calculator's transcripts never contain but its environment sends."""

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from envs.policy_client import EngineFailed, PolicyCallError, PolicyClient
-from envs.streamed_turn import StreamedTurn
-from schemas.policy import CompletionRequest, CompletionResponse
+from turnkeep.envs.policy_client import EngineFailed, PolicyCallError, PolicyClient
+from turnkeep.envs.streamed_turn import StreamedTurn
+from turnkeep.schemas.policy import CompletionRequest, CompletionResponse
 
 log = logging.getLogger("turnkeep.env.router")
 

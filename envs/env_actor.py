@@ -8,14 +8,14 @@ from pathlib import Path
 
 import ray
 
-from envs.environment import EnvContext
-from envs.kinds import EnvironmentFactory
-from envs.server import EnvServer
-from participants.http_server import ControlAuth
-from primitives.audit_log import AUDIT_FILE, AuditLog
-from primitives.control_token import token_path
-from primitives.run_member import RunMember
-from schemas.config import TurnkeepConfig
+from turnkeep.envs.environment import EnvContext
+from turnkeep.envs.kinds import EnvironmentFactory
+from turnkeep.envs.server import EnvServer
+from turnkeep.participants.http_server import ControlAuth
+from turnkeep.primitives.audit_log import AUDIT_FILE, AuditLog
+from turnkeep.primitives.control_token import token_path
+from turnkeep.primitives.run_member import RunMember
+from turnkeep.schemas.config import TurnkeepConfig
 
 
 @ray.remote(num_cpus=0)

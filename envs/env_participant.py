@@ -26,15 +26,15 @@ from pathlib import Path
 
 import orjson
 
-from envs.agent_registry import AgentPhase, AgentRegistry, LiveAgent
-from envs.receipts import ReceiptBook
-from envs.turn_records import TurnRecords
-from participants.core import Quiescence
-from primitives.atomic_files import atomic_write_bytes, fsync_dir
-from primitives.holds import HoldSet
-from schemas.environments import EnvironmentCapabilities
-from schemas.names import snapshot_holder
-from schemas.participant import Capabilities, SavedAgent
+from turnkeep.envs.agent_registry import AgentPhase, AgentRegistry, LiveAgent
+from turnkeep.envs.receipts import ReceiptBook
+from turnkeep.envs.turn_records import TurnRecords
+from turnkeep.participants.core import Quiescence
+from turnkeep.primitives.atomic_files import atomic_write_bytes, fsync_dir
+from turnkeep.primitives.holds import HoldSet
+from turnkeep.schemas.environments import EnvironmentCapabilities
+from turnkeep.schemas.names import snapshot_holder
+from turnkeep.schemas.participant import Capabilities, SavedAgent
 
 AGENTS_FILE = "agents.jsonl"
 

@@ -64,8 +64,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from schemas.choices import RecoveryMode
-from schemas.rollout import Problem
+from turnkeep.schemas.choices import RecoveryMode
+from turnkeep.schemas.rollout import Problem
 
 __all__ = ["EnvContext", "Environment", "NoOptions", "Problem", "RecoveryMode", "StepResult"]
 

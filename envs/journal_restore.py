@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Collection
 
-from envs.restored_agents import RestoredAgents
-from envs.turn_journal import TurnJournal, newest_boundaries
-from primitives.audit_log import segments_digest
-from schemas.participant import HeldBoundary, RunningAgent
+from turnkeep.envs.restored_agents import RestoredAgents
+from turnkeep.envs.turn_journal import TurnJournal, newest_boundaries
+from turnkeep.primitives.audit_log import segments_digest
+from turnkeep.schemas.participant import HeldBoundary, RunningAgent
 
 
 async def hold_from_journal(journal: TurnJournal, restored: RestoredAgents, wanted: dict[str, RunningAgent],

@@ -7,9 +7,9 @@ This environment exists to exercise that `group_scored` path with the same task.
 
 from __future__ import annotations
 
-from envs.calc_env import CalcEnvironment
-from envs.calc_task import score
-from schemas.rollout import Problem
+from turnkeep.envs.calc_env import CalcEnvironment
+from turnkeep.envs.calc_task import score
+from turnkeep.schemas.rollout import Problem
 
 
 class JudgeEnvironment(CalcEnvironment):

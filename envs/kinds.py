@@ -9,16 +9,16 @@ its capabilities) for the controller to lower its recovery level.
 
 from __future__ import annotations
 
-from envs.calc_env import CalcEnvironment
-from envs.environment import EnvContext, Environment
-from envs.judge_env import JudgeEnvironment
-from envs.lab_env import LabEnvironment
-from envs.loading import LoadedEnvironment, check_options, load_environment
-from envs.workspace_env import WorkspaceEnvironment
-from schemas.choices import EnvironmentKind
-from schemas.config import EnvironmentSpec
-from schemas.environments import EnvironmentCapabilities
-from schemas.rollout import Problem
+from turnkeep.envs.calc_env import CalcEnvironment
+from turnkeep.envs.environment import EnvContext, Environment
+from turnkeep.envs.judge_env import JudgeEnvironment
+from turnkeep.envs.lab_env import LabEnvironment
+from turnkeep.envs.loading import LoadedEnvironment, check_options, load_environment
+from turnkeep.envs.workspace_env import WorkspaceEnvironment
+from turnkeep.schemas.choices import EnvironmentKind
+from turnkeep.schemas.config import EnvironmentSpec
+from turnkeep.schemas.environments import EnvironmentCapabilities
+from turnkeep.schemas.rollout import Problem
 
 ENV_KINDS: dict[str, type[Environment]] = {
     cls.kind: cls for cls in (CalcEnvironment, WorkspaceEnvironment, LabEnvironment, JudgeEnvironment)

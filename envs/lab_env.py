@@ -13,10 +13,10 @@ import asyncio
 import sys
 from asyncio.subprocess import PIPE, Process
 
-from envs.calc_env import CalcEnvironment
-from envs.calc_task import CalcCall
-from envs.environment import EnvContext
-from schemas.rollout import Problem
+from turnkeep.envs.calc_env import CalcEnvironment
+from turnkeep.envs.calc_task import CalcCall
+from turnkeep.envs.environment import EnvContext
+from turnkeep.schemas.rollout import Problem
 
 REPL_CODE = """
 import sys

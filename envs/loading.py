@@ -17,8 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from envs.environment import Environment
-from schemas.choices import RecoveryMode
+from turnkeep.envs.environment import Environment
+from turnkeep.schemas.choices import RecoveryMode
 
 RECOVERY_MODES = tuple(mode.value for mode in RecoveryMode)
 

@@ -27,10 +27,10 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envs.calc_env import CalcEnvironment
-from envs.calc_task import sample_problem, synthetic_transcript
-from envs.environment import StepResult
-from schemas.config import TaskConfig
+from turnkeep.envs.calc_env import CalcEnvironment
+from turnkeep.envs.calc_task import sample_problem, synthetic_transcript
+from turnkeep.envs.environment import StepResult
+from turnkeep.schemas.config import TaskConfig
 
 SCRATCH_TAG = "S "
 _TURN_RE = re.compile(r"S [^CA\n]*([CA] [^\n]*\n?)")

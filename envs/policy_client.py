@@ -7,8 +7,8 @@ from typing import Protocol
 import aiohttp
 from pydantic import ValidationError
 
-from envs.streamed_turn import StreamedTurn
-from schemas.policy import CompletionRequest, CompletionResponse, CompletionStreamLine
+from turnkeep.envs.streamed_turn import StreamedTurn
+from turnkeep.schemas.policy import CompletionRequest, CompletionResponse, CompletionStreamLine
 
 
 class PolicyCallError(RuntimeError):

@@ -15,7 +15,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from schemas.rollout import RolloutResult
+from turnkeep.schemas.rollout import RolloutResult
 
 log = logging.getLogger("turnkeep.env")
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from envs.env_participant import AGENTS_FILE
-from envs.kinds import EnvironmentFactory
-from schemas.choices import RecoveryMode
-from schemas.participant import SavedAgent
+from turnkeep.envs.env_participant import AGENTS_FILE
+from turnkeep.envs.kinds import EnvironmentFactory
+from turnkeep.schemas.choices import RecoveryMode
+from turnkeep.schemas.participant import SavedAgent
 
 
 class RestoreError(ValueError):

@@ -26,34 +26,40 @@ import aiohttp
 from aiohttp import web
 from pydantic import ValidationError
 
-from envs.agent_loop import for_environment, run_agent
-from envs.agent_registry import AgentRegistry
-from envs.codec import TurnCodec
-from envs.engine_router import EngineRouter
-from envs.env_participant import EnvParticipant, env_capabilities
-from envs.environment import Environment
-from envs.journal_restore import hold_from_journal
-from envs.kinds import EnvironmentFactory, capabilities_of
-from envs.policy_client import PolicyCallError
-from envs.receipts import ReceiptBook
-from envs.restored_agents import RestoredAgents, RestoreError
-from envs.server_routes import AttachRefused, NotAttached, build_app
-from envs.slow_tools import slow_tools
-from envs.turn_audit import audit_chunk, audit_tokens_durable, audit_turn
-from envs.turn_journal import TurnJournal
-from envs.turn_records import TurnRecords
-from participants.core import ParticipantCore, ParticipantFault
-from participants.faults import FaultInjector
-from participants.http_server import ControlAuth, add_participant_routes
-from primitives.audit_log import AuditLog
-from primitives.holds import HoldSet
-from primitives.node_address import advertised_host, listen_host
-from primitives.segment_format import JournalCorrupt
-from schemas.choices import RecoveryMode
-from schemas.config_services import EnvServerConfig
-from schemas.environments import AttachReply, AttachRequest, EnvironmentCapabilities, JudgeRequest, RolloutLimits
-from schemas.participant import Capabilities, JournalMark, RestoreReply, RestoreRequest, SavedAgent
-from schemas.rollout import (
+from turnkeep.envs.agent_loop import for_environment, run_agent
+from turnkeep.envs.agent_registry import AgentRegistry
+from turnkeep.envs.codec import TurnCodec
+from turnkeep.envs.engine_router import EngineRouter
+from turnkeep.envs.env_participant import EnvParticipant, env_capabilities
+from turnkeep.envs.environment import Environment
+from turnkeep.envs.journal_restore import hold_from_journal
+from turnkeep.envs.kinds import EnvironmentFactory, capabilities_of
+from turnkeep.envs.policy_client import PolicyCallError
+from turnkeep.envs.receipts import ReceiptBook
+from turnkeep.envs.restored_agents import RestoredAgents, RestoreError
+from turnkeep.envs.server_routes import AttachRefused, NotAttached, build_app
+from turnkeep.envs.slow_tools import slow_tools
+from turnkeep.envs.turn_audit import audit_chunk, audit_tokens_durable, audit_turn
+from turnkeep.envs.turn_journal import TurnJournal
+from turnkeep.envs.turn_records import TurnRecords
+from turnkeep.participants.core import ParticipantCore, ParticipantFault
+from turnkeep.participants.faults import FaultInjector
+from turnkeep.participants.http_server import ControlAuth, add_participant_routes
+from turnkeep.primitives.audit_log import AuditLog
+from turnkeep.primitives.holds import HoldSet
+from turnkeep.primitives.node_address import advertised_host, listen_host
+from turnkeep.primitives.segment_format import JournalCorrupt
+from turnkeep.schemas.choices import RecoveryMode
+from turnkeep.schemas.config_services import EnvServerConfig
+from turnkeep.schemas.environments import (
+    AttachReply,
+    AttachRequest,
+    EnvironmentCapabilities,
+    JudgeRequest,
+    RolloutLimits,
+)
+from turnkeep.schemas.participant import Capabilities, JournalMark, RestoreReply, RestoreRequest, SavedAgent
+from turnkeep.schemas.rollout import (
     RolloutOutcome,
     RolloutRequest,
     RolloutResult,

@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from pydantic import ValidationError
 
-from participants.http_server import ControlAuth, body_too_large
-from schemas.environments import AttachRequest, EnginesUpdate, JudgeReply, JudgeRequest
-from schemas.participant import ParticipantError
-from schemas.rollout import AckRequest, CancelRequest, RolloutRequest
+from turnkeep.participants.http_server import ControlAuth, body_too_large
+from turnkeep.schemas.environments import AttachRequest, EnginesUpdate, JudgeReply, JudgeRequest
+from turnkeep.schemas.participant import ParticipantError
+from turnkeep.schemas.rollout import AckRequest, CancelRequest, RolloutRequest
 
 if TYPE_CHECKING:
-    from envs.server import EnvServer
+    from turnkeep.envs.server import EnvServer
 
 MAX_BODY_BYTES = {
     "/attach": 256 * 1024 * 1024,  # a real model's tokenizer files

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from envs.environment import Environment, StepResult
+from turnkeep.envs.environment import Environment, StepResult
 
 
 def slow_tools(env: Environment, delay_s: float) -> Environment:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from schemas.policy import CompletionDelta, CompletionRequest
-from schemas.rollout import Segment
+from turnkeep.schemas.policy import CompletionDelta, CompletionRequest
+from turnkeep.schemas.rollout import Segment
 
 TokensListener = Callable[[list[int], list[float], int], None]
 """Told of every new run of tokens: (token ids, logprobs, policy version)."""

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from envs.turn_journal import PartialDurable
-from primitives.audit_log import AuditLog
-from schemas.audit import TurnCommitted, TurnTokens
-from schemas.rollout import RolloutRequest, Segment
+from turnkeep.envs.turn_journal import PartialDurable
+from turnkeep.primitives.audit_log import AuditLog
+from turnkeep.schemas.audit import TurnCommitted, TurnTokens
+from turnkeep.schemas.rollout import RolloutRequest, Segment
 
 
 def audit_turn(audit: AuditLog | None, request: RolloutRequest, turn: int, segment: Segment, carried: int) -> None:

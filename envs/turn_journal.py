@@ -24,11 +24,11 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from primitives.segment_format import LogPosition, list_segments
-from primitives.segment_log import SegmentLog
-from primitives.segment_reader import oldest_position, prune_before, read_records
-from schemas.participant import RunningAgent, SavedAgent
-from schemas.rollout import RolloutRequest, Segment, TurnBoundary
+from turnkeep.primitives.segment_format import LogPosition, list_segments
+from turnkeep.primitives.segment_log import SegmentLog
+from turnkeep.primitives.segment_reader import oldest_position, prune_before, read_records
+from turnkeep.schemas.participant import RunningAgent, SavedAgent
+from turnkeep.schemas.rollout import RolloutRequest, Segment, TurnBoundary
 
 log = logging.getLogger("turnkeep.env")
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from envs.streamed_turn import StreamedTurn
-from envs.turn_journal import TurnJournal
+from turnkeep.envs.streamed_turn import StreamedTurn
+from turnkeep.envs.turn_journal import TurnJournal
 
 ChunkListener = Callable[[int, int, int], None]
 """Told of each chunk: (turns completed before this one, tokens of this turn so far, newest policy version)."""

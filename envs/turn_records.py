@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from schemas.rollout import RolloutRequest, TurnBoundary
+from turnkeep.schemas.rollout import RolloutRequest, TurnBoundary
 
 if TYPE_CHECKING:
-    from envs.environment import Environment
-    from envs.turn_journal import TurnJournal
+    from turnkeep.envs.environment import Environment
+    from turnkeep.envs.turn_journal import TurnJournal
 
 
 class TurnRecords:

@@ -13,10 +13,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from envs.calc_env import CalcEnvironment
-from envs.calc_task import CalcCall, apply_op, expected_calls, run_tool, score
-from envs.environment import EnvContext
-from schemas.rollout import Problem
+from turnkeep.envs.calc_env import CalcEnvironment
+from turnkeep.envs.calc_task import CalcCall, apply_op, expected_calls, run_tool, score
+from turnkeep.envs.environment import EnvContext
+from turnkeep.schemas.rollout import Problem
 
 TAPE = "tape"
 """The file the calculator appends each result to, one per line."""

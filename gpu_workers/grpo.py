@@ -46,7 +46,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from schemas.rollout import RolloutRow
+from turnkeep.schemas.rollout import RolloutRow
 
 
 def leave_one_out_advantages(

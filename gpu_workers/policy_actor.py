@@ -13,8 +13,8 @@ from typing import Any
 
 import ray
 
-from primitives.run_member import RunMember
-from schemas.config_services import PolicyServerConfig
+from turnkeep.primitives.run_member import RunMember
+from turnkeep.schemas.config_services import PolicyServerConfig
 
 
 @ray.remote
@@ -22,14 +22,14 @@ class PolicyActor(RunMember):
     """Owns one PolicyServer (vLLM engine + completions endpoint): engine `engine` of the run."""
 
     def __init__(self, engine: int = 0) -> None:
-        from gpu_workers import engine_forkserver
+        from turnkeep.gpu_workers import engine_forkserver
 
         forkserver = engine_forkserver.wanted()
         if forkserver:
             engine_forkserver.start()  # imports vLLM's engine core beside this process's own import of vLLM
         # Imported in the actor's process only: the controller holds this class (to start the actor, or a handle
         # to re-attach to it) without importing vLLM, which takes seconds.
-        from gpu_workers.policy_server import PolicyServer
+        from turnkeep.gpu_workers.policy_server import PolicyServer
 
         if forkserver:
             engine_forkserver.use_for_engines()
@@ -73,10 +73,10 @@ class PolicyActor(RunMember):
         self, address: str, namespace: str, run_id: str, incarnation: int = 1, security=None
     ) -> None:
         """The engine's own worker on `<run_id>.policy.<k>`: its fence, drain, resume and weight loads."""
-        from activities.policy_activities import PolicyActivities
-        from primitives.temporal_client import connect, start_worker, step_activities
-        from schemas.names import policy_queue
-        from schemas.steps import Runs
+        from turnkeep.activities.policy_activities import PolicyActivities
+        from turnkeep.primitives.temporal_client import connect, start_worker, step_activities
+        from turnkeep.schemas.names import policy_queue
+        from turnkeep.schemas.steps import Runs
 
         client = await connect(address, namespace, security)
         trainer = ray.get_actor("trainer")

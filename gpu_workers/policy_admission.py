@@ -17,7 +17,7 @@ import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from primitives.holds import HoldSet
+from turnkeep.primitives.holds import HoldSet
 
 
 class AdmissionGate:

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from pydantic import ValidationError
 
-from gpu_workers.policy_errors import RequestError, WeightsUnavailable
-from participants.http_server import ControlAuth, add_participant_routes
-from schemas.policy import CompletionRequest, CompletionStreamLine
+from turnkeep.gpu_workers.policy_errors import RequestError, WeightsUnavailable
+from turnkeep.participants.http_server import ControlAuth, add_participant_routes
+from turnkeep.schemas.policy import CompletionRequest, CompletionStreamLine
 
 if TYPE_CHECKING:
-    from gpu_workers.policy_server import PolicyServer
+    from turnkeep.gpu_workers.policy_server import PolicyServer
 
 logger = logging.getLogger("turnkeep.policy_http")
 

@@ -24,13 +24,13 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from participants.core import Quiescence
-from primitives.atomic_files import atomic_write_json, fsync_dir
-from schemas.names import engine_name, snapshot_holder
-from schemas.participant import Capabilities
+from turnkeep.participants.core import Quiescence
+from turnkeep.primitives.atomic_files import atomic_write_json, fsync_dir
+from turnkeep.schemas.names import engine_name, snapshot_holder
+from turnkeep.schemas.participant import Capabilities
 
 if TYPE_CHECKING:
-    from gpu_workers.policy_server import PolicyServer
+    from turnkeep.gpu_workers.policy_server import PolicyServer
 
 STATE_FILE = "state.json"
 

@@ -22,20 +22,20 @@ from typing import Any
 
 from aiohttp import web
 
-from gpu_workers.policy_admission import AdmissionGate
-from gpu_workers.policy_errors import RequestError, WeightsUnavailable
-from gpu_workers.policy_http import build_app
-from gpu_workers.policy_participant import PolicyParticipant, policy_capabilities
-from gpu_workers.vllm_engine import build_engine, generate, stream_sample
-from gpu_workers.vllm_refit import refit_engine
-from gpu_workers.weights_blob import Shapes, check_blob, checkpoint_shapes
-from participants.core import ParticipantCore
-from participants.faults import FaultInjector
-from participants.http_server import ControlAuth
-from primitives.node_address import advertised_host, listen_host
-from schemas.config_services import PolicyServerConfig
-from schemas.names import REFIT_HOLDER
-from schemas.policy import (
+from turnkeep.gpu_workers.policy_admission import AdmissionGate
+from turnkeep.gpu_workers.policy_errors import RequestError, WeightsUnavailable
+from turnkeep.gpu_workers.policy_http import build_app
+from turnkeep.gpu_workers.policy_participant import PolicyParticipant, policy_capabilities
+from turnkeep.gpu_workers.vllm_engine import build_engine, generate, stream_sample
+from turnkeep.gpu_workers.vllm_refit import refit_engine
+from turnkeep.gpu_workers.weights_blob import Shapes, check_blob, checkpoint_shapes
+from turnkeep.participants.core import ParticipantCore
+from turnkeep.participants.faults import FaultInjector
+from turnkeep.participants.http_server import ControlAuth
+from turnkeep.primitives.node_address import advertised_host, listen_host
+from turnkeep.schemas.config_services import PolicyServerConfig
+from turnkeep.schemas.names import REFIT_HOLDER
+from turnkeep.schemas.policy import (
     CompletionChoice,
     CompletionDelta,
     CompletionLogprobs,

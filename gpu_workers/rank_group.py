@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from gpu_workers.grpo import PackedBatch
-from gpu_workers.rank_trainer import RankTrainer
+from turnkeep.gpu_workers.grpo import PackedBatch
+from turnkeep.gpu_workers.rank_trainer import RankTrainer
 
 INIT_TIMEOUT = timedelta(minutes=5)
 """How long a rank waits for the others to join the group (a model load on each comes first)."""

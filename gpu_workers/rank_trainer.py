@@ -33,9 +33,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from transformers import AutoModelForCausalLM
 
-from gpu_workers.grpo import PackedBatch, clipped_policy_loss, token_logprobs
-from schemas.choices import Device
-from schemas.config import TrainConfig
+from turnkeep.gpu_workers.grpo import PackedBatch, clipped_policy_loss, token_logprobs
+from turnkeep.schemas.choices import Device
+from turnkeep.schemas.config import TrainConfig
 
 logger = logging.getLogger("turnkeep.trainer")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -25,15 +25,15 @@ from pathlib import Path
 import orjson
 import torch
 
-from gpu_workers.grpo import build_batch
-from gpu_workers.rank_group import RankGroup, micro_batch_count, split_by_group
-from gpu_workers.rank_trainer import DTYPES, RankTrainer, resolve_device
-from gpu_workers.weights_blob import pack_state_dict
-from primitives.atomic_files import atomic_write_json, fsync_tree
-from primitives.hold_wait_clock import HoldWaitClock
-from primitives.holds import HoldSet
-from schemas.config import TrainConfig
-from schemas.rollout import RolloutRow
+from turnkeep.gpu_workers.grpo import build_batch
+from turnkeep.gpu_workers.rank_group import RankGroup, micro_batch_count, split_by_group
+from turnkeep.gpu_workers.rank_trainer import DTYPES, RankTrainer, resolve_device
+from turnkeep.gpu_workers.weights_blob import pack_state_dict
+from turnkeep.primitives.atomic_files import atomic_write_json, fsync_tree
+from turnkeep.primitives.hold_wait_clock import HoldWaitClock
+from turnkeep.primitives.holds import HoldSet
+from turnkeep.schemas.config import TrainConfig
+from turnkeep.schemas.rollout import RolloutRow
 
 __all__ = ["Trainer", "resolve_device"]
 TRAINER_STATE = "trainer_state.json"

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import ray
 
-from gpu_workers.shared_weights import SharedWeights
-from primitives.holds import HoldSet, UnknownHolder
-from primitives.run_member import RunMember
-from schemas.config import TurnkeepConfig
-from schemas.rollout import RolloutRow
+from turnkeep.gpu_workers.shared_weights import SharedWeights
+from turnkeep.primitives.holds import HoldSet, UnknownHolder
+from turnkeep.primitives.run_member import RunMember
+from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.schemas.rollout import RolloutRow
 
 
 @ray.remote(num_cpus=0)
@@ -24,7 +24,7 @@ class TrainerActor(RunMember):
         `rank_options[r - 1]`), form the group with them, and shard the model across it. Returns the policy
         version."""
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-        from gpu_workers.trainer import Trainer  # torch loads only inside the trainer process
+        from turnkeep.gpu_workers.trainer import Trainer  # torch loads only inside the trainer process
 
         cfg = TurnkeepConfig.model_validate_json(cfg_json)
         self.hold = HoldSet("trainer")
@@ -46,9 +46,9 @@ class TrainerActor(RunMember):
         """Ranks 1..N-1 as actors this process owns (they die with it); they and this process meet at a rendezvous
         on this node. This process joins the group here; the followers' setups are awaited once the local rank
         has loaded its model (FSDP2's sharding is a collective: every rank makes it at once)."""
-        from gpu_workers.rank_group import join_group, open_rendezvous
-        from gpu_workers.rank_trainer import resolve_device
-        from gpu_workers.trainer_rank import TrainerRank
+        from turnkeep.gpu_workers.rank_group import join_group, open_rendezvous
+        from turnkeep.gpu_workers.rank_trainer import resolve_device
+        from turnkeep.gpu_workers.trainer_rank import TrainerRank
 
         own_ip = ray.util.get_node_ip_address()
         self._rendezvous, address = open_rendezvous(own_ip)
@@ -132,10 +132,10 @@ class TrainerActor(RunMember):
     async def start_temporal_worker(
         self, address: str, namespace: str, run_id: str, incarnation: int = 1, security=None
     ) -> None:
-        from activities.trainer_activities import TrainerActivities
-        from primitives.temporal_client import connect, start_worker, step_activities
-        from schemas.names import trainer_queue
-        from schemas.steps import Runs
+        from turnkeep.activities.trainer_activities import TrainerActivities
+        from turnkeep.primitives.temporal_client import connect, start_worker, step_activities
+        from turnkeep.schemas.names import trainer_queue
+        from turnkeep.schemas.steps import Runs
 
         client = await connect(address, namespace, security)
         acts = TrainerActivities(self.hold, self._trainer, self._trainer.hold_wait_clock, incarnation)

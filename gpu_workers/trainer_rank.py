@@ -12,7 +12,7 @@ from pathlib import Path
 
 import ray
 
-from schemas.config import TurnkeepConfig
+from turnkeep.schemas.config import TurnkeepConfig
 
 
 @ray.remote(num_cpus=0)
@@ -22,8 +22,8 @@ class TrainerRank:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         import os
 
-        from gpu_workers.rank_group import join_group
-        from gpu_workers.rank_trainer import RankTrainer, resolve_device
+        from turnkeep.gpu_workers.rank_group import join_group
+        from turnkeep.gpu_workers.rank_trainer import RankTrainer, resolve_device
 
         cfg = TurnkeepConfig.model_validate_json(cfg_json)
         device = resolve_device(cfg.train.device)

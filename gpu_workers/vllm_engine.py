@@ -63,7 +63,7 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
-from schemas.config_services import PolicyServerConfig
+from turnkeep.schemas.config_services import PolicyServerConfig
 
 LOGPROBS_MODE = "processed_logprobs"
 

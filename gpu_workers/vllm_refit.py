@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from gpu_workers.weights_blob import iter_tensors
+from turnkeep.gpu_workers.weights_blob import iter_tensors
 
 logger = logging.getLogger("turnkeep.vllm_refit")
 

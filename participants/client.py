@@ -21,14 +21,14 @@ from typing import TypeVar
 import aiohttp
 from pydantic import BaseModel, ValidationError
 
-from participants.errors import (
+from turnkeep.participants.errors import (
     ParticipantCallError,
     ParticipantInvariantBroken,
     ParticipantRefused,
     ParticipantUnavailable,
 )
-from participants.inline_files import InlineFilesError, pack_folder, write_artifacts
-from schemas.participant import (
+from turnkeep.participants.inline_files import InlineFilesError, pack_folder, write_artifacts
+from turnkeep.schemas.participant import (
     Capabilities,
     CheckpointRef,
     CommitRequest,

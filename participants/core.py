@@ -25,10 +25,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
-from primitives.atomic_files import sha256_file
-from primitives.holds import HoldSet
-from schemas.names import snapshot_holder
-from schemas.participant import (
+from turnkeep.primitives.atomic_files import sha256_file
+from turnkeep.primitives.holds import HoldSet
+from turnkeep.schemas.names import snapshot_holder
+from turnkeep.schemas.participant import (
     MAX_LEASE_S,
     Artifact,
     Capabilities,

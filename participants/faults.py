@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 import os
 
-from schemas.participant import FaultPlan
+from turnkeep.schemas.participant import FaultPlan
 
 
 class FaultInjector:

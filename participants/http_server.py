@@ -38,10 +38,10 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from participants.core import ParticipantCore, ParticipantFault
-from participants.faults import FaultInjector
-from participants.inline_files import InlineFilesError, pack_artifacts, unpack_into
-from schemas.participant import (
+from turnkeep.participants.core import ParticipantCore, ParticipantFault
+from turnkeep.participants.faults import FaultInjector
+from turnkeep.participants.inline_files import InlineFilesError, pack_artifacts, unpack_into
+from turnkeep.schemas.participant import (
     CheckpointRef,
     CommitRequest,
     FaultPlan,

@@ -2,7 +2,7 @@
 
 For a participant that lives in the caller's own process: the policy server's own
 activities drive its core this way, and `turnkeep bench scaling` an environment's, so
-both wait for readiness with the same code as the controller (`gym_phase.until_ready`).
+both wait for readiness with the same code as the controller (`participants.readiness.until_ready`).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from participants.core import ParticipantCore
-from schemas.participant import CommitResult, ControlReply, ParticipantStatus
+from turnkeep.participants.core import ParticipantCore
+from turnkeep.schemas.participant import CommitResult, ControlReply, ParticipantStatus
 
 
 class InProcessParticipant:

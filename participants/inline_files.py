@@ -13,8 +13,8 @@ import base64
 import hashlib
 from pathlib import Path, PurePosixPath
 
-from primitives.atomic_files import atomic_write_bytes, fsync_dir
-from schemas.participant import Artifact
+from turnkeep.primitives.atomic_files import atomic_write_bytes, fsync_dir
+from turnkeep.schemas.participant import Artifact
 
 
 class InlineFilesError(ValueError):

@@ -36,10 +36,10 @@ from pathlib import Path
 
 import orjson
 
-from primitives.atomic_files import append_lines, fsync_dir, read_jsonl
-from schemas.audit import AUDIT_EVENT
-from schemas.rollout import Segment
-from schemas.wire import Wire
+from turnkeep.primitives.atomic_files import append_lines, fsync_dir, read_jsonl
+from turnkeep.schemas.audit import AUDIT_EVENT
+from turnkeep.schemas.rollout import Segment
+from turnkeep.schemas.wire import Wire
 
 AUDIT_FILE = "audit.jsonl"
 MAX_BUFFER_BYTES = 64 << 20

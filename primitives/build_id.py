@@ -15,17 +15,13 @@ import hashlib
 import sys
 from pathlib import Path
 
-PACKAGES = ("activities", "bench", "chaos", "cli", "controller", "envs", "gpu_workers", "participants", "primitives",
-            "schemas", "workers", "workflows")
-"""turnkeep's top-level packages (pyproject's `packages.find`)."""
-
 
 @functools.cache
 def code_build_id() -> str:
     """`turnkeep-` and a digest of the source of every turnkeep module this process has loaded."""
     digest = hashlib.sha256()
     for name in sorted(sys.modules):
-        if name.split(".")[0] not in PACKAGES:
+        if name.split(".")[0] != "turnkeep":
             continue
         path = getattr(sys.modules[name], "__file__", None)
         if path is None:

@@ -14,7 +14,7 @@ import os
 import time
 from pathlib import Path
 
-from primitives.atomic_files import atomic_write_text
+from turnkeep.primitives.atomic_files import atomic_write_text
 
 ENV_POINT = "TURNKEEP_CHAOS_KILL_AT"
 ENV_WAIT = "TURNKEEP_CHAOS_WAIT_S"

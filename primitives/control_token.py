@@ -14,7 +14,7 @@ import os
 import secrets
 from pathlib import Path
 
-from primitives.atomic_files import TMP_PREFIX, PathLike, fsync_dir
+from turnkeep.primitives.atomic_files import TMP_PREFIX, PathLike, fsync_dir
 
 TOKEN_FILE = "control_token"
 

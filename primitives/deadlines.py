@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from primitives.holds import HoldSet
+from turnkeep.primitives.holds import HoldSet
 
 Clock = Callable[[], float]
 T = TypeVar("T")

@@ -16,8 +16,8 @@ from pathlib import Path
 import orjson
 import psutil
 
-from primitives.atomic_files import atomic_write_json
-from primitives.process_identity import ProcessId, boot_id
+from turnkeep.primitives.atomic_files import atomic_write_json
+from turnkeep.primitives.process_identity import ProcessId, boot_id
 
 PIDS_DIR = "pids"
 LEGACY_CREATE_TIME_TOLERANCE_S = 1.5

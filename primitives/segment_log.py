@@ -31,8 +31,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from primitives.atomic_files import fsync_dir, write_all
-from primitives.segment_format import (
+from turnkeep.primitives.atomic_files import fsync_dir, write_all
+from turnkeep.primitives.segment_format import (
     DAMAGED,
     DEFAULT_SEGMENT_BYTES,
     MAX_PAYLOAD,

@@ -6,8 +6,8 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from primitives.atomic_files import fsync_dir
-from primitives.segment_format import (
+from turnkeep.primitives.atomic_files import fsync_dir
+from turnkeep.primitives.segment_format import (
     DAMAGED,
     BadRecord,
     JournalCorrupt,

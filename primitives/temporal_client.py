@@ -21,10 +21,10 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import TLSConfig
 from temporalio.worker import Worker
 
-from primitives.build_id import code_build_id
-from schemas.config_services import TemporalSecurity
-from schemas.step_registry import declared_steps
-from schemas.steps import Runs, Step
+from turnkeep.primitives.build_id import code_build_id
+from turnkeep.schemas.config_services import TemporalSecurity
+from turnkeep.schemas.step_registry import declared_steps
+from turnkeep.schemas.steps import Runs, Step
 
 
 class TemporalSecurityError(ValueError):

@@ -3,11 +3,11 @@ name, the models, where it runs). See `schemas/steps.py`."""
 
 from __future__ import annotations
 
-from schemas.choices import Trigger
-from schemas.participant import Artifact, JournalMark
-from schemas.snapshot import SnapshotAttemptResult
-from schemas.steps import Runs, Step
-from schemas.wire import Wire
+from turnkeep.schemas.choices import Trigger
+from turnkeep.schemas.participant import Artifact, JournalMark
+from turnkeep.schemas.snapshot import SnapshotAttemptResult
+from turnkeep.schemas.steps import Runs, Step
+from turnkeep.schemas.wire import Wire
 
 
 class PreflightInput(Wire):

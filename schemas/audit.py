@@ -13,9 +13,9 @@ from typing import Annotated, Literal, Union
 
 from pydantic import Field, TypeAdapter
 
-from schemas.choices import AgentsFrom, CutKind, HoldChange
-from schemas.recovery import SkippedCandidate, SourceKind
-from schemas.wire import Wire
+from turnkeep.schemas.choices import AgentsFrom, CutKind, HoldChange
+from turnkeep.schemas.recovery import SkippedCandidate, SourceKind
+from turnkeep.schemas.wire import Wire
 
 
 class _Event(Wire):

@@ -14,17 +14,17 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from schemas.choices import AgentsMode, Device, EnvironmentKind, RecoveryLevel
-from schemas.config_base import ConfigPath, StrictModel
-from schemas.config_services import (
+from turnkeep.schemas.choices import AgentsMode, Device, EnvironmentKind, RecoveryLevel
+from turnkeep.schemas.config_base import ConfigPath, StrictModel
+from turnkeep.schemas.config_services import (
     EnvServerConfig,
     PlacementConfig,
     PolicyServerConfig,
     RayConfig,
     TemporalConfig,
 )
-from schemas.config_train import TrainConfig
-from schemas.environments import RolloutLimits, coarser
+from turnkeep.schemas.config_train import TrainConfig
+from turnkeep.schemas.environments import RolloutLimits, coarser
 
 CALC_OPERATORS = "+-*"
 """Operators the calculator task supports (mirrors envs/calc_task.SUPPORTED_OPERATORS, which imports this module)."""

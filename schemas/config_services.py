@@ -8,8 +8,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from schemas.config_base import ConfigPath, StrictModel
-from schemas.participant import FaultPlan
+from turnkeep.schemas.config_base import ConfigPath, StrictModel
+from turnkeep.schemas.participant import FaultPlan
 
 
 class PolicyServerConfig(StrictModel):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from schemas.choices import Device
-from schemas.config_base import StrictModel
+from turnkeep.schemas.choices import Device
+from turnkeep.schemas.config_base import StrictModel
 
 
 class TrainConfig(StrictModel):

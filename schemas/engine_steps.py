@@ -4,8 +4,8 @@ no new turns, finish the ones they have, then stop)."""
 
 from __future__ import annotations
 
-from schemas.steps import Runs, Step
-from schemas.wire import Wire
+from turnkeep.schemas.steps import Runs, Step
+from turnkeep.schemas.wire import Wire
 
 
 class ScaleEnginesInput(Wire):

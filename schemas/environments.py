@@ -11,9 +11,9 @@ from typing import Annotated
 
 from pydantic import Field
 
-from schemas.choices import RecoveryLevel, RecoveryMode
-from schemas.rollout import Problem
-from schemas.wire import Wire
+from turnkeep.schemas.choices import RecoveryLevel, RecoveryMode
+from turnkeep.schemas.rollout import Problem
+from turnkeep.schemas.wire import Wire
 
 LEVELS_FINE_TO_COARSE: tuple[RecoveryLevel, ...] = tuple(RecoveryLevel)
 FINEST_LEVEL: dict[RecoveryMode, RecoveryLevel] = {

@@ -13,9 +13,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from schemas.environments import EnvironmentCapabilities
-from schemas.rollout import RolloutRequest, Segment, TurnBoundary
-from schemas.wire import Wire
+from turnkeep.schemas.environments import EnvironmentCapabilities
+from turnkeep.schemas.rollout import RolloutRequest, Segment, TurnBoundary
+from turnkeep.schemas.wire import Wire
 
 PROTOCOL_VERSION = 1
 

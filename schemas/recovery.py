@@ -9,9 +9,9 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Literal
 
-from schemas.participant import Artifact
-from schemas.steps import Runs, Step
-from schemas.wire import Wire
+from turnkeep.schemas.participant import Artifact
+from turnkeep.schemas.steps import Runs, Step
+from turnkeep.schemas.wire import Wire
 
 TRAINER_CHECKPOINT_SCHEMA_VERSION = 1
 

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from schemas.wire import Wire
+from turnkeep.schemas.wire import Wire
 
 
 class Segment(Wire):

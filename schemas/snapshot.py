@@ -9,9 +9,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from schemas.choices import AgentsMode, Outcome, Trigger
-from schemas.participant import Artifact
-from schemas.wire import Wire
+from turnkeep.schemas.choices import AgentsMode, Outcome, Trigger
+from turnkeep.schemas.participant import Artifact
+from turnkeep.schemas.wire import Wire
 
 MANIFEST_SCHEMA_VERSION = 1
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import schemas.attempt_steps  # noqa: F401 - declares the attempt's and the run workflow's steps
-import schemas.engine_steps  # noqa: F401 - declares the engines' scaling step
-import schemas.recovery  # noqa: F401 - declares the recovery workflow's steps
-from schemas.steps import STEPS, Step
+import turnkeep.schemas.attempt_steps  # noqa: F401 - declares the attempt's and the run workflow's steps
+import turnkeep.schemas.engine_steps  # noqa: F401 - declares the engines' scaling step
+import turnkeep.schemas.recovery  # noqa: F401 - declares the recovery workflow's steps
+from turnkeep.schemas.steps import STEPS, Step
 
 
 def declared_steps() -> dict[str, Step]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from schemas.names import controller_queue, policy_queue, trainer_queue
+from turnkeep.schemas.names import controller_queue, policy_queue, trainer_queue
 
 
 class Runs(StrEnum):

@@ -39,12 +39,12 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from controller.config_file import ConfigError, load_config, parse_overrides  # noqa: E402
-from gpu_workers.tiny_model.tokenizer import SPECIAL_TOKENS  # noqa: E402
-from gpu_workers.trainer import Trainer  # noqa: E402
-from primitives.holds import HoldSet  # noqa: E402
-from schemas.rollout import RolloutRow, Segment  # noqa: E402
-from workers.model_maker import tiny_model_dir  # noqa: E402
+from turnkeep.config.loader import ConfigError, load_config, parse_overrides  # noqa: E402
+from turnkeep.gpu_workers.tiny_model.tokenizer import SPECIAL_TOKENS  # noqa: E402
+from turnkeep.gpu_workers.trainer import Trainer  # noqa: E402
+from turnkeep.primitives.holds import HoldSet  # noqa: E402
+from turnkeep.schemas.rollout import RolloutRow, Segment  # noqa: E402
+from turnkeep.workers.model_maker import tiny_model_dir  # noqa: E402
 
 SMALL = {
     "model.tiny.hidden_size": 64, "model.tiny.num_layers": 2, "model.tiny.num_heads": 2, "model.tiny.head_dim": 32,
@@ -129,7 +129,7 @@ def _engines(config: Path, sets: list[str], out: Path, gpus_needed: int) -> dict
     have = torch.cuda.device_count()
     if have < gpus_needed:
         return {"skipped": f"a trainer and two engines need {gpus_needed} GPUs; this machine has {have}"}
-    command = [sys.executable, "-m", "cli.main", "bench", "engines", "--config", str(config), "--out", str(out),
+    command = [sys.executable, "-m", "turnkeep", "bench", "engines", "--config", str(config), "--out", str(out),
                *[arg for pair in sets for arg in ("--set", pair)]]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     if done.returncode != 0:
@@ -161,7 +161,7 @@ def _rows(count: int, seq_len: int, vocab: int) -> list[RolloutRow]:
 
 def _numerics(trainer: Trainer, rows: list[RolloutRow]) -> dict:
     """Whether the forward pass is finite in full precision and under the trainer's autocast."""
-    from gpu_workers.grpo import build_batch
+    from turnkeep.gpu_workers.grpo import build_batch
 
     micro = build_batch(rows[:2], 0).to(trainer.device)
     found = {}

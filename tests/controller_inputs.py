@@ -3,10 +3,10 @@ each environment's recovery level planned from the built-in classes' own capabil
 
 from __future__ import annotations
 
-from controller.rollout_levels import plan_levels
-from envs.kinds import environment_capabilities
-from schemas.config import TurnkeepConfig
-from workers.prompts import prompt_source
+from turnkeep.controller.rollout_levels import plan_levels
+from turnkeep.envs.kinds import environment_capabilities
+from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.workers.prompts import prompt_source
 
 
 def level_plans(cfg: TurnkeepConfig) -> dict:

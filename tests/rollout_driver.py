@@ -15,11 +15,11 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 
-from envs.calc_task import sample_problem
-from participants.client import ParticipantClient
-from schemas.config import TaskConfig
-from schemas.participant import FaultPlan, ParticipantStatus
-from schemas.rollout import Problem, RolloutRequest, RolloutResult
+from turnkeep.envs.calc_task import sample_problem
+from turnkeep.participants.client import ParticipantClient
+from turnkeep.schemas.config import TaskConfig
+from turnkeep.schemas.participant import FaultPlan, ParticipantStatus
+from turnkeep.schemas.rollout import Problem, RolloutRequest, RolloutResult
 
 
 class RolloutDriver:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import orjson
 
-from chaos.incarnation import count_train_steps
-from chaos.targets import kill_everything
-from schemas.config import TurnkeepConfig
+from turnkeep.chaos.incarnation import count_train_steps
+from turnkeep.chaos.targets import kill_everything
+from turnkeep.schemas.config import TurnkeepConfig
 
 
 def small_run_settings(cfg: TurnkeepConfig) -> list[str]:
@@ -71,7 +71,7 @@ def turnkeep(*args: str, log: Path) -> subprocess.Popen:
     assert INTEGRATION_TEST, "a test that starts `turnkeep` (real Ray, vLLM, Temporal) is marked integration"
     out = open(log, "ab")
     return subprocess.Popen(
-        [sys.executable, "-m", "cli.main", *args], stdout=out, stderr=subprocess.STDOUT,
+        [sys.executable, "-m", "turnkeep", *args], stdout=out, stderr=subprocess.STDOUT,
         start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import aiohttp
 
-from controller.runtime import Controller
-from schemas.config import TurnkeepConfig
 from tests.controller_inputs import controller_inputs
+from turnkeep.controller.runtime import Controller
+from turnkeep.schemas.config import TurnkeepConfig
 
 
 async def train_shared_stack(cfg: TurnkeepConfig, processes, start: int, steps: int) -> Controller:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import _build_parser
-from controller.config_file import ConfigError, load_config, parse_overrides
+from turnkeep.cli.main import _build_parser
+from turnkeep.config.loader import ConfigError, load_config, parse_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

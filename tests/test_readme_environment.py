@@ -7,9 +7,9 @@ import re
 import types
 from pathlib import Path
 
-from envs.environment import EnvContext
-from envs.loading import check_environment_class
-from schemas.rollout import Problem
+from turnkeep.envs.environment import EnvContext
+from turnkeep.envs.loading import check_environment_class
+from turnkeep.schemas.rollout import Problem
 
 README = Path(__file__).resolve().parents[1] / "docs" / "environments.md"
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 from temporalio.api.enums.v1 import WorkflowExecutionStatus
 
-from schemas.names import controller_queue, run_workflow_id
 from tests.workflows.test_run_workflow import _dev_server, _run_input
 from tests.workflows.test_ui_conventions import RUN, Participants
-from workers.temporal.dev_server import temporal_binary
-from workflows.run_workflow import RunWorkflow
+from turnkeep.schemas.names import controller_queue, run_workflow_id
+from turnkeep.workers.temporal.dev_server import temporal_binary
+from turnkeep.workflows.run_workflow import RunWorkflow
 
 README = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
 

@@ -11,12 +11,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from envs.environment import EnvContext
-from envs.kinds import EnvironmentFactory
-from envs.loading import LoadedEnvironment
-from envs.server import EnvServer
-from participants.http_server import ControlAuth
-from schemas.config_services import EnvServerConfig
+from turnkeep.envs.environment import EnvContext
+from turnkeep.envs.kinds import EnvironmentFactory
+from turnkeep.envs.loading import LoadedEnvironment
+from turnkeep.envs.server import EnvServer
+from turnkeep.participants.http_server import ControlAuth
+from turnkeep.schemas.config_services import EnvServerConfig
 
 log = logging.getLogger("turnkeep.env")
 

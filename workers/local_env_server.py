@@ -18,11 +18,11 @@ from urllib.parse import urlsplit
 
 import ray
 
-from primitives.atomic_files import append_jsonl
-from primitives.pid_files import write_pid_file
-from schemas.choices import MetricsKind
-from schemas.config import TurnkeepConfig
-from workers.ray_cluster.gpu_placement import on_head_node
+from turnkeep.primitives.atomic_files import append_jsonl
+from turnkeep.primitives.pid_files import write_pid_file
+from turnkeep.schemas.choices import MetricsKind
+from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.workers.ray_cluster.gpu_placement import on_head_node
 
 log = logging.getLogger("turnkeep.env")
 
@@ -88,7 +88,7 @@ class LocalEnvServer:
         return await self._started(cfg)
 
     def _new_actor(self, name: str):
-        from envs.env_actor import EnvServerActor
+        from turnkeep.envs.env_actor import EnvServerActor
 
         detached = {"lifetime": "detached"} if self._identity is not None else {}
         return EnvServerActor.options(name=name, **detached, **on_head_node()).remote()

@@ -13,20 +13,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from envs.calc_transcripts import CalcTranscripts
-from envs.codec import LINE_TEMPLATE
-from envs.environment import Environment
-from envs.loading import EnvironmentLoadError, load_environment
-from gpu_workers.tiny_model.recipe import cached_model_dir
-from gpu_workers.tiny_model.transcripts import DemonstrationsError, DemoSource, TranscriptSource
-from schemas.choices import EnvironmentKind
-from schemas.config import TurnkeepConfig
+from turnkeep.envs.calc_transcripts import CalcTranscripts
+from turnkeep.envs.codec import LINE_TEMPLATE
+from turnkeep.envs.environment import Environment
+from turnkeep.envs.loading import EnvironmentLoadError, load_environment
+from turnkeep.gpu_workers.tiny_model.recipe import cached_model_dir
+from turnkeep.gpu_workers.tiny_model.transcripts import DemonstrationsError, DemoSource, TranscriptSource
+from turnkeep.schemas.choices import EnvironmentKind
+from turnkeep.schemas.config import TurnkeepConfig
 
 
 def tiny_model_dir(cfg: TurnkeepConfig, eval_rollouts: int | None = None) -> Path:
     """`model.path`, or the tiny model's cached directory (made first if it is not there yet; `eval_rollouts`
     measure its starting reward, the maker's default when None)."""
-    from gpu_workers.tiny_model.build import ensure_tiny_model  # torch: only where a model is checked or made
+    from turnkeep.gpu_workers.tiny_model.build import ensure_tiny_model  # torch: only where a model is checked or made
 
     if cfg.model.path is not None:
         return ensure_tiny_model(cfg.model, CalcTranscripts(cfg.task), cfg.run.seed)

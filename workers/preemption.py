@@ -18,12 +18,12 @@ from pathlib import Path
 
 import psutil
 
-from controller.runtime import Controller
-from primitives.pid_files import live_pids
-from primitives.process_tree import kill_tree
-from schemas.choices import Outcome
-from schemas.snapshot import SnapshotNowSignal
-from workers.temporal.controller_worker import SnapshotRuntime
+from turnkeep.controller.runtime import Controller
+from turnkeep.primitives.pid_files import live_pids
+from turnkeep.primitives.process_tree import kill_tree
+from turnkeep.schemas.choices import Outcome
+from turnkeep.schemas.snapshot import SnapshotNowSignal
+from turnkeep.workers.temporal.controller_worker import SnapshotRuntime
 
 log = logging.getLogger("turnkeep.preemption")
 EXIT_AT_ONCE = 143
@@ -97,7 +97,7 @@ class PreemptionHandler:
     async def _final_save(self) -> str:
         if self._snapshots is None:
             return await self._final_checkpoint()
-        from workflows.run_workflow import RunWorkflow
+        from turnkeep.workflows.run_workflow import RunWorkflow
 
         # The run workflow answers with what it saved; it asks again itself when the trainer outran an attempt.
         result = await self._snapshots.handle.execute_update(

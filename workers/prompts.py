@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from controller.state.prompt_files import PromptFile
-from controller.state.prompt_sources import PromptSource
-from envs.calc_task import CalcProblems
-from schemas.config import TurnkeepConfig
+from turnkeep.controller.state.prompt_files import PromptFile
+from turnkeep.controller.state.prompt_sources import PromptSource
+from turnkeep.envs.calc_task import CalcProblems
+from turnkeep.schemas.config import TurnkeepConfig
 
 
 def prompt_source(cfg: TurnkeepConfig) -> PromptSource:

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import aiohttp
 
-from controller.config_file import ConfigError
-from controller.processes import EnvServerEndpoint, Processes
-from controller.pumps.env_client import EnvClient, EnvServerError
-from primitives.control_token import ControlTokenError, read_token_file
-from schemas.choices import EnvironmentKind
-from schemas.config import TurnkeepConfig
-from schemas.environments import AttachRequest, EnvironmentCapabilities
+from turnkeep.config.loader import ConfigError
+from turnkeep.controller.processes import EnvServerEndpoint, Processes
+from turnkeep.controller.pumps.env_client import EnvClient, EnvServerError
+from turnkeep.primitives.control_token import ControlTokenError, read_token_file
+from turnkeep.schemas.choices import EnvironmentKind
+from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.schemas.environments import AttachRequest, EnvironmentCapabilities
 
 MODEL_FILE_SUFFIXES = (".json", ".jinja", ".txt")
 MAX_MODEL_FILE_BYTES = 16 * 1024 * 1024

@@ -9,13 +9,13 @@ import asyncio
 from contextlib import AsyncExitStack
 from pathlib import Path
 
-from controller.live_status import live_status, write_live_status
-from controller.remote_holds import RemoteHoldWatch, process_samplers, stop_watching
-from controller.restore.run_identity import RunIdentity
-from controller.stall_watchdog import env_turn_commits, watch_for_stalls
-from controller.stores.tensorboard_mirror import TensorBoardMirror, keep_mirroring
-from controller.stores.wandb_mirror import WandbMirror
-from schemas.config import TurnkeepConfig
+from turnkeep.controller.live_status import live_status, write_live_status
+from turnkeep.controller.remote_holds import RemoteHoldWatch, process_samplers, stop_watching
+from turnkeep.controller.restore.run_identity import RunIdentity
+from turnkeep.controller.stall_watchdog import env_turn_commits, watch_for_stalls
+from turnkeep.controller.stores.tensorboard_mirror import TensorBoardMirror, keep_mirroring
+from turnkeep.controller.stores.wandb_mirror import WandbMirror
+from turnkeep.schemas.config import TurnkeepConfig
 
 
 class RunObservers:

@@ -22,48 +22,48 @@ from typing import NoReturn
 import aiohttp
 import ray
 
-from controller.engines.engine_keeper import keep_engines
-from controller.engines.scaled_count import count_at_start
-from controller.errors import RunStopped
-from controller.fingerprint import fingerprint_fields, process_digest
-from controller.processes import Processes
-from controller.restore.crash_restore import CrashRestore
-from controller.restore.restore_source import has_trainer_checkpoint
-from controller.restore.run_identity import RunIdentity, open_run_dir
-from controller.rollout_levels import RolloutLevelPlan, plan_levels, unjournaled_turns_warning
-from controller.runtime import Controller, RunSummary
-from controller.snapshot.agents_mode import resolve_agents_mode
-from controller.stores.trainer_checkpoint import CheckpointIdentity
-from controller.temporal_environment import temporal_from_environment
-from primitives.atomic_files import append_jsonl
-from primitives.audit_log import AUDIT_FILE, AuditLog
-from primitives.pid_files import write_pid_file
-from schemas.audit import RunEnded, RunStarted
-from schemas.choices import AgentsMode, MetricsKind
-from schemas.config import TurnkeepConfig
-from schemas.names import ray_namespace
-from schemas.participant import Capabilities
-from schemas.recovery import RecoveryResult, SourceKind
-from workers.preemption import PreemptionHandler
-from workers.process_watch import dead_reason, first_death, first_of
-from workers.prompts import prompt_source
-from workers.ray_cluster.head import RayHead, stop_head
-from workers.ray_cluster.placement import join_ray, launch, reserve_gpus, shutdown
-from workers.ray_cluster.survivors import reattach
-from workers.ray_cluster.warden import beat_forever
-from workers.remote_envs import attach_remote_servers, probe_remote_servers
-from workers.run_observers import start_observers
-from workers.startup_checks import check_before_start
-from workers.startup_clock import StartupClock, marked
-from workers.temporal.controller_worker import (
+from turnkeep.config.temporal_environment import temporal_from_environment
+from turnkeep.controller.engines.engine_keeper import keep_engines
+from turnkeep.controller.engines.scaled_count import count_at_start
+from turnkeep.controller.errors import RunStopped
+from turnkeep.controller.fingerprint import fingerprint_fields, process_digest
+from turnkeep.controller.processes import Processes
+from turnkeep.controller.restore.crash_restore import CrashRestore
+from turnkeep.controller.restore.restore_source import has_trainer_checkpoint
+from turnkeep.controller.restore.run_identity import RunIdentity, open_run_dir
+from turnkeep.controller.rollout_levels import RolloutLevelPlan, plan_levels, unjournaled_turns_warning
+from turnkeep.controller.runtime import Controller, RunSummary
+from turnkeep.controller.snapshot.agents_mode import resolve_agents_mode
+from turnkeep.controller.stores.trainer_checkpoint import CheckpointIdentity
+from turnkeep.primitives.atomic_files import append_jsonl
+from turnkeep.primitives.audit_log import AUDIT_FILE, AuditLog
+from turnkeep.primitives.pid_files import write_pid_file
+from turnkeep.schemas.audit import RunEnded, RunStarted
+from turnkeep.schemas.choices import AgentsMode, MetricsKind
+from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.schemas.names import ray_namespace
+from turnkeep.schemas.participant import Capabilities
+from turnkeep.schemas.recovery import RecoveryResult, SourceKind
+from turnkeep.workers.preemption import PreemptionHandler
+from turnkeep.workers.process_watch import dead_reason, first_death, first_of
+from turnkeep.workers.prompts import prompt_source
+from turnkeep.workers.ray_cluster.head import RayHead, stop_head
+from turnkeep.workers.ray_cluster.placement import join_ray, launch, reserve_gpus, shutdown
+from turnkeep.workers.ray_cluster.survivors import reattach
+from turnkeep.workers.ray_cluster.warden import beat_forever
+from turnkeep.workers.remote_envs import attach_remote_servers, probe_remote_servers
+from turnkeep.workers.run_observers import start_observers
+from turnkeep.workers.startup_checks import check_before_start
+from turnkeep.workers.startup_clock import StartupClock, marked
+from turnkeep.workers.temporal.controller_worker import (
     participant_clients,
     start_snapshots,
     stop_snapshots,
 )
-from workers.temporal.dev_server import start_dev_server, stop_dev_server
-from workers.temporal.service import check_temporal_service
-from workers.temporal.supervisor import TemporalSupervisor
-from workers.trainer_rebuilds import TrainerDiedAtStart, TrainerLost, TrainerRebuilds
+from turnkeep.workers.temporal.dev_server import start_dev_server, stop_dev_server
+from turnkeep.workers.temporal.service import check_temporal_service
+from turnkeep.workers.temporal.supervisor import TemporalSupervisor
+from turnkeep.workers.trainer_rebuilds import TrainerDiedAtStart, TrainerLost, TrainerRebuilds
 
 log = logging.getLogger("turnkeep.run")
 

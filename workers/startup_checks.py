@@ -5,19 +5,19 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from controller.config_file import ConfigError
-from controller.rollout_levels import check_rollout_levels
-from controller.state.prompt_files import check_prompt_file
-from controller.stores.wandb_mirror import WandbUnavailable, check_wandb_installed
-from envs.kinds import local_environments, resolve
-from envs.loading import EnvironmentLoadError
-from gpu_workers.tiny_model.model_files import check_model_files
-from gpu_workers.tiny_model.transcripts import DemonstrationsError
-from schemas.config import TurnkeepConfig
-from workers.model_maker import transcript_source
-from workers.ray_cluster.gpu_placement import check_local_gpus
-from workers.ray_cluster.temp_dir import ray_temp_dir
-from workers.temporal.ports import free_port
+from turnkeep.config.loader import ConfigError
+from turnkeep.controller.rollout_levels import check_rollout_levels
+from turnkeep.controller.state.prompt_files import check_prompt_file
+from turnkeep.controller.stores.wandb_mirror import WandbUnavailable, check_wandb_installed
+from turnkeep.envs.kinds import local_environments, resolve
+from turnkeep.envs.loading import EnvironmentLoadError
+from turnkeep.gpu_workers.tiny_model.model_files import check_model_files
+from turnkeep.gpu_workers.tiny_model.transcripts import DemonstrationsError
+from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.workers.model_maker import transcript_source
+from turnkeep.workers.ray_cluster.gpu_placement import check_local_gpus
+from turnkeep.workers.ray_cluster.temp_dir import ray_temp_dir
+from turnkeep.workers.temporal.ports import free_port
 
 
 def check_before_start(cfg: TurnkeepConfig) -> None:

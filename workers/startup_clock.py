@@ -14,8 +14,8 @@ from pathlib import Path
 
 import psutil
 
-from primitives.atomic_files import append_jsonl
-from schemas.choices import MetricsKind
+from turnkeep.primitives.atomic_files import append_jsonl
+from turnkeep.schemas.choices import MetricsKind
 
 log = logging.getLogger("turnkeep.run")
 

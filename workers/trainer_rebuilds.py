@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from primitives.atomic_files import append_jsonl
-from schemas.choices import MetricsKind
+from turnkeep.primitives.atomic_files import append_jsonl
+from turnkeep.schemas.choices import MetricsKind
 
 
 class TrainerDiedAtStart(Exception):

@@ -14,10 +14,10 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from schemas.attempt_steps import GymCommitResult, GymReleaseResult, PolicyPrepareResult
-    from schemas.names import ErrorType
+    from turnkeep.schemas.attempt_steps import GymCommitResult, GymReleaseResult, PolicyPrepareResult
+    from turnkeep.schemas.names import ErrorType
 
-from workflows.timed_activity import tick
+from turnkeep.workflows.timed_activity import tick
 
 T = TypeVar("T")
 EngineCall = Callable[[dict[str, float], "int | None"], Awaitable[T]]

@@ -12,14 +12,14 @@ from __future__ import annotations
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
-from workflows.engine_fanout import fan_out
-from workflows.retry_policies import RECOVERY_FEW_TRIES
-from workflows.timed_activity import timed_activity
+from turnkeep.workflows.engine_fanout import fan_out
+from turnkeep.workflows.retry_policies import RECOVERY_FEW_TRIES
+from turnkeep.workflows.timed_activity import timed_activity
 
 with workflow.unsafe.imports_passed_through():
-    from schemas import search_attributes as sa
-    from schemas.names import ErrorType, WorkflowType
-    from schemas.recovery import (
+    from turnkeep.schemas import search_attributes as sa
+    from turnkeep.schemas.names import ErrorType, WorkflowType
+    from turnkeep.schemas.recovery import (
         POLICY_LOAD_WEIGHTS,
         RECOVERY_CANCEL_STALE,
         RECOVERY_CHOOSE_SOURCE,
@@ -32,7 +32,7 @@ with workflow.unsafe.imports_passed_through():
         RestoreInput,
         SourceKind,
     )
-    from schemas.steps import Step
+    from turnkeep.schemas.steps import Step
 
 
 OUTCOME_IN_LIST = "recovery-outcome-in-list"

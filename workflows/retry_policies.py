@@ -12,7 +12,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
-    from schemas.names import ErrorType
+    from turnkeep.schemas.names import ErrorType
 
 ATTEMPT_FEW_TRIES = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=3)
 """Attempt phases whose failure only costs this attempt (preflight, staging, prepare, resume)."""

@@ -20,8 +20,8 @@ from temporalio.exceptions import ApplicationError, ChildWorkflowError, is_cance
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
-    from schemas import search_attributes as sa
-    from schemas.attempt_steps import (
+    from turnkeep.schemas import search_attributes as sa
+    from turnkeep.schemas.attempt_steps import (
         ANCHOR,
         GYM_RESUME,
         POLICY_RESUME,
@@ -34,15 +34,15 @@ with workflow.unsafe.imports_passed_through():
         GymInput,
         TrainerReleaseInput,
     )
-    from schemas.choices import Outcome, Trigger
-    from schemas.engine_steps import ENGINES_SCALE, ScaleEnginesInput
-    from schemas.names import (
+    from turnkeep.schemas.choices import Outcome, Trigger
+    from turnkeep.schemas.engine_steps import ENGINES_SCALE, ScaleEnginesInput
+    from turnkeep.schemas.names import (
         ATTEMPT_CANCELLED_SIGNAL,
         WorkflowType,
         checkpoint_holder,
         checkpoint_id,
     )
-    from schemas.snapshot import (
+    from turnkeep.schemas.snapshot import (
         MAX_ENGINES,
         RunCarryOver,
         RunStatus,
@@ -55,11 +55,11 @@ with workflow.unsafe.imports_passed_through():
         SnapshotNowSignal,
         TrainerCheckpointSignal,
     )
-    from schemas.steps import Step
+    from turnkeep.schemas.steps import Step
 
-from workflows.engine_fanout import fan_out
-from workflows.retry_policies import RUN_QUICK, RUN_UNTIL_IT_WORKS, WORKFLOW_TASK_TIMEOUT
-from workflows.snapshot_attempt import SnapshotAttemptWorkflow
+from turnkeep.workflows.engine_fanout import fan_out
+from turnkeep.workflows.retry_policies import RUN_QUICK, RUN_UNTIL_IT_WORKS, WORKFLOW_TASK_TIMEOUT
+from turnkeep.workflows.snapshot_attempt import SnapshotAttemptWorkflow
 
 ATTEMPTS_BEFORE_CONTINUE_AS_NEW = 200
 LOCAL_CONTROLLER_CALLS = "run-controller-calls-local"

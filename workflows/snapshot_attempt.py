@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 
-from workflows import engine_fanout
-from workflows.timed_activity import timed_activity
+from turnkeep.workflows import engine_fanout
+from turnkeep.workflows.timed_activity import timed_activity
 
 with workflow.unsafe.imports_passed_through():
-    from schemas import search_attributes as sa
-    from schemas.attempt_steps import (
+    from turnkeep.schemas import search_attributes as sa
+    from turnkeep.schemas.attempt_steps import (
         CUT,
         DISCARD_STAGING,
         GYM_ABORT,
@@ -57,17 +57,17 @@ with workflow.unsafe.imports_passed_through():
         TrainerHoldResult,
         TrainerReleaseInput,
     )
-    from schemas.choices import AgentsMode, Outcome
-    from schemas.names import (
+    from turnkeep.schemas.choices import AgentsMode, Outcome
+    from turnkeep.schemas.names import (
         ATTEMPT_CANCELLED_SIGNAL,
         ErrorType,
         WorkflowType,
         snapshot_holder,
     )
-    from schemas.snapshot import SnapshotAttemptInput, SnapshotAttemptResult
-    from schemas.steps import Runs, Step
+    from turnkeep.schemas.snapshot import SnapshotAttemptInput, SnapshotAttemptResult
+    from turnkeep.schemas.steps import Runs, Step
 
-from workflows.retry_policies import ATTEMPT_FEW_TRIES, ATTEMPT_PERSISTENT, ATTEMPT_TRANSIENT
+from turnkeep.workflows.retry_policies import ATTEMPT_FEW_TRIES, ATTEMPT_PERSISTENT, ATTEMPT_TRANSIENT
 
 CANCEL_ENDS_CANCELED = "cancelled-attempt-ends-canceled"
 """Patch id: a cancelled attempt compensates, then ends as Canceled (histories from before it completed)."""

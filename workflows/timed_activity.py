@@ -12,7 +12,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
-    from schemas.steps import Step
+    from turnkeep.schemas.steps import Step
 
 
 async def timed_activity(seconds: dict[str, float], phase: str, step: Step, arg, timeout_s: float, retry: RetryPolicy,

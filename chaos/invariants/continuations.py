@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from chaos.invariants.results import AuditCounts, InvariantResult, joined
-from chaos.invariants.timeline import (
+from turnkeep.chaos.invariants.results import AuditCounts, InvariantResult, joined
+from turnkeep.chaos.invariants.timeline import (
     RUN_START,
     after_restores,
     attempt_after,
@@ -20,7 +20,7 @@ from chaos.invariants.timeline import (
     group_of,
     restored_nothing,
 )
-from schemas.audit import (
+from turnkeep.schemas.audit import (
     ContinuationRef,
     CutTaken,
     GroupDropped,
@@ -33,7 +33,7 @@ from schemas.audit import (
     TurnCommitted,
     ids_digest,
 )
-from schemas.choices import AgentsFrom
+from turnkeep.schemas.choices import AgentsFrom
 
 CONTINUE_GRACE_S = 5.0
 """Restored siblings all start the moment admission opens; an incarnation that lived this long

@@ -11,10 +11,10 @@ violation found is a real one. The clock's own `running_s` is checked as well.
 
 from __future__ import annotations
 
-from chaos.invariants.holds import HoldSpan, overlap, parked_intervals
-from chaos.invariants.results import InvariantResult, joined
-from chaos.invariants.timeline import last_heard, started_at
-from schemas.audit import DeadlineExpired, HoldChanged, SiblingStarted
+from turnkeep.chaos.invariants.holds import HoldSpan, overlap, parked_intervals
+from turnkeep.chaos.invariants.results import InvariantResult, joined
+from turnkeep.chaos.invariants.timeline import last_heard, started_at
+from turnkeep.schemas.audit import DeadlineExpired, HoldChanged, SiblingStarted
 
 DEADLINE_SLACK_S = 0.05
 """Clock granularity a deadline may fire early by (the registry's timer is not exact)."""

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from chaos.invariants.lineage import LineageWalk
-from chaos.invariants.results import AuditCounts
-from schemas.audit import (
+from turnkeep.chaos.invariants.lineage import LineageWalk
+from turnkeep.chaos.invariants.results import AuditCounts
+from turnkeep.schemas.audit import (
     GroupDropped,
     GroupRerun,
     GroupsDiscarded,

@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from chaos.invariants.results import InvariantResult, not_checked
-from chaos.invariants.timeline import last_heard
-from schemas.audit import HoldChanged, Restored, RunEnded, StepTrained
-from schemas.choices import HoldChange
+from turnkeep.chaos.invariants.results import InvariantResult, not_checked
+from turnkeep.chaos.invariants.timeline import last_heard
+from turnkeep.schemas.audit import HoldChanged, Restored, RunEnded, StepTrained
+from turnkeep.schemas.choices import HoldChange
 
 STALL_AFTER_RESTORE_S = 90.0
 """A restored incarnation that lives this long without a single step has a hold left behind."""

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chaos.invariants.results import InvariantResult
-from chaos.invariants.timeline import restored_nothing
-from schemas.audit import (
+from turnkeep.chaos.invariants.results import InvariantResult
+from turnkeep.chaos.invariants.timeline import restored_nothing
+from turnkeep.schemas.audit import (
     GroupAdmitted,
     GroupRerun,
     GroupsDiscarded,

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from chaos.invariants.results import InvariantResult, joined, not_checked
-from chaos.invariants.timeline import (
+from turnkeep.chaos.invariants.results import InvariantResult, joined, not_checked
+from turnkeep.chaos.invariants.timeline import (
     RUN_START,
     cut_of,
     cuts_by_time,
     group_index,
     restored_nothing,
 )
-from schemas.audit import (
+from turnkeep.schemas.audit import (
     CutTaken,
     GroupAdmitted,
     GroupDropped,

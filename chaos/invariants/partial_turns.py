@@ -10,9 +10,9 @@ dropped with it).
 
 from __future__ import annotations
 
-from chaos.invariants.continuations import JournalLineage
-from chaos.invariants.results import InvariantResult
-from schemas.audit import TurnTokens
+from turnkeep.chaos.invariants.continuations import JournalLineage
+from turnkeep.chaos.invariants.results import InvariantResult
+from turnkeep.schemas.audit import TurnTokens
 
 NAME = "a cut turn continues from its journaled tokens"
 

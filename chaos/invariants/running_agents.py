@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from chaos.invariants.results import AuditCounts, InvariantResult
-from chaos.invariants.timeline import last_heard
-from schemas.audit import (
+from turnkeep.chaos.invariants.results import AuditCounts, InvariantResult
+from turnkeep.chaos.invariants.timeline import last_heard
+from turnkeep.schemas.audit import (
     GroupDropped,
     GroupRerun,
     GroupsDiscarded,
@@ -30,7 +30,7 @@ from schemas.audit import (
     StepTrained,
     TurnCommitted,
 )
-from schemas.choices import AgentsFrom
+from turnkeep.schemas.choices import AgentsFrom
 
 JOURNAL_GRACE_S = 0.5
 """An environment server flushes its turn journal every `journal_flush_s` (50 ms), after its audit lines; under a

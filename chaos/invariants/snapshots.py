@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from chaos.invariants.results import InvariantResult
-from schemas.audit import Restored
+from turnkeep.chaos.invariants.results import InvariantResult
+from turnkeep.schemas.audit import Restored
 
 
 def invariant_3(events: list, problems: Sequence[str], snapshot_checks: int) -> InvariantResult:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from schemas.audit import CutTaken, Restored, RunStarted, ids_digest
-from schemas.choices import CutKind
-from schemas.recovery import SourceKind
+from turnkeep.schemas.audit import CutTaken, Restored, RunStarted, ids_digest
+from turnkeep.schemas.choices import CutKind
+from turnkeep.schemas.recovery import SourceKind
 
 _GROUP_INDEX = re.compile(r"g(\d+)")
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import ray
 import ray.exceptions
 
-from controller.engines.engine_pool import Engine, EnginePool, EngineState
-from primitives.atomic_files import append_jsonl
-from schemas.choices import MetricsKind
+from turnkeep.controller.engines.engine_pool import Engine, EnginePool, EngineState
+from turnkeep.primitives.atomic_files import append_jsonl
+from turnkeep.schemas.choices import MetricsKind
 
 log = logging.getLogger("turnkeep.engines")
 
@@ -171,7 +171,7 @@ async def _until_dead(actor) -> None:
 def keep_engines(processes, session, *, run_dir: Path, no_engine_stop_s: float, restart_pause_s: float) -> EngineKeeper:
     """Watch every engine of `processes`, replace the ones that die, and tell the environment servers each time
     the live set changes."""
-    from controller.engines.engine_routes import push_routes
+    from turnkeep.controller.engines.engine_routes import push_routes
 
     pool = processes.engines
 

@@ -16,7 +16,7 @@ from enum import StrEnum
 
 import ray.exceptions
 
-from schemas.names import ENGINES_REFIT_HOLDER
+from turnkeep.schemas.names import ENGINES_REFIT_HOLDER
 
 log = logging.getLogger("turnkeep.engines")
 

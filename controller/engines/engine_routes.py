@@ -13,7 +13,7 @@ import logging
 
 import aiohttp
 
-from controller.processes import EnvServerEndpoint
+from turnkeep.controller.processes import EnvServerEndpoint
 
 log = logging.getLogger("turnkeep.engines")
 

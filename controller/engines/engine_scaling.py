@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from controller.engines.engine_keeper import EngineKeeper
-from controller.engines.engine_pool import EnginePool
+from turnkeep.controller.engines.engine_keeper import EngineKeeper
+from turnkeep.controller.engines.engine_pool import EnginePool
 
 
 @dataclass(frozen=True)

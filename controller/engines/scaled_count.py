@@ -13,9 +13,9 @@ from pathlib import Path
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from primitives.atomic_files import atomic_write_json
-from schemas.config import TurnkeepConfig
-from schemas.snapshot import MAX_ENGINES
+from turnkeep.primitives.atomic_files import atomic_write_json
+from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.schemas.snapshot import MAX_ENGINES
 
 SCALED_FILE = "engines.json"
 

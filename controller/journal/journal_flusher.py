@@ -14,8 +14,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from controller.journal.state_journal import JournalHooks
-from primitives.audit_log import describe_error
+from turnkeep.controller.journal.state_journal import JournalHooks
+from turnkeep.primitives.audit_log import describe_error
 
 log = logging.getLogger("turnkeep.journal")
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import orjson
 
-from controller.journal.state_journal import JOURNAL_DIR, StateJournal
-from primitives.segment_reader import prune_before
+from turnkeep.controller.journal.state_journal import JOURNAL_DIR, StateJournal
+from turnkeep.primitives.segment_reader import prune_before
 
 log = logging.getLogger("turnkeep.journal")
 SNAPSHOT_STATES = "checkpoints/step_*/snapshots/*/controller/state.json"

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import orjson
 
-from controller.journal.records import ReplayState
-from controller.journal.state_journal import BASE_KEY, JOURNAL_DIR, RESTORED_FROM_FILE, START_FILE, JournalRef
-from primitives.segment_format import JournalCorrupt, LogPosition
-from primitives.segment_reader import read_records, read_records_to_end
-from schemas.audit import ids_digest, row_key
+from turnkeep.controller.journal.records import ReplayState
+from turnkeep.controller.journal.state_journal import BASE_KEY, JOURNAL_DIR, RESTORED_FROM_FILE, START_FILE, JournalRef
+from turnkeep.primitives.segment_format import JournalCorrupt, LogPosition
+from turnkeep.primitives.segment_reader import read_records, read_records_to_end
+from turnkeep.schemas.audit import ids_digest, row_key
 
 
 def load_base(path: Path) -> tuple[dict, dict | None]:

@@ -27,10 +27,10 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict
 
-from controller.journal.records import encode
-from primitives.atomic_files import atomic_write_bytes
-from primitives.segment_format import LogPosition
-from primitives.segment_log import SegmentLog
+from turnkeep.controller.journal.records import encode
+from turnkeep.primitives.atomic_files import atomic_write_bytes
+from turnkeep.primitives.segment_format import LogPosition
+from turnkeep.primitives.segment_log import SegmentLog
 
 JOURNAL_DIR = "journal"
 BASE_KEY = "journal_base"

@@ -23,8 +23,8 @@ import aiohttp
 import orjson
 from pydantic import ValidationError
 
-from schemas.environments import AttachReply, AttachRequest, JudgeReply, JudgeRequest
-from schemas.rollout import AckRequest, RolloutRequest, RolloutResult
+from turnkeep.schemas.environments import AttachReply, AttachRequest, JudgeReply, JudgeRequest
+from turnkeep.schemas.rollout import AckRequest, RolloutRequest, RolloutResult
 
 log = logging.getLogger("turnkeep.env")
 

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from controller.pumps.env_client import EnvClient, EnvServerError, EnvTimeout
-from schemas.environments import AttachRequest, JudgeRequest
-from schemas.rollout import RolloutRequest, RolloutResult
+from turnkeep.controller.pumps.env_client import EnvClient, EnvServerError, EnvTimeout
+from turnkeep.schemas.environments import AttachRequest, JudgeRequest
+from turnkeep.schemas.rollout import RolloutRequest, RolloutResult
 
 log = logging.getLogger("turnkeep.env")
 

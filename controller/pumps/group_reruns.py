@@ -16,14 +16,14 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 
-from controller.pumps.env_client import EnvClient, EnvServerError
-from controller.rollout_levels import RolloutLevelPlan
-from controller.state.data_plane import DataPlane
-from controller.state.group_ledger import GroupLedger
-from controller.state.run_stats import RunStats
-from primitives.audit_log import AuditLog
-from schemas.audit import GroupDropped, GroupRerun
-from schemas.environments import JudgeRequest
+from turnkeep.controller.pumps.env_client import EnvClient, EnvServerError
+from turnkeep.controller.rollout_levels import RolloutLevelPlan
+from turnkeep.controller.state.data_plane import DataPlane
+from turnkeep.controller.state.group_ledger import GroupLedger
+from turnkeep.controller.state.run_stats import RunStats
+from turnkeep.primitives.audit_log import AuditLog
+from turnkeep.schemas.audit import GroupDropped, GroupRerun
+from turnkeep.schemas.environments import JudgeRequest
 
 log = logging.getLogger("turnkeep.rollout")
 JUDGE_TRIES = 3

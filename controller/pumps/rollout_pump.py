@@ -17,20 +17,20 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from controller.pumps.env_client import EnvClient, EnvServerError
-from controller.pumps.group_reruns import GroupReruns
-from controller.rollout_levels import RolloutLevelPlan
-from controller.state.data_plane import DataPlane
-from controller.state.dataloader import PromptDataloader
-from controller.state.group_ledger import GroupLedger
-from controller.state.run_stats import RunStats
-from primitives.audit_log import AuditLog, segments_digest
-from primitives.deadlines import DeadlineExpired, DeadlineRegistry
-from primitives.holds import HoldSet
-from schemas.audit import DeadlineExpired as DeadlineExpiredEvent
-from schemas.audit import GroupAdmitted, SiblingFailed, SiblingSealed, SiblingStarted
-from schemas.config import RolloutConfig
-from schemas.rollout import RolloutOutcome, RolloutRequest, RolloutResult
+from turnkeep.controller.pumps.env_client import EnvClient, EnvServerError
+from turnkeep.controller.pumps.group_reruns import GroupReruns
+from turnkeep.controller.rollout_levels import RolloutLevelPlan
+from turnkeep.controller.state.data_plane import DataPlane
+from turnkeep.controller.state.dataloader import PromptDataloader
+from turnkeep.controller.state.group_ledger import GroupLedger
+from turnkeep.controller.state.run_stats import RunStats
+from turnkeep.primitives.audit_log import AuditLog, segments_digest
+from turnkeep.primitives.deadlines import DeadlineExpired, DeadlineRegistry
+from turnkeep.primitives.holds import HoldSet
+from turnkeep.schemas.audit import DeadlineExpired as DeadlineExpiredEvent
+from turnkeep.schemas.audit import GroupAdmitted, SiblingFailed, SiblingSealed, SiblingStarted
+from turnkeep.schemas.config import RolloutConfig
+from turnkeep.schemas.rollout import RolloutOutcome, RolloutRequest, RolloutResult
 
 log = logging.getLogger("turnkeep.rollout")
 

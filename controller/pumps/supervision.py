@@ -11,7 +11,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable
 
-from controller.errors import RunStopped
+from turnkeep.controller.errors import RunStopped
 
 log = logging.getLogger("turnkeep.run")
 

@@ -20,17 +20,17 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from controller.engines.engine_pool import EnginePool
-from controller.journal.records import REPLAY_CLEARED, STEP, TRAINED
-from controller.state.claim_ledger import ClaimLedger
-from controller.state.data_plane import DataPlane
-from controller.state.group_ledger import GroupLedger
-from controller.state.run_stats import RunStats
-from primitives.audit_log import AuditLog
-from primitives.holds import HoldSet
-from schemas.audit import GroupsDiscarded, StepTrained
-from schemas.config import TrainConfig
-from schemas.names import REFIT_HOLDER, REPLAY_HOLDER
+from turnkeep.controller.engines.engine_pool import EnginePool
+from turnkeep.controller.journal.records import REPLAY_CLEARED, STEP, TRAINED
+from turnkeep.controller.state.claim_ledger import ClaimLedger
+from turnkeep.controller.state.data_plane import DataPlane
+from turnkeep.controller.state.group_ledger import GroupLedger
+from turnkeep.controller.state.run_stats import RunStats
+from turnkeep.primitives.audit_log import AuditLog
+from turnkeep.primitives.holds import HoldSet
+from turnkeep.schemas.audit import GroupsDiscarded, StepTrained
+from turnkeep.schemas.config import TrainConfig
+from turnkeep.schemas.names import REFIT_HOLDER, REPLAY_HOLDER
 
 log = logging.getLogger("turnkeep.train")
 

@@ -15,29 +15,29 @@ from pathlib import Path
 
 import orjson
 
-from controller.fingerprint import fingerprint_fields
-from controller.journal.replay import PastCut, resolve_state, resolve_state_past_cut
-from controller.journal.state_journal import START_FILE, incarnation_dir
-from controller.pumps.rollout_pump import Continuation
-from controller.restore.restore_source import choose_source
-from controller.restore.restore_target import RestoreTarget
-from controller.restore.run_identity import RunIdentity
-from controller.snapshot.cut import AGENTS_FROM
-from controller.state.continuations import read_saved_agents
-from controller.state.group_ledger import SiblingState
-from controller.state.sealing import seal_stored_rows
-from participants.client import ParticipantClient
-from participants.errors import ParticipantRefused
-from primitives.atomic_files import remove_stale_staging
-from primitives.audit_log import segments_digest
-from primitives.chaos_points import reached
-from primitives.segment_format import JournalCorrupt
-from schemas.audit import ContinuationRef, KeptAfterCut, Restored, RowRef
-from schemas.choices import AgentsFrom
-from schemas.config import TurnkeepConfig
-from schemas.names import recovery_holder, recovery_workflow_id
-from schemas.participant import RunningAgent, SavedAgent
-from schemas.recovery import RecoverySource, RestoreResult, SourceKind
+from turnkeep.controller.fingerprint import fingerprint_fields
+from turnkeep.controller.journal.replay import PastCut, resolve_state, resolve_state_past_cut
+from turnkeep.controller.journal.state_journal import START_FILE, incarnation_dir
+from turnkeep.controller.pumps.rollout_pump import Continuation
+from turnkeep.controller.restore.restore_source import choose_source
+from turnkeep.controller.restore.restore_target import RestoreTarget
+from turnkeep.controller.restore.run_identity import RunIdentity
+from turnkeep.controller.snapshot.cut import AGENTS_FROM
+from turnkeep.controller.state.continuations import read_saved_agents
+from turnkeep.controller.state.group_ledger import SiblingState
+from turnkeep.controller.state.sealing import seal_stored_rows
+from turnkeep.participants.client import ParticipantClient
+from turnkeep.participants.errors import ParticipantRefused
+from turnkeep.primitives.atomic_files import remove_stale_staging
+from turnkeep.primitives.audit_log import segments_digest
+from turnkeep.primitives.chaos_points import reached
+from turnkeep.primitives.segment_format import JournalCorrupt
+from turnkeep.schemas.audit import ContinuationRef, KeptAfterCut, Restored, RowRef
+from turnkeep.schemas.choices import AgentsFrom
+from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.schemas.names import recovery_holder, recovery_workflow_id
+from turnkeep.schemas.participant import RunningAgent, SavedAgent
+from turnkeep.schemas.recovery import RecoverySource, RestoreResult, SourceKind
 
 log = logging.getLogger("turnkeep.recovery")
 

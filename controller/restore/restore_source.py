@@ -12,17 +12,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from controller.restore.unusable import UnusableRunDir, relative_to_run, saved_settings_diff, unusable_message
-from controller.restore.verify import AGENTS_FILE, SNAPSHOT_CONTROLLER_STATE, verify_snapshot, verify_trainer_checkpoint
-from controller.stores import snapshot_store
-from controller.stores.trainer_checkpoint import (
+from turnkeep.controller.restore.unusable import UnusableRunDir, relative_to_run, saved_settings_diff, unusable_message
+from turnkeep.controller.restore.verify import (
+    AGENTS_FILE,
+    SNAPSHOT_CONTROLLER_STATE,
+    verify_snapshot,
+    verify_trainer_checkpoint,
+)
+from turnkeep.controller.stores import snapshot_store
+from turnkeep.controller.stores.trainer_checkpoint import (
     CONTROLLER_STATE,
     STEP_DIR,
     checkpoint_root,
     fingerprint_of,
     published_steps,
 )
-from schemas.recovery import RecoverySource, SkippedCandidate, SourceKind, TrainerCheckpointManifest
+from turnkeep.schemas.recovery import RecoverySource, SkippedCandidate, SourceKind, TrainerCheckpointManifest
 
 
 def choose_source(run_dir: Path, run_id: str, fingerprint_fields: dict) -> RecoverySource:

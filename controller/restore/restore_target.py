@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from controller.state.data_plane import DataPlane
-from controller.state.group_ledger import GroupLedger
-from primitives.audit_log import AuditLog
+from turnkeep.controller.state.data_plane import DataPlane
+from turnkeep.controller.state.group_ledger import GroupLedger
+from turnkeep.primitives.audit_log import AuditLog
 
 if TYPE_CHECKING:
-    from controller.pumps.rollout_pump import Continuation
-    from controller.rollout_levels import RolloutLevelPlan
+    from turnkeep.controller.pumps.rollout_pump import Continuation
+    from turnkeep.controller.rollout_levels import RolloutLevelPlan
 
 
 class RestoreTarget(Protocol):

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import orjson
 
-from controller.fingerprint import fingerprint_fields
-from controller.restore.unusable import refuse_config_change
-from primitives.atomic_files import atomic_write_json
-from schemas.config import TurnkeepConfig
+from turnkeep.controller.fingerprint import fingerprint_fields
+from turnkeep.controller.restore.unusable import refuse_config_change
+from turnkeep.primitives.atomic_files import atomic_write_json
+from turnkeep.schemas.config import TurnkeepConfig
 
 RUN_FILE = "run.json"
 

@@ -10,8 +10,13 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from controller.stores.trainer_checkpoint import CHECKPOINT_MANIFEST, checkpoint_root, fingerprint_of, published_steps
-from schemas.recovery import SkippedCandidate, TrainerCheckpointManifest
+from turnkeep.controller.stores.trainer_checkpoint import (
+    CHECKPOINT_MANIFEST,
+    checkpoint_root,
+    fingerprint_of,
+    published_steps,
+)
+from turnkeep.schemas.recovery import SkippedCandidate, TrainerCheckpointManifest
 
 
 class UnusableRunDir(Exception):

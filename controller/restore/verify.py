@@ -10,15 +10,15 @@ from pathlib import Path
 import orjson
 from pydantic import ValidationError
 
-from controller.journal.replay import resolve_state
-from controller.restore.unusable import UNREADABLE, trainer_fingerprint_detail
-from controller.stores import snapshot_store
-from controller.stores.trainer_checkpoint import CHECKPOINT_MANIFEST, REQUIRED_FILES, SNAPSHOTS, STEP_DIR
-from primitives.atomic_files import sha256_file
-from primitives.segment_format import JournalCorrupt
-from schemas.participant import Artifact
-from schemas.recovery import SkippedCandidate, SkipProblem, TrainerCheckpointManifest
-from schemas.snapshot import SnapshotManifest
+from turnkeep.controller.journal.replay import resolve_state
+from turnkeep.controller.restore.unusable import UNREADABLE, trainer_fingerprint_detail
+from turnkeep.controller.stores.trainer_checkpoint import CHECKPOINT_MANIFEST, REQUIRED_FILES, SNAPSHOTS, STEP_DIR
+from turnkeep.primitives import snapshot_paths
+from turnkeep.primitives.atomic_files import sha256_file
+from turnkeep.primitives.segment_format import JournalCorrupt
+from turnkeep.schemas.participant import Artifact
+from turnkeep.schemas.recovery import SkippedCandidate, SkipProblem, TrainerCheckpointManifest
+from turnkeep.schemas.snapshot import SnapshotManifest
 
 SNAPSHOT_CONTROLLER_STATE = "controller/state.json"
 AGENTS_FILE = re.compile(r"^[^/]+/agents\.jsonl$")
@@ -105,7 +105,7 @@ def verify_snapshot(
 ) -> tuple[SnapshotManifest | None, SkippedCandidate | None]:
     try:
         manifest = _read_snapshot_manifest(snapshot_dir)
-        manifest_path = snapshot_dir / snapshot_store.MANIFEST
+        manifest_path = snapshot_dir / snapshot_paths.MANIFEST
         _check_run(manifest.run_id, run_id, manifest_path)
         if manifest.config_fingerprint != fingerprint:
             # A snapshot manifest keeps only the digest, so the setting cannot be named here;
@@ -167,7 +167,7 @@ def _read_trainer_manifest(checkpoint_dir: Path) -> TrainerCheckpointManifest:
 
 
 def _read_snapshot_manifest(snapshot_dir: Path) -> SnapshotManifest:
-    path = snapshot_dir / snapshot_store.MANIFEST
+    path = snapshot_dir / snapshot_paths.MANIFEST
     if not path.exists():
         raise _Skip("unreadable_manifest", f"{path} is missing: the snapshot was never published")
     manifest = _read_model(path, SnapshotManifest)

@@ -9,9 +9,9 @@ once, naming the servers, when it cannot.
 
 from __future__ import annotations
 
-from controller.config_file import ConfigError
-from schemas.choices import AgentsMode
-from schemas.participant import Capabilities
+from turnkeep.config.loader import ConfigError
+from turnkeep.schemas.choices import AgentsMode
+from turnkeep.schemas.participant import Capabilities
 
 
 class AgentsModeError(ConfigError):

@@ -14,15 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from participants.client import ParticipantClient
-from primitives.atomic_files import append_jsonl
-from schemas.choices import MetricsKind
-from schemas.names import snapshot_holder
-from schemas.snapshot import SnapshotAttemptResult
+from turnkeep.participants.client import ParticipantClient
+from turnkeep.primitives.atomic_files import append_jsonl
+from turnkeep.schemas.choices import MetricsKind
+from turnkeep.schemas.names import snapshot_holder
+from turnkeep.schemas.snapshot import SnapshotAttemptResult
 
 if TYPE_CHECKING:
-    from controller.runtime import Controller
-    from schemas.recovery import RecoveryResult
+    from turnkeep.controller.runtime import Controller
+    from turnkeep.schemas.recovery import RecoveryResult
 
 
 log = logging.getLogger("turnkeep.snapshot")

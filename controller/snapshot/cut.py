@@ -28,15 +28,15 @@ from pathlib import Path
 
 import orjson
 
-from controller.errors import AcksInFlight, InvariantBroken, TrainerMoved
-from controller.state.continuations import read_saved_agents
-from controller.state.cut_state import capture_cut
-from controller.stores import snapshot_store
-from primitives.atomic_files import atomic_write_bytes
-from schemas.attempt_steps import TrainerHoldResult
-from schemas.audit import CutTaken
-from schemas.choices import AgentsFrom, CutKind
-from schemas.participant import Artifact, JournalMark, SavedAgent
+from turnkeep.controller.state.continuations import read_saved_agents
+from turnkeep.controller.state.cut_state import capture_cut
+from turnkeep.controller.stores import snapshot_store
+from turnkeep.primitives.atomic_files import atomic_write_bytes
+from turnkeep.primitives.snapshot_errors import AcksInFlight, InvariantBroken, TrainerMoved
+from turnkeep.schemas.attempt_steps import TrainerHoldResult
+from turnkeep.schemas.audit import CutTaken
+from turnkeep.schemas.choices import AgentsFrom, CutKind
+from turnkeep.schemas.participant import Artifact, JournalMark, SavedAgent
 
 STATE_FILE = Path("controller") / "state.json"
 AGENTS_FROM = "agents_from"

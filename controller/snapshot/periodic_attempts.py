@@ -12,7 +12,7 @@ preemption and when an operator asks; setting the interval brings periodic attem
 
 from __future__ import annotations
 
-from schemas.choices import AgentsMode
+from turnkeep.schemas.choices import AgentsMode
 
 PARKED_INTERVAL_S = 20.0
 

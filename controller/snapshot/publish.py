@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from controller.stores import snapshot_store
-from schemas.participant import Artifact
+from turnkeep.controller.stores import snapshot_store
+from turnkeep.schemas.participant import Artifact
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controller.errors import InvariantBroken
-from controller.state.data_plane import DataPlane
-from controller.state.group_ledger import GroupLedger, SiblingState
-from schemas.participant import SavedAgent
+from turnkeep.controller.state.data_plane import DataPlane
+from turnkeep.controller.state.group_ledger import GroupLedger, SiblingState
+from turnkeep.primitives.snapshot_errors import InvariantBroken
+from turnkeep.schemas.participant import SavedAgent
 
 AGENTS_FILE = "agents.jsonl"
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from controller.errors import InvariantBroken
-from controller.state.continuations import check_continuations
-from primitives.gc_pause import collector_paused
-from primitives.segment_format import LogPosition
-from schemas.audit import ids_digest
-from schemas.participant import SavedAgent
+from turnkeep.controller.state.continuations import check_continuations
+from turnkeep.primitives.gc_pause import collector_paused
+from turnkeep.primitives.segment_format import LogPosition
+from turnkeep.primitives.snapshot_errors import InvariantBroken
+from turnkeep.schemas.audit import ids_digest
+from turnkeep.schemas.participant import SavedAgent
 
 
 @dataclass(frozen=True)

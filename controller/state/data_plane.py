@@ -17,11 +17,11 @@ import asyncio
 
 import orjson
 
-from controller.journal.records import REWARDS, ROW, ROWS_DELETED
-from controller.journal.state_journal import NO_JOURNAL, JournalHooks
-from controller.state.pending_acks import PendingAcks
-from schemas.audit import IdsDigest, row_key
-from schemas.rollout import RolloutRow
+from turnkeep.controller.journal.records import REWARDS, ROW, ROWS_DELETED
+from turnkeep.controller.journal.state_journal import NO_JOURNAL, JournalHooks
+from turnkeep.controller.state.pending_acks import PendingAcks
+from turnkeep.schemas.audit import IdsDigest, row_key
+from turnkeep.schemas.rollout import RolloutRow
 
 
 class DataPlane:

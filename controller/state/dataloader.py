@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import random
 
-from controller.journal.records import CURSOR
-from controller.journal.state_journal import NO_JOURNAL, JournalHooks
-from controller.state.prompt_sources import PromptSource
-from schemas.config import EnvironmentSpec
-from schemas.rollout import Problem, PromptRecord
+from turnkeep.controller.journal.records import CURSOR
+from turnkeep.controller.journal.state_journal import NO_JOURNAL, JournalHooks
+from turnkeep.controller.state.prompt_sources import PromptSource
+from turnkeep.schemas.config import EnvironmentSpec
+from turnkeep.schemas.rollout import Problem, PromptRecord
 
 
 class PromptDataloader:

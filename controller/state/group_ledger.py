@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from controller.journal.records import GROUP, GROUPS_FINISHED
-from controller.journal.state_journal import NO_JOURNAL, JournalHooks
-from schemas.audit import IdsDigest
-from schemas.rollout import Problem
+from turnkeep.controller.journal.records import GROUP, GROUPS_FINISHED
+from turnkeep.controller.journal.state_journal import NO_JOURNAL, JournalHooks
+from turnkeep.schemas.audit import IdsDigest
+from turnkeep.schemas.rollout import Problem
 
 
 class SiblingState(StrEnum):

@@ -18,9 +18,9 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
-from controller.config_file import ConfigError
-from schemas.config import TurnkeepConfig
-from schemas.rollout import PromptRecord
+from turnkeep.config.loader import ConfigError
+from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.schemas.rollout import PromptRecord
 
 PROMPT_FILE_SUFFIXES = (".jsonl", ".parquet")
 _RESERVED_FIELDS = ("prompt", "answer", "env")

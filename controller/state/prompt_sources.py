@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from schemas.rollout import PromptRecord
+from turnkeep.schemas.rollout import PromptRecord
 
 
 class PromptSource(Protocol):

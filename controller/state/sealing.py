@@ -9,8 +9,8 @@ agents leaves them out the same way.
 
 from __future__ import annotations
 
-from controller.state.data_plane import DataPlane
-from controller.state.group_ledger import GroupLedger
+from turnkeep.controller.state.data_plane import DataPlane
+from turnkeep.controller.state.group_ledger import GroupLedger
 
 
 def stored_but_running(data_plane: DataPlane, ledger: GroupLedger) -> list[tuple[str, int]]:

@@ -7,12 +7,12 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from controller.pumps.train_pump import StepReport
-from controller.state.run_stats import RunStats
-from controller.stores.metrics_totals import add_totals, totals_at
-from primitives.atomic_files import append_jsonl
-from primitives.process_roles import rss_mib_by_role
-from schemas.choices import MetricsKind, Outcome
+from turnkeep.controller.pumps.train_pump import StepReport
+from turnkeep.controller.state.run_stats import RunStats
+from turnkeep.controller.stores.metrics_totals import add_totals, totals_at
+from turnkeep.primitives.atomic_files import append_jsonl
+from turnkeep.primitives.process_roles import rss_mib_by_role
+from turnkeep.schemas.choices import MetricsKind, Outcome
 
 
 class MetricsSink:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import orjson
 
-from primitives.atomic_files import atomic_write_text
+from turnkeep.primitives.atomic_files import atomic_write_text
 
 OFFSET_FILE = "mirrored_offset"
 

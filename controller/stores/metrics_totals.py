@@ -7,7 +7,7 @@ from pathlib import Path
 
 import orjson
 
-from schemas.choices import MetricsKind
+from turnkeep.schemas.choices import MetricsKind
 
 TOTALS = ("rows_sealed_total", "retries_total", "rollouts_interrupted_total", "siblings_dropped_total",
           "groups_discarded_total", "recovery_by_env_total")

@@ -7,13 +7,11 @@ build in `snapshots/.staging-<n>-*`, a name that never looks published.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from primitives.atomic_files import (
-    STAGING_PREFIX,
+from turnkeep.primitives.atomic_files import (
     atomic_write_bytes,
     fsync_dir,
     fsync_tree,
@@ -22,23 +20,9 @@ from primitives.atomic_files import (
     sha256_file,
     staging_dir,
 )
-from schemas.participant import Artifact
-from schemas.snapshot import SnapshotManifest
-
-MANIFEST = "manifest.json"
-NUMBER = re.compile(r"^\d+$")
-STAGING_NAME = re.compile(rf"{re.escape(STAGING_PREFIX)}([0-9]+)-[0-9a-f]+")
-"""An attempt's staging directory as `open_staging` names it: `.staging-<n>-<random hex>`."""
-
-
-def staging_number(name: str) -> int | None:
-    """The attempt number in a staging directory's name; None for a name `open_staging` never makes."""
-    match = STAGING_NAME.fullmatch(name)
-    return int(match.group(1)) if match else None
-
-
-def snapshots_root(run_dir: Path, step: int) -> Path:
-    return run_dir / "checkpoints" / f"step_{step}" / "snapshots"
+from turnkeep.primitives.snapshot_paths import MANIFEST, NUMBER, snapshots_root
+from turnkeep.schemas.participant import Artifact
+from turnkeep.schemas.snapshot import SnapshotManifest
 
 
 def open_staging(run_dir: Path, step: int, number: int) -> Path:

@@ -16,8 +16,8 @@ import secrets
 from pathlib import Path
 from typing import Protocol
 
-from controller.stores.metrics_tail import MetricsTail, numbers
-from schemas.choices import MetricsKind
+from turnkeep.controller.stores.metrics_tail import MetricsTail, numbers
+from turnkeep.schemas.choices import MetricsKind
 
 log = logging.getLogger("turnkeep.metrics")
 

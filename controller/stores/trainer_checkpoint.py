@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from primitives.atomic_files import (
+from turnkeep.primitives.atomic_files import (
     atomic_write_bytes,
     atomic_write_json,
     publish_dir,
@@ -30,9 +30,9 @@ from primitives.atomic_files import (
     sha256_file,
     staging_dir,
 )
-from primitives.chaos_points import reached
-from schemas.participant import Artifact
-from schemas.recovery import TrainerCheckpointManifest
+from turnkeep.primitives.chaos_points import reached
+from turnkeep.schemas.participant import Artifact
+from turnkeep.schemas.recovery import TrainerCheckpointManifest
 
 log = logging.getLogger("turnkeep.checkpoint")
 STEP_DIR = re.compile(r"^step_(\d+)$")

@@ -13,9 +13,9 @@ import logging
 import os
 from pathlib import Path
 
-from controller.stores.metrics_tail import MetricsTail, numbers
-from schemas.choices import MetricsKind
-from schemas.config import MetricsConfig
+from turnkeep.controller.stores.metrics_tail import MetricsTail, numbers
+from turnkeep.schemas.choices import MetricsKind
+from turnkeep.schemas.config import MetricsConfig
 
 log = logging.getLogger("turnkeep.metrics")
 

@@ -32,13 +32,13 @@ import torch
 from tokenizers import Tokenizer
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from gpu_workers.tiny_model.model_files import check_model_files
-from gpu_workers.tiny_model.recipe import RECIPE_FILE, Recipe
-from gpu_workers.tiny_model.tokenizer import save_tokenizer, special_ids, train_tokenizer
-from gpu_workers.tiny_model.transcripts import TOKENIZER_CORPUS, TranscriptSource
-from gpu_workers.tiny_model.warm_start import rollout_reward, warm_start
-from primitives.atomic_files import STAGING_PREFIX, publish_dir, staging_dir
-from schemas.config import ModelConfig, TinyModelConfig
+from turnkeep.gpu_workers.tiny_model.model_files import check_model_files
+from turnkeep.gpu_workers.tiny_model.recipe import RECIPE_FILE, Recipe
+from turnkeep.gpu_workers.tiny_model.tokenizer import save_tokenizer, special_ids, train_tokenizer
+from turnkeep.gpu_workers.tiny_model.transcripts import TOKENIZER_CORPUS, TranscriptSource
+from turnkeep.gpu_workers.tiny_model.warm_start import rollout_reward, warm_start
+from turnkeep.primitives.atomic_files import STAGING_PREFIX, publish_dir, staging_dir
+from turnkeep.schemas.config import ModelConfig, TinyModelConfig
 
 log = logging.getLogger("turnkeep.model")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controller.config_file import ConfigError
+from turnkeep.config.loader import ConfigError
 
 REQUIRED_FILES = ("config.json", "tokenizer.json")
 """The model's shape (transformers, vLLM) and its fast tokenizer (the agents' codec reads tokenizer.json)."""

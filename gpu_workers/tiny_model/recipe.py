@@ -8,8 +8,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpu_workers.tiny_model.transcripts import TranscriptSource
-from schemas.config import ModelConfig, TinyModelConfig
+from turnkeep.gpu_workers.tiny_model.transcripts import TranscriptSource
+from turnkeep.schemas.config import ModelConfig, TinyModelConfig
 
 FORMAT_VERSION = 2
 """Bump when the recipe or the saved files change (2: the chat template) so old caches are not reused."""

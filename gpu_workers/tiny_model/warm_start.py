@@ -28,9 +28,9 @@ import torch
 from tokenizers import Tokenizer
 from transformers import LlamaForCausalLM
 
-from gpu_workers.tiny_model.tokenizer import encode, newline_id, special_ids
-from gpu_workers.tiny_model.transcripts import Episodes, TranscriptSource
-from schemas.config import TinyModelConfig
+from turnkeep.gpu_workers.tiny_model.tokenizer import encode, newline_id, special_ids
+from turnkeep.gpu_workers.tiny_model.transcripts import Episodes, TranscriptSource
+from turnkeep.schemas.config import TinyModelConfig
 
 log = logging.getLogger("turnkeep.model")
 

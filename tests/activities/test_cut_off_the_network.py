@@ -14,17 +14,17 @@ import aiohttp
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.snapshot_activities import SnapshotActivities
-from bench.filled_controller import STEP, FilledController
-from controller.pumps.env_client import EnvClient
-from controller.pumps.env_router import EnvRouter, EnvServerLink
-from controller.snapshot.coordinator import SnapshotCoordinator
-from controller.snapshot.cut import STATE_FILE
-from controller.state.run_stats import RunStats
-from controller.stores import snapshot_store
-from schemas.attempt_steps import CutInput, TrainerHoldResult
-from schemas.names import ErrorType, checkpoint_id
 from tests.controller.pumps.test_env_timeouts import hanging_server
+from turnkeep.activities.snapshot_activities import SnapshotActivities
+from turnkeep.bench.filled_controller import STEP, FilledController
+from turnkeep.controller.pumps.env_client import EnvClient
+from turnkeep.controller.pumps.env_router import EnvRouter, EnvServerLink
+from turnkeep.controller.snapshot.coordinator import SnapshotCoordinator
+from turnkeep.controller.snapshot.cut import STATE_FILE
+from turnkeep.controller.state.run_stats import RunStats
+from turnkeep.controller.stores import snapshot_store
+from turnkeep.schemas.attempt_steps import CutInput, TrainerHoldResult
+from turnkeep.schemas.names import ErrorType, checkpoint_id
 
 RUN = "run"
 

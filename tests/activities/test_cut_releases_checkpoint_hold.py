@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.snapshot_activities import SnapshotActivities
-from bench.filled_controller import STEP, FilledController
-from controller.snapshot.coordinator import SnapshotCoordinator
-from controller.snapshot.cut import STATE_FILE
-from controller.state.run_stats import RunStats
-from controller.stores import snapshot_store
-from primitives.holds import HoldSet
-from schemas.attempt_steps import CutInput, TrainerHoldResult
-from schemas.names import checkpoint_holder, checkpoint_id
+from turnkeep.activities.snapshot_activities import SnapshotActivities
+from turnkeep.bench.filled_controller import STEP, FilledController
+from turnkeep.controller.snapshot.coordinator import SnapshotCoordinator
+from turnkeep.controller.snapshot.cut import STATE_FILE
+from turnkeep.controller.state.run_stats import RunStats
+from turnkeep.controller.stores import snapshot_store
+from turnkeep.primitives.holds import HoldSet
+from turnkeep.schemas.attempt_steps import CutInput, TrainerHoldResult
+from turnkeep.schemas.names import checkpoint_holder, checkpoint_id
 
 RUN = "run"
 

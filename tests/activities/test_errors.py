@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
-from activities.errors import translated_errors
-from controller.errors import InvariantBroken
-from participants.errors import ParticipantNotReady, ParticipantRefused, ParticipantUnavailable
-from schemas.names import ErrorType
+from turnkeep.activities.errors import translated_errors
+from turnkeep.participants.errors import ParticipantNotReady, ParticipantRefused, ParticipantUnavailable
+from turnkeep.primitives.snapshot_errors import InvariantBroken
+from turnkeep.schemas.names import ErrorType
 
 
 def _translated(err: Exception) -> ApplicationError:

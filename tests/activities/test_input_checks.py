@@ -13,17 +13,18 @@ from types import SimpleNamespace
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.recovery_activities import RecoveryActivities
-from activities.snapshot_activities import SnapshotActivities
-from controller.snapshot.coordinator import SnapshotCoordinator
-from controller.state.run_stats import RunStats
-from controller.stores import snapshot_store
-from controller.stores.metrics import MetricsSink
-from schemas.attempt_steps import AttemptRecord, CutInput, DiscardStagingInput, PublishInput, StagingInput
-from schemas.choices import Outcome, Trigger
-from schemas.names import ErrorType, checkpoint_id
-from schemas.participant import Artifact
-from schemas.recovery import (
+from turnkeep.activities.recovery_activities import RecoveryActivities
+from turnkeep.activities.snapshot_activities import SnapshotActivities
+from turnkeep.controller.snapshot.coordinator import SnapshotCoordinator
+from turnkeep.controller.state.run_stats import RunStats
+from turnkeep.controller.stores import snapshot_store
+from turnkeep.controller.stores.metrics import MetricsSink
+from turnkeep.primitives import snapshot_paths
+from turnkeep.schemas.attempt_steps import AttemptRecord, CutInput, DiscardStagingInput, PublishInput, StagingInput
+from turnkeep.schemas.choices import Outcome, Trigger
+from turnkeep.schemas.names import ErrorType, checkpoint_id
+from turnkeep.schemas.participant import Artifact
+from turnkeep.schemas.recovery import (
     RecoverySource,
     RecoveryStepInput,
     RestoreInput,
@@ -31,7 +32,7 @@ from schemas.recovery import (
     SkippedCandidate,
     SourceKind,
 )
-from schemas.snapshot import SnapshotAttemptResult
+from turnkeep.schemas.snapshot import SnapshotAttemptResult
 
 RUN = "run"
 STEP = 4
@@ -77,7 +78,7 @@ def test_discard_staging_removes_only_its_own_staging_directory(tmp_path):
     run_dir = _run_dir(tmp_path)
     acts, _ = _acts(run_dir)
     victim = _victim(tmp_path)
-    root = snapshot_store.snapshots_root(run_dir, STEP)
+    root = snapshot_paths.snapshots_root(run_dir, STEP)
     root.mkdir()
     link = root / ".staging-1-abcdef"
     os.symlink(victim, link)
@@ -109,11 +110,11 @@ def test_a_snapshot_root_that_is_a_symlink_out_of_the_run_is_refused(tmp_path):
     acts, _ = _acts(run_dir)
     outside = tmp_path / "outside"
     outside.mkdir()
-    os.symlink(outside, snapshot_store.snapshots_root(run_dir, STEP))
+    os.symlink(outside, snapshot_paths.snapshots_root(run_dir, STEP))
     staging = outside / ".staging-1-abcdef"
     staging.mkdir()
     _refused(acts.discard_staging(DiscardStagingInput(checkpoint_id=ATTEMPT, incarnation=2,
-                                                      staging_dir=str(snapshot_store.snapshots_root(run_dir, STEP) /
+                                                      staging_dir=str(snapshot_paths.snapshots_root(run_dir, STEP) /
                                                                       staging.name))), "anchor_step")
     _refused(acts.open_staging(StagingInput(run_id=RUN, checkpoint_id=ATTEMPT, incarnation=2, anchor_step=STEP,
                                             number=1)), "anchor_step")
@@ -132,9 +133,9 @@ def test_open_staging_refuses_ids_and_counts_of_another_attempt(tmp_path):
     _refused(open_(number=2), "checkpoint_id", checkpoint_id(RUN, STEP, 2))
     _refused(open_(number=0, checkpoint_id=checkpoint_id(RUN, STEP, 0)), "number", ">= 1")
     _refused(open_(anchor_step=-1, checkpoint_id=checkpoint_id(RUN, -1, 1)), "anchor_step", ">= 0")
-    assert not snapshot_store.snapshots_root(run_dir, STEP).exists()
+    assert not snapshot_paths.snapshots_root(run_dir, STEP).exists()
     staging = Path(asyncio.run(open_()).staging_dir)
-    assert staging.parent == snapshot_store.snapshots_root(run_dir, STEP).resolve() and staging.is_dir()
+    assert staging.parent == snapshot_paths.snapshots_root(run_dir, STEP).resolve() and staging.is_dir()
 
 
 # ---- data_plane.cut ----------------------------------------------------------------------
@@ -167,11 +168,11 @@ def _publish_input(staging: Path, **kw) -> PublishInput:
 def test_publish_refuses_a_keep_count_below_one_and_nothing_moves(tmp_path):
     run_dir = _run_dir(tmp_path)
     acts, _ = _acts(run_dir)
-    root = snapshot_store.snapshots_root(run_dir, STEP)
+    root = snapshot_paths.snapshots_root(run_dir, STEP)
     root.mkdir()
     for n in (7, 8):  # older published snapshots: a negative keep count would prune them
         (root / str(n)).mkdir()
-        (root / str(n) / snapshot_store.MANIFEST).write_text("{}")
+        (root / str(n) / snapshot_paths.MANIFEST).write_text("{}")
     staging = snapshot_store.open_staging(run_dir, STEP, 9)
     (staging / "env").mkdir()
     (staging / "env" / "agents.jsonl").write_text("x")
@@ -191,7 +192,7 @@ def test_publish_refuses_a_keep_count_below_one_and_nothing_moves(tmp_path):
     _refused(acts.publish(_publish_input(staging, number=2, checkpoint_id=checkpoint_id(RUN, STEP, 2))), "staging_dir")
     _refused(acts.publish(_publish_input(tmp_path / "victim")), "staging_dir")
     assert sorted(p.name for p in root.iterdir()) == before
-    assert not (staging / snapshot_store.MANIFEST).exists()
+    assert not (staging / snapshot_paths.MANIFEST).exists()
 
     published = asyncio.run(acts.publish(_publish_input(staging, keep_latest_k=1)))
     assert Path(published.snapshot_dir).name == "9" and sorted(published.pruned) == ["7", "8"]
@@ -299,9 +300,9 @@ def test_cancel_stale_refuses_another_run_id_before_it_lists_any_workflow(tmp_pa
 
 def test_a_source_that_choose_source_picked_passes_the_checks(tmp_path):
     """What `recovery.choose_source` returns, including the candidates it skipped, is never refused."""
-    from activities.recovery_activities import check_source
-    from controller.restore.restore_source import choose_source
     from tests.controller.restore.test_restore_source import FIELDS, RUN_ID, flip_byte, make_checkpoint, make_snapshot
+    from turnkeep.activities.recovery_activities import check_source
+    from turnkeep.controller.restore.restore_source import choose_source
 
     run_dir = tmp_path / "run"
     older = make_checkpoint(run_dir, 2)

@@ -8,13 +8,13 @@ from types import SimpleNamespace
 
 import orjson
 
-from activities.snapshot_activities import SnapshotActivities
-from controller.snapshot.coordinator import SnapshotCoordinator
-from controller.state.run_stats import RunStats
-from controller.stores.metrics import MetricsSink
-from schemas.attempt_steps import AttemptRecord
-from schemas.choices import Outcome, Trigger
-from schemas.snapshot import SnapshotAttemptResult
+from turnkeep.activities.snapshot_activities import SnapshotActivities
+from turnkeep.controller.snapshot.coordinator import SnapshotCoordinator
+from turnkeep.controller.state.run_stats import RunStats
+from turnkeep.controller.stores.metrics import MetricsSink
+from turnkeep.schemas.attempt_steps import AttemptRecord
+from turnkeep.schemas.choices import Outcome, Trigger
+from turnkeep.schemas.snapshot import SnapshotAttemptResult
 
 
 def _result(n: int, closed_s: float, outcome: Outcome = Outcome.PUBLISHED) -> SnapshotAttemptResult:

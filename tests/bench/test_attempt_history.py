@@ -3,7 +3,7 @@ import pytest
 from temporalio.api.enums.v1 import EventType as E
 from temporalio.api.history.v1 import HistoryEvent
 
-from bench.attempt_history import add_local_clocks, history_times
+from turnkeep.bench.attempt_history import add_local_clocks, history_times
 
 
 def event(event_id: int, kind: E, at_s: float, **attributes) -> HistoryEvent:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from bench.fanout import run
+from turnkeep.bench.fanout import run
 
 
 def test_fanout_follows_the_slowest_server() -> None:

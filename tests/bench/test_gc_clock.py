@@ -1,6 +1,6 @@
 import gc
 
-from bench.gc_clock import GcClock
+from turnkeep.bench.gc_clock import GcClock
 
 
 def test_counts_collections_only_while_entered():

@@ -1,6 +1,6 @@
 import pytest
 
-from bench.growth_fit import grows, growth_class, log_log_slope
+from turnkeep.bench.growth_fit import grows, growth_class, log_log_slope
 
 
 def test_slope_of_a_power_law_is_its_power():

@@ -1,4 +1,4 @@
-from bench import journal_cost
+from turnkeep.bench import journal_cost
 
 
 def _side(tokens_per_s: float, client: float) -> dict:

@@ -8,12 +8,19 @@ from temporalio import activity, workflow
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from bench.attempt_history import HistoryTimes
-from bench.orchestration import AttemptCost, attempt_costs, costs_of_run_dir, local_clocks_of, percentile, result_of
-from primitives.temporal_client import connect
-from schemas import search_attributes as sa
-from schemas.config_services import TemporalConfig
-from workers.temporal.dev_server import start_dev_server, stop_dev_server
+from turnkeep.bench.attempt_history import HistoryTimes
+from turnkeep.bench.orchestration import (
+    AttemptCost,
+    attempt_costs,
+    costs_of_run_dir,
+    local_clocks_of,
+    percentile,
+    result_of,
+)
+from turnkeep.primitives.temporal_client import connect
+from turnkeep.schemas import search_attributes as sa
+from turnkeep.schemas.config_services import TemporalConfig
+from turnkeep.workers.temporal.dev_server import start_dev_server, stop_dev_server
 
 NAP_S = 0.05
 

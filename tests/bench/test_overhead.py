@@ -7,7 +7,7 @@ import argparse
 
 import orjson
 
-from bench import overhead
+from turnkeep.bench import overhead
 
 
 def write_run(run_dir, tokens_per_s: float, steps_per_min: float, closed_s: list[float]) -> None:

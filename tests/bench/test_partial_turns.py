@@ -3,7 +3,7 @@ cut turns' tokens kept."""
 
 from __future__ import annotations
 
-from bench.partial_turns import _chaos_figures, _chaos_row
+from turnkeep.bench.partial_turns import _chaos_figures, _chaos_row
 
 
 def report(regenerated: int, kept: int) -> dict:

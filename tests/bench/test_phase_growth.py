@@ -1,4 +1,4 @@
-from bench.phase_growth import phase_growth
+from turnkeep.bench.phase_growth import phase_growth
 
 AGENTS = [10, 100, 1000, 10000]
 ROWS = [1000, 10000, 100000]

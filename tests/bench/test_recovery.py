@@ -7,9 +7,9 @@ import argparse
 import orjson
 import pytest
 
-from bench import recovery
-from bench.recovery import lost_turn_ages
 from tests.chaos.invariants.history import admitted, r, started, turn
+from turnkeep.bench import recovery
+from turnkeep.bench.recovery import lost_turn_ages
 
 
 def test_only_turns_a_later_incarnation_committed_again_have_an_age_from_their_incarnations_last_event():

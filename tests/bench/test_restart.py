@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import restart
-from bench.restart_phases import PHASES
+from turnkeep.bench import restart
+from turnkeep.bench.restart_phases import PHASES
 
 
 def _args(tmp_path: Path, after: int) -> argparse.Namespace:

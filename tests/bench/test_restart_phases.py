@@ -1,4 +1,4 @@
-from bench.restart_phases import PHASES, cpu_by_role, phases_of
+from turnkeep.bench.restart_phases import PHASES, cpu_by_role, phases_of
 
 
 def test_phases_are_seconds_from_the_command_whichever_clock_each_came_from():

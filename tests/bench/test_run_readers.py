@@ -6,7 +6,7 @@ import argparse
 
 import orjson
 
-from bench import lower_bound, memory, recovery
+from turnkeep.bench import lower_bound, memory, recovery
 
 
 def write_lines(path, lines) -> None:
@@ -17,8 +17,8 @@ def write_lines(path, lines) -> None:
 def test_lower_bound_compares_each_attempt_with_its_slowest_turn_plus_write_time(tmp_path) -> None:
     """The slowest turn comes from the audit log (the hold event and the server's turn commits); the product's own
     `agents_parked_s` (here 9 s, far off) is shown beside it but never enters the bound."""
-    from primitives.audit_log import AUDIT_FILE
     from tests.bench.test_turn_bound import committed, hold, started
+    from turnkeep.primitives.audit_log import AUDIT_FILE
 
     attempts = [{"kind": "snapshot", "checkpoint_id": f"r.snapshot.20.{n}", "outcome": "published",
                  "admission_closed_s": 0.5, "agents_parked_s": 9.0, "bytes_written": 1 << 20} for n in (1, 2)]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from bench.report import markdown_table
-from bench.runs import percentile, run_id_of, throughput
+from turnkeep.bench.report import markdown_table
+from turnkeep.bench.runs import percentile, run_id_of, throughput
 
 
 def write_metrics(run_dir, lines) -> None:

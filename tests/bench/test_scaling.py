@@ -1,10 +1,10 @@
 import argparse
 from pathlib import Path
 
-from bench import scaling
-from bench.phase_growth import EXPECTED_GROWTH
-from bench.timed_attempt import FINGERPRINT, RUN_ID
-from controller.restore.verify import verify_snapshot
+from turnkeep.bench import scaling
+from turnkeep.bench.phase_growth import EXPECTED_GROWTH
+from turnkeep.bench.timed_attempt import FINGERPRINT, RUN_ID
+from turnkeep.controller.restore.verify import verify_snapshot
 
 PHASES = ("prepare_s", "commit_s", "cut_s", "barrier_s", "publish_s")
 

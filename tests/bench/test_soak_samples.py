@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from bench.soak_samples import sample_processes, slope_per_1000
-from primitives.pid_files import write_pid_file
+from turnkeep.bench.soak_samples import sample_processes, slope_per_1000
+from turnkeep.primitives.pid_files import write_pid_file
 
 
 def test_a_process_of_the_run_is_sampled_by_its_pid_file_and_an_unknown_role_is_not(tmp_path):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from bench.turn_bound import turn_bounds
-from schemas.audit import HoldChanged, SiblingSealed, SiblingStarted, TurnCommitted
+from turnkeep.bench.turn_bound import turn_bounds
+from turnkeep.schemas.audit import HoldChanged, SiblingSealed, SiblingStarted, TurnCommitted
 
 
 def started(t, rid):

@@ -8,7 +8,7 @@ import argparse
 import orjson
 import pytest
 
-from bench import wasted
+from turnkeep.bench import wasted
 
 
 def _stand_in_runs(phase: str, calls: list[list[str]]):

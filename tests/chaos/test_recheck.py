@@ -3,10 +3,10 @@ its report's verdict and figures are rewritten, its rounds kept."""
 
 import orjson
 
-from cli.main import main
-from primitives.audit_log import AUDIT_FILE
-from schemas.audit import Restored, RowRef, RunEnded
 from tests.chaos.invariants.history import PARTIAL_TOKENS, healthy_with_a_journal_restore
+from turnkeep.cli.main import main
+from turnkeep.primitives.audit_log import AUDIT_FILE
+from turnkeep.schemas.audit import Restored, RowRef, RunEnded
 
 
 def _audit_with_a_turn_the_kill_left_unwritten() -> list:

@@ -11,13 +11,13 @@ from collections import Counter
 import orjson
 import pytest
 
-from chaos.invariants.continuations import committed_turns
-from chaos.verdict import check_run_dir
-from controller.state.dataloader import PromptDataloader
-from primitives.audit_log import AUDIT_FILE, read_audit
-from schemas.config import TurnkeepConfig
 from tests.run_command import EVERY_KIND, short_run_dir, small_run_settings, turnkeep
-from workers.prompts import prompt_source
+from turnkeep.chaos.invariants.continuations import committed_turns
+from turnkeep.chaos.verdict import check_run_dir
+from turnkeep.controller.state.dataloader import PromptDataloader
+from turnkeep.primitives.audit_log import AUDIT_FILE, read_audit
+from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.workers.prompts import prompt_source
 
 # Nine starts of the whole stack (eight kills and the last run): each start of Ray, vLLM and Temporal takes
 # 40 to 90 s on a 2-core machine, more than the suite's 600 s per test in all.
@@ -180,10 +180,10 @@ def test_the_checker_fails_loudly_when_a_group_is_trained_twice(chaos_run, tmp_p
     ("other_settings", "fingerprint_differs"),
 ])
 def test_a_damaged_newest_snapshot_of_a_real_run_is_named_and_skipped(chaos_run, tmp_path, damage, problem) -> None:
-    from controller.fingerprint import fingerprint_fields
-    from controller.restore.restore_source import choose_source
-    from schemas.config import TurnkeepConfig
-    from schemas.recovery import SourceKind
+    from turnkeep.controller.fingerprint import fingerprint_fields
+    from turnkeep.controller.restore.restore_source import choose_source
+    from turnkeep.schemas.config import TurnkeepConfig
+    from turnkeep.schemas.recovery import SourceKind
 
     run_dir, _, _ = chaos_run
     copy = tmp_path / "run"

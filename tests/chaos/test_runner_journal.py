@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from primitives.audit_log import read_audit
 from tests.run_command import EVERY_KIND, passing_chaos_run, small_run_settings
+from turnkeep.primitives.audit_log import read_audit
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 

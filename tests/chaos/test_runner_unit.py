@@ -7,16 +7,16 @@ from collections import Counter
 import orjson
 import pytest
 
-from chaos.incarnation import Incarnation, count_train_steps, one_round
-from chaos.report import Round, build_report, format_report
-from chaos.runner import run_chaos
-from chaos.schedule import ALL_POINTS, kill_schedule, parse_points, point_schedule, random_max_delay_s
-from chaos.targets import parse_targets
-from chaos.verdict import check_invariants
-from cli.chaos import add_chaos_parser
-from controller.config_file import load_config
-from primitives.chaos_points import POINTS
-from schemas.audit import DeadlineExpired, RunEnded, RunStarted
+from turnkeep.chaos.incarnation import Incarnation, count_train_steps, one_round
+from turnkeep.chaos.report import Round, build_report, format_report
+from turnkeep.chaos.runner import run_chaos
+from turnkeep.chaos.schedule import ALL_POINTS, kill_schedule, parse_points, point_schedule, random_max_delay_s
+from turnkeep.chaos.targets import parse_targets
+from turnkeep.chaos.verdict import check_invariants
+from turnkeep.cli.chaos import add_chaos_parser
+from turnkeep.config.loader import load_config
+from turnkeep.primitives.chaos_points import POINTS
+from turnkeep.schemas.audit import DeadlineExpired, RunEnded, RunStarted
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -238,7 +238,7 @@ def test_a_run_that_dies_before_claiming_its_directory_leaves_it_startable(tmp_p
 FAKE_SUPERVISED_RUN = """
 import json, pathlib, subprocess, sys, time
 sys.path.insert(0, sys.argv[3])
-from primitives.pid_files import write_pid_file
+from turnkeep.primitives.pid_files import write_pid_file
 run_dir, mode = pathlib.Path(sys.argv[1]), sys.argv[2]
 run_dir.mkdir(parents=True, exist_ok=True)
 (run_dir / "run.json").write_text("{}")
@@ -285,7 +285,7 @@ def test_a_run_that_stops_after_a_kill_gives_its_one_line_reason(tmp_path):
 
 
 def test_a_run_that_neither_repairs_nor_stops_fails_the_chaos_run(tmp_path, monkeypatch):
-    monkeypatch.setattr("chaos.incarnation.AFTER_KILL_TIMEOUT_S", 2.0)
+    monkeypatch.setattr("turnkeep.chaos.incarnation.AFTER_KILL_TIMEOUT_S", 2.0)
     record = _supervised(tmp_path, "ignore")
     assert record.outcome == "hung" and record.exit_code == -9
     report = _report([record], Round(2, "none", "finished", 0, 5.0), _verdict(ok=True))

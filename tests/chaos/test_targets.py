@@ -6,11 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from chaos.report import Round, build_report, format_report
-from chaos.targets import NODE, Kill, kill_target, parse_targets, repaired
-from chaos.verdict import check_invariants
-from primitives.pid_files import write_pid_file
-from primitives.process_tree import kill_tree
+from turnkeep.chaos.report import Round, build_report, format_report
+from turnkeep.chaos.targets import NODE, Kill, kill_target, parse_targets, repaired
+from turnkeep.chaos.verdict import check_invariants
+from turnkeep.primitives.pid_files import write_pid_file
+from turnkeep.primitives.process_tree import kill_tree
 
 
 def _sleeper() -> subprocess.Popen:

@@ -1,8 +1,9 @@
 import orjson
 
-from chaos.verdict import check_invariants, check_run_dir
-from primitives.audit_log import AUDIT_FILE
-from schemas.audit import (
+from tests.chaos.invariants.history import healthy_with_a_journal_restore
+from turnkeep.chaos.verdict import check_invariants, check_run_dir
+from turnkeep.primitives.audit_log import AUDIT_FILE
+from turnkeep.schemas.audit import (
     ContinuationRef,
     DeadlineExpired,
     GroupAdmitted,
@@ -17,9 +18,8 @@ from schemas.audit import (
     StepTrained,
     TurnCommitted,
 )
-from schemas.choices import AgentsFrom
-from schemas.recovery import SkippedCandidate, SourceKind
-from tests.chaos.invariants.history import healthy_with_a_journal_restore
+from turnkeep.schemas.choices import AgentsFrom
+from turnkeep.schemas.recovery import SkippedCandidate, SourceKind
 
 TOKENS_PER_TURN = 10
 CUT_1 = 1020.0

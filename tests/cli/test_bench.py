@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.report import BenchResult, write_result
-from cli.bench import render_markdown
+from turnkeep.bench.report import BenchResult, write_result
+from turnkeep.cli.bench import render_markdown
 
 PREVIOUS = """# Benchmarks
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.report import BenchResult, write_result
-from cli.bench import BENCHMARKS
-from cli.bench_pass import PASS_ARGS, bench_pass
-from cli.main import _build_parser, main
+from turnkeep.bench.report import BenchResult, write_result
+from turnkeep.cli.bench import BENCHMARKS
+from turnkeep.cli.bench_pass import PASS_ARGS, bench_pass
+from turnkeep.cli.main import _build_parser, main
 
 
 def test_the_pass_runs_every_benchmark_with_arguments_its_parser_takes():

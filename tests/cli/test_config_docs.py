@@ -4,14 +4,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cli.config_docs import config_reference
-from schemas.config import TurnkeepConfig
+from turnkeep.cli.config_docs import config_reference
+from turnkeep.schemas.config import TurnkeepConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _config_docs(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli.main", "config-docs", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "turnkeep", "config-docs", *args], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)
 
 

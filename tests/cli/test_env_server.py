@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from cli.main import main
+from turnkeep.cli.main import main
 
 
 @pytest.mark.parametrize("port, named", [("70000", "70000 is not a port"), ("-1", "-1 is not a port"),
                                          ("http", "'http' is not a port number")])
 def test_a_port_out_of_range_is_one_line_and_exit_2(port, named, tmp_path, capsys) -> None:
     with pytest.raises(SystemExit) as exited:
-        main(["env-server", "--entry", "envs.calc_env:CalcEnvironment", "--port", port,
+        main(["env-server", "--entry", "turnkeep.envs.calc_env:CalcEnvironment", "--port", port,
               "--token-file", str(tmp_path / "token")])
     assert exited.value.code == 2
     errors = capsys.readouterr().err.strip().splitlines()

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from cli import main as cli
+from turnkeep.cli import main as cli
 
 
 class Exited(Exception):

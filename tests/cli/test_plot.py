@@ -10,11 +10,11 @@ import orjson
 import pytest
 from PIL import Image
 
-from cli.main import main
-from cli.plot import build_figure
-from cli.plot_data import gather_plot_data
-from primitives.atomic_files import atomic_write_json
-from schemas.audit import Restored, RunStarted, StepTrained
+from turnkeep.cli.main import main
+from turnkeep.cli.plot import build_figure
+from turnkeep.cli.plot_data import gather_plot_data
+from turnkeep.primitives.atomic_files import atomic_write_json
+from turnkeep.schemas.audit import Restored, RunStarted, StepTrained
 
 T0 = 1_800_000_000.0
 

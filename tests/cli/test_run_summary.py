@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cli.run import steps_done
-from controller.runtime import RunSummary
+from turnkeep.cli.run import steps_done
+from turnkeep.controller.runtime import RunSummary
 
 
 def _summary(steps: int, trained: int | None) -> RunSummary:

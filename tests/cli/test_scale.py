@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from cli.scale import run_scale
-from cli.status import _engines_line
+from turnkeep.cli.scale import run_scale
+from turnkeep.cli.status import _engines_line
 
 
 def test_a_folder_that_is_no_run_or_a_stopped_run_is_named(tmp_path, capsys) -> None:

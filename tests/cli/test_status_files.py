@@ -7,11 +7,11 @@ from pathlib import Path
 
 import orjson
 
-from cli.main import main
-from cli.status import render
-from cli.status_files import gather
-from controller.live_status import LIVE_STATUS_FILE
-from primitives.atomic_files import atomic_write_json
+from turnkeep.cli.main import main
+from turnkeep.cli.status import render
+from turnkeep.cli.status_files import gather
+from turnkeep.controller.live_status import LIVE_STATUS_FILE
+from turnkeep.primitives.atomic_files import atomic_write_json
 
 NOW = 2_000_000_000.0
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-from cli.status_temporal import temporal_view
-from schemas.names import controller_queue, run_workflow_id
 from tests.workflows.test_run_workflow import _dev_server, _run_input
 from tests.workflows.test_ui_conventions import RUN, Participants
-from workflows.run_workflow import RunWorkflow
+from turnkeep.cli.status_temporal import temporal_view
+from turnkeep.schemas.names import controller_queue, run_workflow_id
+from turnkeep.workflows.run_workflow import RunWorkflow
 
 
 def test_a_live_run_shows_its_snapshot_state_and_the_open_attempt_with_its_phase(tmp_path):

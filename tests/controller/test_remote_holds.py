@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from chaos.invariants.holds import hold_spans, holds_within_lease
-from controller.remote_holds import RemoteHoldWatch, diff
-from schemas.audit import HoldChanged, RunStarted, StepTrained
+from turnkeep.chaos.invariants.holds import hold_spans, holds_within_lease
+from turnkeep.controller.remote_holds import RemoteHoldWatch, diff
+from turnkeep.schemas.audit import HoldChanged, RunStarted, StepTrained
 
 
 def test_diff_reports_taken_renewed_and_released_but_not_a_lease_counting_down():
@@ -72,7 +72,7 @@ def test_a_trainer_holder_released_in_time_passes_and_a_dead_process_is_skipped(
 
 
 def test_a_process_that_does_not_answer_is_skipped_within_the_sample_timeout(monkeypatch):
-    import controller.remote_holds as remote_holds
+    import turnkeep.controller.remote_holds as remote_holds
 
     monkeypatch.setattr(remote_holds, "SAMPLE_TIMEOUT_S", 0.05)
 

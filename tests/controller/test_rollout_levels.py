@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from controller.config_file import parse_config
-from controller.rollout_levels import RolloutLevelError, check_rollout_levels, plan_levels, unjournaled_turns_warning
-from envs.agent_loop import for_environment
-from envs.kinds import environment_capabilities
-from schemas.participant import Capabilities
+from turnkeep.config.loader import parse_config
+from turnkeep.controller.rollout_levels import (
+    RolloutLevelError,
+    check_rollout_levels,
+    plan_levels,
+    unjournaled_turns_warning,
+)
+from turnkeep.envs.agent_loop import for_environment
+from turnkeep.envs.kinds import environment_capabilities
+from turnkeep.schemas.participant import Capabilities
 
 MIXED = {
     "calc": {"kind": "calc"}, "workspace": {"kind": "workspace"}, "lab": {"kind": "lab"}, "judge": {"kind": "judge"},
@@ -99,7 +104,7 @@ def test_a_judge_reporting_another_group_size_is_refused():
 
 
 def test_an_unknown_key_in_an_environment_names_the_allowed_ones():
-    from controller.config_file import ConfigError
+    from turnkeep.config.loader import ConfigError
 
     with pytest.raises(ConfigError, match="unknown key 'environments.calc.kynd'.*entry, group_size, kind, options, token_file, url, weight"):
         parse_config({"environments": {"calc": {"kynd": "calc"}}})

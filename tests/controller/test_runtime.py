@@ -9,8 +9,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from controller.stores.trainer_checkpoint import published_steps
 from tests.stack_training import train_shared_stack
+from turnkeep.controller.stores.trainer_checkpoint import published_steps
 
 pytestmark = pytest.mark.integration
 

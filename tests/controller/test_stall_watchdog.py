@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from controller.stall_watchdog import StallWatchdog, watch_for_stalls
-from primitives.holds import HoldSet
+from turnkeep.controller.stall_watchdog import StallWatchdog, watch_for_stalls
+from turnkeep.primitives.holds import HoldSet
 
 
 def test_one_warning_per_stall_and_progress_starts_the_count_again():

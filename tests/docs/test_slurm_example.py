@@ -11,8 +11,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from cli.main import _build_parser
-from controller.config_file import load_config, parse_overrides
+from turnkeep.cli.main import _build_parser
+from turnkeep.config.loader import load_config, parse_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "docs" / "slurm" / "turnkeep.sbatch"

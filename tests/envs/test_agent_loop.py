@@ -10,21 +10,21 @@ from pathlib import Path
 import orjson
 import pytest
 
-from envs.agent_loop import LoopLimits, run_agent
-from envs.calc_env import CalcEnvironment
-from envs.codec import TurnCodec
-from envs.environment import EnvContext, Environment, StepResult
-from envs.tool_calls import ToolCallError, format_tool_result, parse_tool_calls
-from envs.turn_journal import TurnJournal, newest_boundaries
-from envs.turn_records import TurnRecords
-from gpu_workers.tiny_model.tokenizer import encode
-from primitives.segment_log import SegmentLog
-from primitives.segment_reader import oldest_position, read_records_to_end
-from schemas.participant import RunningAgent
-from schemas.policy import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
-from schemas.rollout import Problem, RolloutOutcome, RolloutRequest, RolloutResult, TurnBoundary
 from tests.envs.chat_model import ENDOFTEXT, IM_END, save_chat_model, save_chat_tokenizer
 from tests.envs.test_codec import old_concatenation, save_tiny_dir, tiny_tokenizer
+from turnkeep.envs.agent_loop import LoopLimits, run_agent
+from turnkeep.envs.calc_env import CalcEnvironment
+from turnkeep.envs.codec import TurnCodec
+from turnkeep.envs.environment import EnvContext, Environment, StepResult
+from turnkeep.envs.tool_calls import ToolCallError, format_tool_result, parse_tool_calls
+from turnkeep.envs.turn_journal import TurnJournal, newest_boundaries
+from turnkeep.envs.turn_records import TurnRecords
+from turnkeep.gpu_workers.tiny_model.tokenizer import encode
+from turnkeep.primitives.segment_log import SegmentLog
+from turnkeep.primitives.segment_reader import oldest_position, read_records_to_end
+from turnkeep.schemas.participant import RunningAgent
+from turnkeep.schemas.policy import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
+from turnkeep.schemas.rollout import Problem, RolloutOutcome, RolloutRequest, RolloutResult, TurnBoundary
 
 TURNS = 4
 NO_CALL = "error: no tool call found; call a tool as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>"
@@ -188,9 +188,9 @@ def test_episodes_of_a_chat_model_on_vllm_follow_its_template_and_restore_exactl
     import aiohttp
     from transformers import AutoTokenizer
 
-    from envs.policy_client import PolicyClient
-    from gpu_workers.policy_server import PolicyServer
-    from schemas.config_services import PolicyServerConfig
+    from turnkeep.envs.policy_client import PolicyClient
+    from turnkeep.gpu_workers.policy_server import PolicyServer
+    from turnkeep.schemas.config_services import PolicyServerConfig
 
     model_dir = save_chat_model(tmp_path / "model")
     codec = TurnCodec(model_dir)

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from envs.calc_task import (
+from turnkeep.envs.calc_task import (
     CalcCall,
     FinalAnswer,
     Malformed,
@@ -16,8 +16,8 @@ from envs.calc_task import (
     score,
     synthetic_transcript,
 )
-from schemas.config import TaskConfig
-from schemas.rollout import Problem
+from turnkeep.schemas.config import TaskConfig
+from turnkeep.schemas.rollout import Problem
 
 PROBLEM = Problem(question="Q 37+48-12", answer=73)
 PERFECT = ["C 37+48\n", "C 85-12\n", "A 73\n"]

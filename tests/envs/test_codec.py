@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from envs.calc_task import ALPHABET, sample_problem, synthetic_transcript
-from envs.codec import LINE_SOURCE, LINE_TEMPLATE, ChatTemplateError, TurnCodec
-from gpu_workers.tiny_model.tokenizer import encode, save_tokenizer, special_ids, train_tokenizer
-from schemas.config import TaskConfig
-from schemas.rollout import Segment
 from tests.envs.chat_model import ENDOFTEXT, IM_END, QWEN_TEMPLATE, save_chat_tokenizer
+from turnkeep.envs.calc_task import ALPHABET, sample_problem, synthetic_transcript
+from turnkeep.envs.codec import LINE_SOURCE, LINE_TEMPLATE, ChatTemplateError, TurnCodec
+from turnkeep.gpu_workers.tiny_model.tokenizer import encode, save_tokenizer, special_ids, train_tokenizer
+from turnkeep.schemas.config import TaskConfig
+from turnkeep.schemas.rollout import Segment
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from envs.engine_router import EngineRouter
-from envs.policy_client import PolicyCallError
-from envs.streamed_turn import StreamedTurn
-from schemas.policy import (
+from turnkeep.envs.engine_router import EngineRouter
+from turnkeep.envs.policy_client import PolicyCallError
+from turnkeep.envs.streamed_turn import StreamedTurn
+from turnkeep.schemas.policy import (
     CompletionChoice,
     CompletionDelta,
     CompletionLogprobs,

@@ -10,9 +10,9 @@ import aiohttp
 import orjson
 import pytest
 
-from participants.errors import ParticipantInvariantBroken, ParticipantRefused
-from schemas.participant import ParticipantState, SavedAgent
 from tests.rollout_driver import RolloutDriver, wait_for, wait_ready
+from turnkeep.participants.errors import ParticipantInvariantBroken, ParticipantRefused
+from turnkeep.schemas.participant import ParticipantState, SavedAgent
 
 pytestmark = pytest.mark.integration
 
@@ -154,8 +154,8 @@ def test_an_unrenewed_lease_lets_the_agents_go_by_themselves(stack, stack_config
 
 
 def test_commit_faults_are_retryable(stack, stack_config, tmp_path) -> None:
-    from participants.errors import ParticipantUnavailable
-    from schemas.participant import FaultPlan
+    from turnkeep.participants.errors import ParticipantUnavailable
+    from turnkeep.schemas.participant import FaultPlan
 
     async def scenario() -> None:
         async with aiohttp.ClientSession() as session:

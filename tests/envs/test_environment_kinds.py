@@ -11,13 +11,13 @@ from collections import Counter
 import aiohttp
 import pytest
 
-from envs.calc_task import score
-from envs.codec import TurnCodec
-from schemas.environments import JudgeReply, JudgeRequest
-from schemas.rollout import RolloutOutcome
 from tests.envs.test_env_participant import _running_at_least, check_artifacts
 from tests.envs.test_restore_route import continuation
 from tests.rollout_driver import RolloutDriver, wait_for, wait_ready
+from turnkeep.envs.calc_task import score
+from turnkeep.envs.codec import TurnCodec
+from turnkeep.schemas.environments import JudgeReply, JudgeRequest
+from turnkeep.schemas.rollout import RolloutOutcome
 
 pytestmark = pytest.mark.integration
 KINDS = ("calc", "workspace", "lab", "judge")

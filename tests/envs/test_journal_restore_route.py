@@ -10,10 +10,10 @@ import uuid
 import aiohttp
 import pytest
 
-from schemas.participant import RunningAgent
-from schemas.rollout import RolloutOutcome, RolloutRequest
 from tests.rollout_driver import RolloutDriver
 from tests.stack_training import in_new_run_dir, train_shared_stack
+from turnkeep.schemas.participant import RunningAgent
+from turnkeep.schemas.rollout import RolloutOutcome, RolloutRequest
 
 pytestmark = pytest.mark.integration
 

@@ -4,9 +4,9 @@ import asyncio
 
 import pytest
 
-from envs.calc_env import CalcEnvironment
-from envs.judge_env import JudgeEnvironment
-from schemas.rollout import Problem
+from turnkeep.envs.calc_env import CalcEnvironment
+from turnkeep.envs.judge_env import JudgeEnvironment
+from turnkeep.schemas.rollout import Problem
 
 PROBLEM = Problem(question="Q 37+48-12", answer=73, env="judge")
 PERFECT = ["C 37+48\n", "C 85-12\n", "A 73\n"]

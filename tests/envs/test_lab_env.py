@@ -6,9 +6,9 @@ import signal
 
 import pytest
 
-from envs.calc_task import CalcCall, run_tool
-from envs.lab_env import LabEnvironment
-from schemas.rollout import Problem
+from turnkeep.envs.calc_task import CalcCall, run_tool
+from turnkeep.envs.lab_env import LabEnvironment
+from turnkeep.schemas.rollout import Problem
 
 PROBLEM = Problem(question="Q 37+48-12", answer=73, env="lab")
 PERFECT = ["C 37+48\n", "C 85-12\n", "A 73\n"]

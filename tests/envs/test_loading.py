@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from envs.environment import EnvContext
-from envs.kinds import EnvironmentFactory, environment_capabilities, resolve
-from envs.loading import EnvironmentLoadError, load_environment
-from schemas.config import EnvironmentSpec
-from schemas.rollout import Problem
 from tests.envs.user_envs import Echo
+from turnkeep.envs.environment import EnvContext
+from turnkeep.envs.kinds import EnvironmentFactory, environment_capabilities, resolve
+from turnkeep.envs.loading import EnvironmentLoadError, load_environment
+from turnkeep.schemas.config import EnvironmentSpec
+from turnkeep.schemas.rollout import Problem
 
 ENTRY = "tests.envs.user_envs"
 
@@ -57,7 +57,7 @@ def test_a_python_environment_is_built_with_its_validated_options() -> None:
 
 
 def test_the_cli_names_a_bad_entry_and_writes_nothing(tmp_path, capsys) -> None:
-    from cli.main import main
+    from turnkeep.cli.main import main
 
     config = tmp_path / "bad.toml"
     run_dir = tmp_path / "run"

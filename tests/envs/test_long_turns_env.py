@@ -4,9 +4,9 @@ task's action, and an environment that plays and scores those turns as the calcu
 import asyncio
 import random
 
-from envs.calc_task import parse_action, run_tool
-from envs.long_turns_env import LongTurnsEnvironment, LongTurnsOptions, action_of, scratch
-from schemas.rollout import Problem
+from turnkeep.envs.calc_task import parse_action, run_tool
+from turnkeep.envs.long_turns_env import LongTurnsEnvironment, LongTurnsOptions, action_of, scratch
+from turnkeep.schemas.rollout import Problem
 
 PROBLEM = Problem(question="Q 37+48-12", answer=73)
 

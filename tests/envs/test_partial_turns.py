@@ -8,15 +8,15 @@ import asyncio
 
 import pytest
 
-from envs.streamed_turn import StreamedTurn
-from envs.turn_journal import TurnJournal, newest_boundaries
-from envs.turn_progress import TurnProgress
-from envs.turn_records import TurnRecords
-from gpu_workers.grpo import build_batch
-from primitives.segment_format import list_segments
-from schemas.policy import CompletionDelta, CompletionRequest
-from schemas.rollout import RolloutRow, Segment, TurnBoundary
 from tests.envs.test_turn_journal import LOG_ID, commit_turns, conversation, request, want
+from turnkeep.envs.streamed_turn import StreamedTurn
+from turnkeep.envs.turn_journal import TurnJournal, newest_boundaries
+from turnkeep.envs.turn_progress import TurnProgress
+from turnkeep.envs.turn_records import TurnRecords
+from turnkeep.gpu_workers.grpo import build_batch
+from turnkeep.primitives.segment_format import list_segments
+from turnkeep.schemas.policy import CompletionDelta, CompletionRequest
+from turnkeep.schemas.rollout import RolloutRow, Segment, TurnBoundary
 
 CALL = CompletionRequest(prompt=[1, 2, 3], max_tokens=10, temperature=0.0, stop_token_ids=[0])
 

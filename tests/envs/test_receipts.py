@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from envs.receipts import ReceiptBook
-from schemas.rollout import RolloutOutcome, RolloutResult
+from turnkeep.envs.receipts import ReceiptBook
+from turnkeep.schemas.rollout import RolloutOutcome, RolloutResult
 
 
 class Clock:

@@ -9,11 +9,11 @@ import uuid
 import aiohttp
 import pytest
 
-from participants.errors import ParticipantRefused
-from schemas.participant import SavedAgent
-from schemas.rollout import RolloutOutcome, RolloutRequest
 from tests.envs.test_env_participant import check_artifacts, start_agents
 from tests.rollout_driver import RolloutDriver, wait_ready
+from turnkeep.participants.errors import ParticipantRefused
+from turnkeep.schemas.participant import SavedAgent
+from turnkeep.schemas.rollout import RolloutOutcome, RolloutRequest
 
 pytestmark = pytest.mark.integration
 

@@ -11,15 +11,15 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from envs.environment import EnvContext
-from envs.kinds import EnvironmentFactory
-from envs.server import EnvServer
-from envs.server_routes import AttachRefused
-from participants.http_server import ControlAuth
-from schemas.config import EnvironmentSpec
-from schemas.config_services import EnvServerConfig
-from schemas.environments import AttachRequest, RolloutLimits
 from tests.envs.test_codec import save_tiny_dir, tiny_tokenizer
+from turnkeep.envs.environment import EnvContext
+from turnkeep.envs.kinds import EnvironmentFactory
+from turnkeep.envs.server import EnvServer
+from turnkeep.envs.server_routes import AttachRefused
+from turnkeep.participants.http_server import ControlAuth
+from turnkeep.schemas.config import EnvironmentSpec
+from turnkeep.schemas.config_services import EnvServerConfig
+from turnkeep.schemas.environments import AttachRequest, RolloutLimits
 
 
 def _request(model_dir: Path, incarnation: int, policy_urls: tuple[str, ...] = ()) -> AttachRequest:

@@ -1,9 +1,9 @@
 import asyncio
 import time
 
-from envs.slow_tools import slow_tools
-from participants.faults import FaultInjector
-from schemas.participant import FaultPlan
+from turnkeep.envs.slow_tools import slow_tools
+from turnkeep.participants.faults import FaultInjector
+from turnkeep.schemas.participant import FaultPlan
 
 
 class _Tool:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from envs.tool_calls import ToolCall, ToolCallError, format_tool_call, format_tool_result, parse_tool_calls
+from turnkeep.envs.tool_calls import ToolCall, ToolCallError, format_tool_call, format_tool_result, parse_tool_calls
 
 
 def test_a_turn_without_blocks_is_all_text() -> None:

@@ -7,10 +7,10 @@ import sys
 import time
 from pathlib import Path
 
-from envs.turn_journal import TurnJournal, newest_boundaries
-from envs.turn_records import TurnRecords
-from schemas.participant import RunningAgent
-from schemas.rollout import Problem, RolloutRequest, Segment, TurnBoundary
+from turnkeep.envs.turn_journal import TurnJournal, newest_boundaries
+from turnkeep.envs.turn_records import TurnRecords
+from turnkeep.schemas.participant import RunningAgent
+from turnkeep.schemas.rollout import Problem, RolloutRequest, Segment, TurnBoundary
 
 REPO = Path(__file__).resolve().parents[2]
 LOG_ID = "env/test"
@@ -103,10 +103,10 @@ def test_a_rollout_id_of_another_lineage_is_never_continued(tmp_path):
 WRITER = r"""
 import asyncio, random, sys
 from pathlib import Path
-from envs.turn_journal import TurnJournal
-from envs.turn_records import TurnRecords
+from turnkeep.envs.turn_journal import TurnJournal
+from turnkeep.envs.turn_records import TurnRecords
 from tests.envs.test_turn_journal import LOG_ID, conversation, request
-from schemas.rollout import TurnBoundary
+from turnkeep.schemas.rollout import TurnBoundary
 
 async def main():
     journal = TurnJournal(Path(sys.argv[1]), LOG_ID, segment_bytes=2048)

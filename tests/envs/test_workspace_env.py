@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from envs.calc_task import parse_action, run_tool
-from envs.environment import EnvContext
-from envs.workspace_env import WorkspaceEnvironment
-from schemas.rollout import Problem
+from turnkeep.envs.calc_task import parse_action, run_tool
+from turnkeep.envs.environment import EnvContext
+from turnkeep.envs.workspace_env import WorkspaceEnvironment
+from turnkeep.schemas.rollout import Problem
 
 PROBLEM = Problem(question="Q 37+48-12", answer=73, env="workspace")
 PERFECT = ["C 37+48\n", "C 85-12\n", "A 73\n"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envs.environment import EnvContext, Environment, StepResult
-from schemas.rollout import Problem
+from turnkeep.envs.environment import EnvContext, Environment, StepResult
+from turnkeep.schemas.rollout import Problem
 
 
 class EchoOptions(BaseModel):

@@ -18,20 +18,27 @@ from pathlib import Path
 import pytest
 import torch
 
-from controller.config_file import load_config
-from envs.calc_task import ALPHABET, synthetic_transcript
-from envs.calc_task import sample_problem as calc_problem
-from envs.calc_transcripts import CalcTranscripts
-from envs.codec import LINE_TEMPLATE
-from envs.environment import EnvContext, Environment, StepResult
-from gpu_workers.tiny_model import recipe as tiny_recipe
-from gpu_workers.tiny_model import warm_start
-from gpu_workers.tiny_model.build import ensure_tiny_model
-from gpu_workers.tiny_model.tokenizer import decode, encode, load_tokenizer, newline_id, special_ids, train_tokenizer
-from gpu_workers.tiny_model.transcripts import TOKENIZER_CORPUS, DemonstrationsError, DemoSource
-from schemas.config import ModelConfig, TaskConfig, TinyModelConfig, TurnkeepConfig
-from schemas.rollout import Problem
-from workers.model_maker import transcript_source
+from turnkeep.config.loader import load_config
+from turnkeep.envs.calc_task import ALPHABET, synthetic_transcript
+from turnkeep.envs.calc_task import sample_problem as calc_problem
+from turnkeep.envs.calc_transcripts import CalcTranscripts
+from turnkeep.envs.codec import LINE_TEMPLATE
+from turnkeep.envs.environment import EnvContext, Environment, StepResult
+from turnkeep.gpu_workers.tiny_model import recipe as tiny_recipe
+from turnkeep.gpu_workers.tiny_model import warm_start
+from turnkeep.gpu_workers.tiny_model.build import ensure_tiny_model
+from turnkeep.gpu_workers.tiny_model.tokenizer import (
+    decode,
+    encode,
+    load_tokenizer,
+    newline_id,
+    special_ids,
+    train_tokenizer,
+)
+from turnkeep.gpu_workers.tiny_model.transcripts import TOKENIZER_CORPUS, DemonstrationsError, DemoSource
+from turnkeep.schemas.config import ModelConfig, TaskConfig, TinyModelConfig, TurnkeepConfig
+from turnkeep.schemas.rollout import Problem
+from turnkeep.workers.model_maker import transcript_source
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "lookup"
@@ -146,7 +153,7 @@ def test_options_are_checked() -> None:
     for bad in ({"keys": 3}, {"table_size": 8}, {"keys_per_question": 3, "table_size": 2}, {"demo_error_rate": 2}):
         with pytest.raises(ValueError):
             LookupOptions.model_validate(bad)
-    from envs.loading import EnvironmentLoadError, load_environment
+    from turnkeep.envs.loading import EnvironmentLoadError, load_environment
 
     loaded = load_environment(ENTRY, {"table_size": 6})
     assert loaded.cls is LookupEnvironment and loaded.options == LookupOptions(table_size=6)
@@ -254,7 +261,7 @@ def test_transcript_source_names_each_problem() -> None:
     with pytest.raises(DemonstrationsError, match="offers no demonstrations"):
         transcript_source(TurnkeepConfig.model_validate({
             "model": {"tiny": {"demonstrations": "mine"}},
-            "environments": {"mine": {"kind": "python", "entry": "envs.calc_env:CalcEnvironment"}}}))
+            "environments": {"mine": {"kind": "python", "entry": "turnkeep.envs.calc_env:CalcEnvironment"}}}))
     with pytest.raises(DemonstrationsError, match='kind = "python"'):
         transcript_source(TurnkeepConfig.model_validate({
             "model": {"tiny": {"demonstrations": "calc"}}, "environments": {"calc": {"kind": "calc"}}}))
@@ -517,7 +524,7 @@ def test_the_example_trains_against_a_remote_server(example_model: Path, monkeyp
     options = load_config(EXAMPLE / "config.toml").environments["lookup"].options
     server_log = root / "env-server.log"
     server = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "env-server", "--entry", ENTRY, "--options", json.dumps(options),
+        [sys.executable, "-m", "turnkeep", "env-server", "--entry", ENTRY, "--options", json.dumps(options),
          "--port", str(port), "--token-file", str(root / "env_token")],
         stdout=open(server_log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},

@@ -100,8 +100,8 @@ def loop() -> Iterator[LoopThread]:
 
 @pytest.fixture(scope="session")
 def policy_server(loop: LoopThread, tiny_model_dir: Path) -> Iterator[Any]:
-    from gpu_workers.policy_server import PolicyServer
-    from schemas.config_services import PolicyServerConfig
+    from turnkeep.gpu_workers.policy_server import PolicyServer
+    from turnkeep.schemas.config_services import PolicyServerConfig
 
     server = PolicyServer()
     cfg = PolicyServerConfig(kv_cache_memory_bytes=16 * 1024 * 1024, max_model_len=256, max_num_seqs=16)

@@ -9,7 +9,7 @@ import sys
 import types
 from pathlib import Path
 
-from gpu_workers import engine_forkserver
+from turnkeep.gpu_workers import engine_forkserver
 
 
 def _write_variable_and_title(path: str) -> None:
@@ -64,8 +64,8 @@ def test_a_child_applies_the_variables_torch_read_when_the_forkserver_imported_i
 
 
 def test_an_eager_cpu_engine_runs_vllms_sampler_ops_uncompiled() -> None:
-    from gpu_workers.vllm_engine import engine_env
-    from schemas.config_services import PolicyServerConfig
+    from turnkeep.gpu_workers.vllm_engine import engine_env
+    from turnkeep.schemas.config_services import PolicyServerConfig
 
     assert engine_env(PolicyServerConfig(enforce_eager=True))["TORCHDYNAMO_DISABLE"] == "1"
     assert "TORCHDYNAMO_DISABLE" not in engine_env(PolicyServerConfig(enforce_eager=False))

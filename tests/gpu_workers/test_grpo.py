@@ -7,14 +7,14 @@ import math
 import pytest
 import torch
 
-from gpu_workers.grpo import (
+from turnkeep.gpu_workers.grpo import (
     batched_leave_one_out_advantages,
     build_batch,
     clipped_policy_loss,
     leave_one_out_advantages,
     token_logprobs,
 )
-from schemas.rollout import RolloutRow, Segment
+from turnkeep.schemas.rollout import RolloutRow, Segment
 
 
 def row(group: str, sibling: int, reward: float, segments: list[Segment]) -> RolloutRow:

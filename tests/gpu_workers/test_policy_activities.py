@@ -10,12 +10,12 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 from transformers import AutoModelForCausalLM
 
-from activities.policy_activities import PolicyActivities
-from gpu_workers.weights_blob import pack_state_dict
-from schemas.attempt_steps import GymInput
-from schemas.names import ErrorType, snapshot_holder
-from schemas.participant import FaultPlan
-from schemas.recovery import PolicyLoadInput
+from turnkeep.activities.policy_activities import PolicyActivities
+from turnkeep.gpu_workers.weights_blob import pack_state_dict
+from turnkeep.schemas.attempt_steps import GymInput
+from turnkeep.schemas.names import ErrorType, snapshot_holder
+from turnkeep.schemas.participant import FaultPlan
+from turnkeep.schemas.recovery import PolicyLoadInput
 
 INCARNATION = 3
 

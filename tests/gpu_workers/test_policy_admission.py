@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gpu_workers.policy_admission import AdmissionGate
+from turnkeep.gpu_workers.policy_admission import AdmissionGate
 
 
 async def _call(gate: AdmissionGate, release: asyncio.Event, log: list[str], name: str) -> None:

@@ -11,9 +11,9 @@ import uuid
 import aiohttp
 import pytest
 
-from participants.errors import ParticipantInvariantBroken, ParticipantUnavailable
-from schemas.participant import FaultPlan, ParticipantState
 from tests.rollout_driver import RolloutDriver, wait_for, wait_ready
+from turnkeep.participants.errors import ParticipantInvariantBroken, ParticipantUnavailable
+from turnkeep.schemas.participant import FaultPlan, ParticipantState
 
 pytestmark = pytest.mark.integration
 

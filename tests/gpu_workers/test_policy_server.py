@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 import torch
 
-from gpu_workers.weights_blob import pack_state_dict
+from turnkeep.gpu_workers.weights_blob import pack_state_dict
 
 pytestmark = pytest.mark.integration
 

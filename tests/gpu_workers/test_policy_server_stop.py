@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gpu_workers.policy_server import PolicyServer
+from turnkeep.gpu_workers.policy_server import PolicyServer
 
 
 class _Engine:

@@ -7,11 +7,11 @@ import asyncio
 
 import pytest
 
-from gpu_workers import policy_server as server_module
-from gpu_workers.policy_errors import WeightsUnavailable
-from gpu_workers.policy_server import PolicyServer
-from schemas.config_services import PolicyServerConfig
-from schemas.policy import CompletionRequest
+from turnkeep.gpu_workers import policy_server as server_module
+from turnkeep.gpu_workers.policy_errors import WeightsUnavailable
+from turnkeep.gpu_workers.policy_server import PolicyServer
+from turnkeep.schemas.config_services import PolicyServerConfig
+from turnkeep.schemas.policy import CompletionRequest
 
 
 class _Engine:

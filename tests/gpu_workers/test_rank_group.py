@@ -3,10 +3,10 @@ many forward/backward passes as the largest share needs."""
 
 from __future__ import annotations
 
-from gpu_workers.grpo import build_batch
-from gpu_workers.rank_group import micro_batch_count, split_by_group
-from schemas.rollout import RolloutRow
 from tests.gpu_workers.test_trainer_ranks import _rows
+from turnkeep.gpu_workers.grpo import build_batch
+from turnkeep.gpu_workers.rank_group import micro_batch_count, split_by_group
+from turnkeep.schemas.rollout import RolloutRow
 
 
 def test_a_share_holds_whole_groups_and_every_row_once():

@@ -2,7 +2,7 @@
 
 import asyncio
 
-from gpu_workers.shared_weights import SharedWeights
+from turnkeep.gpu_workers.shared_weights import SharedWeights
 
 
 def blob(value: bytes):

@@ -9,13 +9,13 @@ import math
 import pytest
 import torch
 
-from envs.calc_transcripts import CalcTranscripts
-from gpu_workers.grpo import build_batch
-from gpu_workers.tiny_model.build import ensure_tiny_model
-from gpu_workers.trainer import Trainer, resolve_device
-from primitives.holds import HoldSet
-from schemas.config import ModelConfig, TaskConfig, TinyModelConfig, TrainConfig
-from schemas.rollout import RolloutRow, Segment
+from turnkeep.envs.calc_transcripts import CalcTranscripts
+from turnkeep.gpu_workers.grpo import build_batch
+from turnkeep.gpu_workers.tiny_model.build import ensure_tiny_model
+from turnkeep.gpu_workers.trainer import Trainer, resolve_device
+from turnkeep.primitives.holds import HoldSet
+from turnkeep.schemas.config import ModelConfig, TaskConfig, TinyModelConfig, TrainConfig
+from turnkeep.schemas.rollout import RolloutRow, Segment
 
 TINY = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32,
                        intermediate_size=128, max_position_embeddings=64, warm_start_steps=0)

@@ -18,9 +18,9 @@ import ray
 import torch
 from safetensors.torch import load as load_safetensors
 
-from controller.restore.restore_source import SourceKind, choose_source
-from controller.stores.trainer_checkpoint import CheckpointIdentity, write_trainer_checkpoint
-from schemas.rollout import RolloutRow, Segment
+from turnkeep.controller.restore.restore_source import SourceKind, choose_source
+from turnkeep.controller.stores.trainer_checkpoint import CheckpointIdentity, write_trainer_checkpoint
+from turnkeep.schemas.rollout import RolloutRow, Segment
 
 pytestmark = pytest.mark.integration
 ATOL = 1e-6
@@ -41,7 +41,7 @@ def _rows(seed: int, groups: int = 4) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def trainers(stack, stack_config):
-    from gpu_workers.trainer_actor import TrainerActor
+    from turnkeep.gpu_workers.trainer_actor import TrainerActor
 
     actors = {}
     for ranks in (1, 2):

@@ -11,11 +11,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from participants.client import ParticipantClient
-from participants.core import ParticipantCore, Quiescence
-from participants.errors import ParticipantInvariantBroken, ParticipantRefused, ParticipantUnavailable
-from participants.http_server import ControlAuth, add_participant_routes
-from schemas.participant import Capabilities, FaultPlan, ParticipantState
+from turnkeep.participants.client import ParticipantClient
+from turnkeep.participants.core import ParticipantCore, Quiescence
+from turnkeep.participants.errors import ParticipantInvariantBroken, ParticipantRefused, ParticipantUnavailable
+from turnkeep.participants.http_server import ControlAuth, add_participant_routes
+from turnkeep.schemas.participant import Capabilities, FaultPlan, ParticipantState
 
 TOKEN = "s3cret-token"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from participants.core import ParticipantCore, ParticipantFault, Quiescence
-from schemas.participant import Capabilities, ParticipantState
+from turnkeep.participants.core import ParticipantCore, ParticipantFault, Quiescence
+from turnkeep.schemas.participant import Capabilities, ParticipantState
 
 
 class ScriptedHooks:

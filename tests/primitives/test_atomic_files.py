@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from primitives.atomic_files import (
+from turnkeep.primitives.atomic_files import (
     DamagedJsonl,
     append_jsonl,
     atomic_write_bytes,

@@ -11,10 +11,10 @@ import time
 import orjson
 import pytest
 
-from primitives.atomic_files import DamagedJsonl
-from primitives.audit_log import AUDIT_FILE, AuditLog, read_audit, segments_digest
-from schemas.audit import GroupAdmitted, StepTrained, TurnCommitted
-from schemas.rollout import Segment
+from turnkeep.primitives.atomic_files import DamagedJsonl
+from turnkeep.primitives.audit_log import AUDIT_FILE, AuditLog, read_audit, segments_digest
+from turnkeep.schemas.audit import GroupAdmitted, StepTrained, TurnCommitted
+from turnkeep.schemas.rollout import Segment
 
 
 def test_two_writers_share_one_file_and_a_torn_tail_is_skipped(tmp_path) -> None:

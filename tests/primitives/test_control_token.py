@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from primitives.control_token import ControlTokenError, create_control_token, read_control_token, token_path
+from turnkeep.primitives.control_token import ControlTokenError, create_control_token, read_control_token, token_path
 
 
 def test_token_is_private_and_stable(tmp_path) -> None:

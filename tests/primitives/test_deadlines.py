@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from primitives.deadlines import DeadlineExpired, DeadlineRegistry, PausableDeadline
-from primitives.holds import HoldSet
+from turnkeep.primitives.deadlines import DeadlineExpired, DeadlineRegistry, PausableDeadline
+from turnkeep.primitives.holds import HoldSet
 
 
 class FakeClock:

@@ -1,6 +1,6 @@
 import gc
 
-from primitives.gc_pause import collector_paused
+from turnkeep.primitives.gc_pause import collector_paused
 
 
 def test_the_collector_is_off_inside_and_restored_after_even_on_error() -> None:

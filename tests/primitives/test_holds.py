@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from primitives.holds import HoldSet, UnknownHolder
+from turnkeep.primitives.holds import HoldSet, UnknownHolder
 
 
 class FakeClock:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import primitives.node_address as node_address
-from primitives.node_address import advertised_host, listen_host
+import turnkeep.primitives.node_address as node_address
+from turnkeep.primitives.node_address import advertised_host, listen_host
 
 
 def test_node_is_loopback_without_ray_and_explicit_hosts_stay(monkeypatch) -> None:

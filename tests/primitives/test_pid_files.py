@@ -10,7 +10,7 @@ import sys
 import orjson
 import psutil
 
-from primitives.pid_files import live_pid, live_pids, pid_file, write_pid_file
+from turnkeep.primitives.pid_files import live_pid, live_pids, pid_file, write_pid_file
 
 
 def test_a_pid_file_names_its_process_only_while_it_runs(tmp_path) -> None:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import psutil
 
-from primitives.process_tree import kill_tree
+from turnkeep.primitives.process_tree import kill_tree
 
 # bash -> two sleeps and a subshell with its own sleep; plus an orphan: a sleep whose
 # parent subshell exits at once, so it hangs off init but stays in the session.

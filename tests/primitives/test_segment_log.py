@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from primitives import segment_format
-from primitives.segment_format import (
+from turnkeep.primitives import segment_format
+from turnkeep.primitives.segment_format import (
     MAGIC,
     ZERO_CHAIN,
     ForeignJournal,
@@ -31,8 +31,8 @@ from primitives.segment_format import (
     first_seq,
     segment_name,
 )
-from primitives.segment_log import SegmentLog
-from primitives.segment_reader import prune_before, read_records, read_records_to_end
+from turnkeep.primitives.segment_log import SegmentLog
+from turnkeep.primitives.segment_reader import prune_before, read_records, read_records_to_end
 
 REPO = Path(__file__).resolve().parents[2]
 LOG_ID = "run-7/journal"
@@ -217,7 +217,7 @@ def kill_payload(i: int) -> bytes:
 KILLED_WRITER = inspect.getsource(kill_payload) + """
 import asyncio, random, sys
 from pathlib import Path
-from primitives.segment_log import SegmentLog
+from turnkeep.primitives.segment_log import SegmentLog
 
 
 async def main(directory: str) -> None:

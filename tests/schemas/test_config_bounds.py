@@ -9,9 +9,9 @@ from typing import Any, get_args, get_origin
 import pytest
 from pydantic import BaseModel
 
-from controller.config_file import ConfigError, _value_type, parse_config
-from envs.calc_task import SUPPORTED_OPERATORS
-from schemas.config import CALC_OPERATORS, TurnkeepConfig
+from turnkeep.config.loader import ConfigError, _value_type, parse_config
+from turnkeep.envs.calc_task import SUPPORTED_OPERATORS
+from turnkeep.schemas.config import CALC_OPERATORS, TurnkeepConfig
 
 
 def _leaf_paths(model: type[BaseModel], wanted: type, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

@@ -9,16 +9,16 @@ from types import SimpleNamespace
 import pytest
 from temporalio import activity
 
-from activities.engine_activities import EngineActivities
-from activities.gym_activities import GymActivities
-from activities.policy_activities import PolicyActivities
-from activities.recovery_activities import RecoveryActivities
-from activities.snapshot_activities import SnapshotActivities
-from activities.trainer_activities import TrainerActivities
-from primitives.temporal_client import StepImplementationError, activity_name, step_activities
-from schemas.attempt_steps import GYM_MARK, GymInput, GymMarkResult
-from schemas.step_registry import declared_steps
-from schemas.steps import Runs, Step
+from turnkeep.activities.engine_activities import EngineActivities
+from turnkeep.activities.gym_activities import GymActivities
+from turnkeep.activities.policy_activities import PolicyActivities
+from turnkeep.activities.recovery_activities import RecoveryActivities
+from turnkeep.activities.snapshot_activities import SnapshotActivities
+from turnkeep.activities.trainer_activities import TrainerActivities
+from turnkeep.primitives.temporal_client import StepImplementationError, activity_name, step_activities
+from turnkeep.schemas.attempt_steps import GYM_MARK, GymInput, GymMarkResult
+from turnkeep.schemas.step_registry import declared_steps
+from turnkeep.schemas.steps import Runs, Step
 
 PROCESS_CLASSES = {
     Runs.CONTROLLER: (GymActivities, SnapshotActivities, RecoveryActivities, EngineActivities),

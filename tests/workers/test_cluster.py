@@ -13,10 +13,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from chaos.local_cluster import HEAD_IP, WORKER_IP, two_node_cluster
-from chaos.targets import kill_everything
-from primitives.pid_files import live_pid
 from tests.run_command import metrics, short_run_dir, small_run_settings, train_steps, turnkeep, wait_until
+from turnkeep.chaos.local_cluster import HEAD_IP, WORKER_IP, two_node_cluster
+from turnkeep.chaos.targets import kill_everything
+from turnkeep.primitives.pid_files import live_pid
 
 pytestmark = pytest.mark.integration
 

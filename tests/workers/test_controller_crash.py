@@ -17,11 +17,11 @@ import orjson
 import psutil
 import pytest
 
-from chaos.verdict import check_run_dir
-from primitives.audit_log import read_audit
-from primitives.pid_files import live_pid, live_pids
 from tests.controller.stores.test_tensorboard_mirror import _scalars
 from tests.run_command import metrics, short_run_dir, small_run_settings, train_steps, turnkeep, wait_until
+from turnkeep.chaos.verdict import check_run_dir
+from turnkeep.primitives.audit_log import read_audit
+from turnkeep.primitives.pid_files import live_pid, live_pids
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +47,7 @@ def _kill_controller_alone(proc, run_dir) -> dict[str, int]:
 
 def _status(run_dir) -> dict:
     """`turnkeep status --json`, as an operator runs it against the run directory."""
-    out = subprocess.run([sys.executable, "-m", "cli.main", "status", str(run_dir), "--json"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "turnkeep", "status", str(run_dir), "--json"], capture_output=True,
                          timeout=60, check=True)
     return orjson.loads(out.stdout)
 

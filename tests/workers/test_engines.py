@@ -14,10 +14,10 @@ import sys
 
 import pytest
 
-from chaos.targets import kill_everything
-from controller.engines.scaled_count import SCALED_FILE
-from primitives.pid_files import live_pid
 from tests.run_command import metrics, short_run_dir, small_run_settings, train_steps, turnkeep, wait_until
+from turnkeep.chaos.targets import kill_everything
+from turnkeep.controller.engines.scaled_count import SCALED_FILE
+from turnkeep.primitives.pid_files import live_pid
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,7 @@ def _last_step(run_dir) -> dict:
 
 
 def _scale(run_dir, engines: int) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli.main", "scale", "--run-dir", str(run_dir), "--engines",
+    return subprocess.run([sys.executable, "-m", "turnkeep", "scale", "--run-dir", str(run_dir), "--engines",
                            str(engines)], capture_output=True, text=True, timeout=600)
 
 

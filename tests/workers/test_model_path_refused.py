@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from cli.main import main
+from turnkeep.cli.main import main
 
 
 @pytest.mark.parametrize("command", ["run", "make-model"])

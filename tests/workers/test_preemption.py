@@ -12,11 +12,11 @@ import time
 import psutil
 import pytest
 
-from primitives.audit_log import read_audit
-from schemas.config_services import TemporalConfig
 from tests.run_command import metrics, short_run_dir, small_run_settings, train_steps, turnkeep, wait_until
-from workers.temporal.dev_server import start_dev_server, stop_dev_server
-from workers.temporal.ports import free_port
+from turnkeep.primitives.audit_log import read_audit
+from turnkeep.schemas.config_services import TemporalConfig
+from turnkeep.workers.temporal.dev_server import start_dev_server, stop_dev_server
+from turnkeep.workers.temporal.ports import free_port
 
 pytestmark = pytest.mark.integration
 

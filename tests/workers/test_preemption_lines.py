@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from schemas.choices import Outcome, Trigger
-from schemas.snapshot import SnapshotAttemptResult
-from workers.preemption import saved_agents
+from turnkeep.schemas.choices import Outcome, Trigger
+from turnkeep.schemas.snapshot import SnapshotAttemptResult
+from turnkeep.workers.preemption import saved_agents
 
 
 def _result(**counts) -> SnapshotAttemptResult:
@@ -26,7 +26,7 @@ def test_a_parked_snapshot_names_its_parked_agents_and_an_empty_one_says_so() ->
 SLOW_SHUTDOWN = """
 import pathlib, subprocess, sys, time, types
 sys.path.insert(0, sys.argv[1])
-from workers import preemption
+from turnkeep.workers import preemption
 preemption.SHUTDOWN_AFTER_SAVE_S = 0.5
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
 print(child.pid, flush=True)

@@ -17,14 +17,14 @@ from pathlib import Path
 import orjson
 import pytest
 
-from chaos.verdict import check_run_dir
-from primitives.audit_log import read_audit
-from schemas.participant import SavedAgent
 from tests.run_command import metrics, short_run_dir, small_run_settings, train_steps, turnkeep, wait_until
+from turnkeep.chaos.verdict import check_run_dir
+from turnkeep.primitives.audit_log import read_audit
+from turnkeep.schemas.participant import SavedAgent
 
 pytestmark = pytest.mark.integration
 
-REMOTES = {"remote_a": "envs.calc_env:CalcEnvironment", "remote_b": "envs.workspace_env:WorkspaceEnvironment"}
+REMOTES = {"remote_a": "turnkeep.envs.calc_env:CalcEnvironment", "remote_b": "turnkeep.envs.workspace_env:WorkspaceEnvironment"}
 
 
 def free_port() -> int:
@@ -35,7 +35,7 @@ def free_port() -> int:
 
 def env_server(entry: str, port: int, token_file: Path, log: Path) -> subprocess.Popen:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "env-server", "--entry", entry, "--port", str(port),
+        [sys.executable, "-m", "turnkeep", "env-server", "--entry", entry, "--port", str(port),
          "--token-file", str(token_file), "--tool-latency-s", "0.5"],
         stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},

@@ -21,10 +21,10 @@ import time
 import psutil
 import pytest
 
-from primitives.pid_files import live_pid, live_pids
 from tests.run_command import metrics, short_run_dir, small_run_settings, train_steps, turnkeep, wait_until
 from tests.workers.ray_cluster.test_security import assert_every_listening_socket_is_on_loopback
 from tests.workers.test_controller_crash import _kill_controller_alone, _running
+from turnkeep.primitives.pid_files import live_pid, live_pids
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main
-from workers.temporal.ports import free_port
+from turnkeep.cli.main import main
+from turnkeep.workers.temporal.ports import free_port
 
 
 def _config(tmp_path: Path, body: str) -> tuple[Path, Path]:
@@ -87,7 +87,7 @@ def test_a_remote_server_that_refuses_the_token_is_named_before_anything_starts(
     port = free_port("127.0.0.1")
     log = tmp_path / "env-server.log"
     server = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "env-server", "--entry", "envs.calc_env:CalcEnvironment",
+        [sys.executable, "-m", "turnkeep", "env-server", "--entry", "turnkeep.envs.calc_env:CalcEnvironment",
          "--port", str(port), "--token-file", str(tmp_path / "server_token")],
         stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import orjson
 
-from workers.startup_clock import StartupClock, marked
+from turnkeep.workers.startup_clock import StartupClock, marked
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_each_phase_keeps_its_first_mark_in_seconds_from_the_process_start(tmp_path, monkeypatch):
     now = [105.0]
-    monkeypatch.setattr("workers.startup_clock.time.time", lambda: now[0])
+    monkeypatch.setattr("turnkeep.workers.startup_clock.time.time", lambda: now[0])
     clock = StartupClock(began_unix_s=100.0)
     clock.mark("ray")
     now[0] = 112.5
@@ -47,7 +47,7 @@ def test_the_default_start_is_this_process_s_own_to_the_kernel_s_tick():
     assert began < time.time()
     # A process started now started after this moment (to the kernel's 10 ms tick), not up to a second before it.
     before = time.time()
-    child = subprocess.run([sys.executable, "-c", "import time; from workers.startup_clock import "
+    child = subprocess.run([sys.executable, "-c", "import time; from turnkeep.workers.startup_clock import "
                             "process_start_unix_s as s; print(s(), time.time())"],
                            capture_output=True, text=True, check=True, cwd=ROOT)
     started, child_now = map(float, child.stdout.split())

@@ -3,7 +3,7 @@ rebuilds that die before a train step add up until `train.max_rebuilds`, then th
 
 import orjson
 
-from workers.trainer_rebuilds import TrainerLost, TrainerRebuilds
+from turnkeep.workers.trainer_rebuilds import TrainerLost, TrainerRebuilds
 
 REASON = "the trainer process died (killed); run the same command again (same --run-dir) to continue"
 

@@ -19,10 +19,11 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from controller.errors import RunStopped
-from controller.runtime import Controller
-from schemas import search_attributes as sa
-from schemas.attempt_steps import (
+from tests.controller_inputs import controller_inputs
+from turnkeep.controller.errors import RunStopped
+from turnkeep.controller.runtime import Controller
+from turnkeep.schemas import search_attributes as sa
+from turnkeep.schemas.attempt_steps import (
     CUT,
     DISCARD_STAGING,
     GYM_ABORT,
@@ -51,14 +52,18 @@ from schemas.attempt_steps import (
     StagingInput,
     StagingResult,
 )
-from schemas.config import TurnkeepConfig
-from schemas.names import policy_queue
-from schemas.participant import Artifact, FaultPlan
-from schemas.snapshot import SnapshotAttemptInput, SnapshotAttemptResult, SnapshotTimeouts
-from tests.controller_inputs import controller_inputs
-from workers.temporal.controller_worker import SnapshotRuntime, participant_clients, start_snapshots, stop_snapshots
-from workers.temporal.dev_server import UNTHROTTLED, temporal_binary
-from workflows.snapshot_attempt import SnapshotAttemptWorkflow
+from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.schemas.names import policy_queue
+from turnkeep.schemas.participant import Artifact, FaultPlan
+from turnkeep.schemas.snapshot import SnapshotAttemptInput, SnapshotAttemptResult, SnapshotTimeouts
+from turnkeep.workers.temporal.controller_worker import (
+    SnapshotRuntime,
+    participant_clients,
+    start_snapshots,
+    stop_snapshots,
+)
+from turnkeep.workers.temporal.dev_server import UNTHROTTLED, temporal_binary
+from turnkeep.workflows.snapshot_attempt import SnapshotAttemptWorkflow
 
 HISTORY_DIR = Path(__file__).parent / "histories"
 

@@ -16,8 +16,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from workflows.run_workflow import RunWorkflow
-from workflows.snapshot_attempt import SnapshotAttemptWorkflow
+from turnkeep.workflows.run_workflow import RunWorkflow
+from turnkeep.workflows.snapshot_attempt import SnapshotAttemptWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 

@@ -15,8 +15,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from schemas import search_attributes as sa
-from schemas.attempt_steps import (
+from turnkeep.schemas import search_attributes as sa
+from turnkeep.schemas.attempt_steps import (
     ANCHOR,
     RECORD,
     REQUEST_CHECKPOINT,
@@ -27,10 +27,10 @@ from schemas.attempt_steps import (
     CheckpointRequestResult,
     RecordResult,
 )
-from schemas.choices import Outcome, Trigger
-from schemas.engine_steps import ENGINES_SCALE, ScaleEnginesInput, ScaleEnginesResult
-from schemas.names import WorkflowType
-from schemas.snapshot import (
+from turnkeep.schemas.choices import Outcome, Trigger
+from turnkeep.schemas.engine_steps import ENGINES_SCALE, ScaleEnginesInput, ScaleEnginesResult
+from turnkeep.schemas.names import WorkflowType
+from turnkeep.schemas.snapshot import (
     RunWorkflowInput,
     SetEnginesInput,
     SnapshotAttemptInput,
@@ -38,8 +38,8 @@ from schemas.snapshot import (
     SnapshotNowSignal,
     SnapshotTimeouts,
 )
-from workers.temporal.dev_server import UNTHROTTLED, temporal_binary
-from workflows.run_workflow import RunWorkflow
+from turnkeep.workers.temporal.dev_server import UNTHROTTLED, temporal_binary
+from turnkeep.workflows.run_workflow import RunWorkflow
 
 HISTORY_DIR = Path(__file__).parent / "histories"
 
@@ -143,8 +143,8 @@ def _run_workflow_state() -> RunWorkflow:
 
 
 def test_a_checkpoint_announced_again_for_a_waiting_request_upgrades_the_queued_attempt():
-    from schemas.choices import Trigger
-    from schemas.snapshot import TrainerCheckpointSignal
+    from turnkeep.schemas.choices import Trigger
+    from turnkeep.schemas.snapshot import TrainerCheckpointSignal
 
     run = _run_workflow_state()
     run._requested = Trigger.PREEMPTION  # the preemption attempt asked for a checkpoint ...
@@ -154,8 +154,8 @@ def test_a_checkpoint_announced_again_for_a_waiting_request_upgrades_the_queued_
 
 
 def test_a_repeat_announcement_nobody_waits_for_starts_no_attempt():
-    from schemas.choices import Trigger
-    from schemas.snapshot import TrainerCheckpointSignal
+    from turnkeep.schemas.choices import Trigger
+    from turnkeep.schemas.snapshot import TrainerCheckpointSignal
 
     run = _run_workflow_state()
     run.trainer_checkpoint_saved(TrainerCheckpointSignal(step=7, trigger=Trigger.PERIODIC, repeat=True))
@@ -169,9 +169,9 @@ def test_a_repeat_announcement_nobody_waits_for_starts_no_attempt():
 def test_an_attempt_anchored_at_a_queued_checkpoint_serves_it_and_takes_its_hold(monkeypatch):
     """A save_period checkpoint queued while a preemption's attempt waited for its anchor: one attempt under that
     step, not a second one right after it in the grace period (a CI run restored from that second one)."""
-    from schemas.choices import Trigger
-    from schemas.snapshot import TrainerCheckpointSignal
-    from workflows import run_workflow
+    from turnkeep.schemas.choices import Trigger
+    from turnkeep.schemas.snapshot import TrainerCheckpointSignal
+    from turnkeep.workflows import run_workflow
 
     monkeypatch.setattr(run_workflow.workflow, "patched", lambda patch_id: True)
     run = _run_workflow_state()

@@ -10,9 +10,6 @@ import hashlib
 import orjson
 import pytest
 
-from bench.attempt_history import history_times
-from schemas.participant import FaultPlan
-from schemas.snapshot import SnapshotManifest
 from tests.run_command import metrics
 from tests.workflows.snapshot_harness import (
     StandInParticipants,
@@ -23,6 +20,9 @@ from tests.workflows.snapshot_harness import (
     scenario_config,
     staging_dirs,
 )
+from turnkeep.bench.attempt_history import history_times
+from turnkeep.schemas.participant import FaultPlan
+from turnkeep.schemas.snapshot import SnapshotManifest
 
 pytestmark = pytest.mark.integration
 
@@ -111,8 +111,8 @@ def test_a_step_finishing_during_a_slow_prepare_waits_and_the_attempt_lands(stac
     operator's attempt is asked for only once the groups of the step after its checkpoint are finished, so that
     step is ready while the attempt prepares and waits on the hold (at a checkpoint taken on its own, whether they
     are finished is timing: the file run alone once found them unfinished and the trainer never waited)."""
-    from schemas.snapshot import SnapshotNowSignal
-    from workflows.run_workflow import RunWorkflow
+    from turnkeep.schemas.snapshot import SnapshotNowSignal
+    from turnkeep.workflows.run_workflow import RunWorkflow
 
     async def snapshot_when_the_next_step_is_ready(snapshots, controller):
         per_step = controller.cfg.train.prompts_per_step
@@ -157,8 +157,8 @@ def test_a_resume_that_fails_once_is_retried(stack, stack_config, temporal_addre
 
 
 def test_a_parked_rollout_longer_than_its_budget_is_not_timed_out(stack, stack_config, temporal_address):
-    from schemas.snapshot import SnapshotNowSignal
-    from workflows.run_workflow import RunWorkflow
+    from turnkeep.schemas.snapshot import SnapshotNowSignal
+    from turnkeep.workflows.run_workflow import RunWorkflow
 
     async def snapshot_until_agents_were_parked(snapshots, controller):
         # Whether agents are mid-rollout at a given instant is timing; ask until one attempt parked some.
@@ -187,7 +187,7 @@ def test_a_parked_rollout_longer_than_its_budget_is_not_timed_out(stack, stack_c
     assert_released(result)
 
 async def _wait_for_phase(snapshots, phase: str):
-    from workflows.run_workflow import RunWorkflow
+    from turnkeep.workflows.run_workflow import RunWorkflow
 
     while True:
         status = await snapshots.handle.query(RunWorkflow.status)
@@ -217,7 +217,7 @@ def test_cancel_in_the_middle_of_prepare_aborts_with_compensation(stack, stack_c
 def test_a_killed_controller_worker_is_replaced_and_the_attempt_ends_from_history(
     stack, stack_config, temporal_address
 ):
-    from workers.temporal.controller_worker import controller_worker
+    from turnkeep.workers.temporal.controller_worker import controller_worker
 
     async def kill_worker_during_prepare(snapshots, controller):
         await _wait_for_phase(snapshots, "gym_prepare")
@@ -236,7 +236,7 @@ def test_a_killed_controller_worker_is_replaced_and_the_attempt_ends_from_histor
 
 
 async def _until_outcome(snapshots, predicate, timeout_s: float = 90.0):
-    from workflows.run_workflow import RunWorkflow
+    from turnkeep.workflows.run_workflow import RunWorkflow
 
     async def poll():
         while True:
@@ -261,8 +261,8 @@ def test_periodic_attempts_get_a_checkpoint_on_demand_and_publish(stack, stack_c
 
 
 def test_operators_pause_resume_snapshot_now_and_query_status(stack, stack_config, temporal_address):
-    from schemas.snapshot import SnapshotNowSignal
-    from workflows.run_workflow import RunWorkflow
+    from turnkeep.schemas.snapshot import SnapshotNowSignal
+    from turnkeep.workflows.run_workflow import RunWorkflow
 
     statuses = []
 
@@ -292,7 +292,7 @@ async def _forever(snapshots, controller):
 
 
 def test_failed_attempts_in_a_row_stop_the_run_with_a_clear_message(stack, stack_config, temporal_address):
-    from controller.errors import RunStopped
+    from turnkeep.controller.errors import RunStopped
 
     cfg = scenario_config(stack_config, attempt_interval_s=0.5, max_consecutive_failures=2)
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"save_period": 1000})})
@@ -318,9 +318,9 @@ def test_a_journal_snapshot_stops_nothing_and_names_the_journal_positions(stack,
     """`snapshot.agents = "journal"`: no attempt closes admission, suspends deadlines, parks or fences anything;
     each published snapshot's state names the environment server's turn journal position and the agents running
     at its cut."""
-    from schemas.names import checkpoint_holder, snapshot_holder
-    from schemas.snapshot import SnapshotNowSignal
-    from workflows.run_workflow import RunWorkflow
+    from turnkeep.schemas.names import checkpoint_holder, snapshot_holder
+    from turnkeep.schemas.snapshot import SnapshotNowSignal
+    from turnkeep.workflows.run_workflow import RunWorkflow
 
     closed_by_snapshots: set[str] = set()
 

@@ -15,8 +15,9 @@ from temporalio.api.enums.v1 import WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from schemas import search_attributes as sa
-from schemas.attempt_steps import (
+from tests.workflows.test_run_workflow import _dev_server, _run_input
+from turnkeep.schemas import search_attributes as sa
+from turnkeep.schemas.attempt_steps import (
     ANCHOR,
     DISCARD_STAGING,
     GYM_ABORT,
@@ -43,12 +44,11 @@ from schemas.attempt_steps import (
     TrainerReleaseInput,
     TrainerReleaseResult,
 )
-from schemas.names import ErrorType, controller_queue, policy_queue, trainer_queue
-from schemas.recovery import RECOVERY_CANCEL_STALE, CancelStaleResult, RecoveryInput, RecoveryStepInput
-from tests.workflows.test_run_workflow import _dev_server, _run_input
-from workflows.recovery_workflow import RecoveryWorkflow
-from workflows.run_workflow import RunWorkflow
-from workflows.snapshot_attempt import SnapshotAttemptWorkflow
+from turnkeep.schemas.names import ErrorType, controller_queue, policy_queue, trainer_queue
+from turnkeep.schemas.recovery import RECOVERY_CANCEL_STALE, CancelStaleResult, RecoveryInput, RecoveryStepInput
+from turnkeep.workflows.recovery_workflow import RecoveryWorkflow
+from turnkeep.workflows.run_workflow import RunWorkflow
+from turnkeep.workflows.snapshot_attempt import SnapshotAttemptWorkflow
 
 RUN = "r"
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from controller.engines.engine_pool import Engine, EngineState
-from primitives.pid_files import write_pid_file
-from schemas.config import TurnkeepConfig
-from schemas.names import engine_name
-from workers.ray_cluster.gpu_placement import actor_options
+from turnkeep.controller.engines.engine_pool import Engine, EngineState
+from turnkeep.primitives.pid_files import write_pid_file
+from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.schemas.names import engine_name
+from turnkeep.workers.ray_cluster.gpu_placement import actor_options
 
 
 def engine_pid_role(index: int) -> str:
@@ -32,7 +32,7 @@ class EngineStarter:
 
     def create(self, index: int):
         """The actor, not yet started (its process starts and imports vLLM meanwhile)."""
-        from gpu_workers.policy_actor import PolicyActor
+        from turnkeep.gpu_workers.policy_actor import PolicyActor
 
         detached = {"lifetime": "detached"} if self.identity is not None else {}
         options = actor_options(self.cfg.placement, self.gpus, "policy", engine=index,

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controller.config_file import ConfigError
-from schemas.config_services import PlacementConfig
+from turnkeep.config.loader import ConfigError
+from turnkeep.schemas.config_services import PlacementConfig
 
 SHARED_FRACTION = 0.5
 """Each process's share of a GPU when `share_gpus` puts both on one device."""

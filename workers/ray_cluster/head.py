@@ -21,11 +21,11 @@ from pathlib import Path
 
 import psutil
 
-from controller.config_file import ConfigError
-from primitives.pid_files import live_record, write_pid_file
-from primitives.process_tree import kill_tree
-from schemas.config import TurnkeepConfig
-from workers.ray_cluster.temp_dir import prepare_ray_temp_dir
+from turnkeep.config.loader import ConfigError
+from turnkeep.primitives.pid_files import live_record, write_pid_file
+from turnkeep.primitives.process_tree import kill_tree
+from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.workers.ray_cluster.temp_dir import prepare_ray_temp_dir
 
 log = logging.getLogger("turnkeep.run")
 
@@ -94,7 +94,7 @@ def _start(cfg: TurnkeepConfig, run_dir: Path) -> RayHead:
     log_path = run_dir / KEEPER_LOG
     with open(log_path, "ab") as out:
         keeper = subprocess.Popen(
-            [sys.executable, "-m", "workers.ray_cluster.keeper", "--run-dir", str(run_dir),
+            [sys.executable, "-m", "turnkeep.workers.ray_cluster.keeper", "--run-dir", str(run_dir),
              "--survive-controller-s", str(cfg.ray.survive_controller_s), "--", *ray_args],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )

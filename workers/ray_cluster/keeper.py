@@ -28,7 +28,7 @@ from pathlib import Path
 
 import psutil
 
-from primitives.pid_files import live_pid
+from turnkeep.primitives.pid_files import live_pid
 
 POLL_S = 0.5
 TERM_GRACE_S = 10.0

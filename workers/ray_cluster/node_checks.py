@@ -17,12 +17,12 @@ import time
 
 import ray
 
-from controller.config_file import ConfigError
-from envs.kinds import local_environments
-from schemas.choices import EnvironmentKind
-from schemas.config import TurnkeepConfig
+from turnkeep.config.loader import ConfigError
+from turnkeep.envs.kinds import local_environments
+from turnkeep.schemas.choices import EnvironmentKind
+from turnkeep.schemas.config import TurnkeepConfig
 
-RUN_MODULES = ("gpu_workers.policy_actor", "gpu_workers.trainer_actor", "envs.env_actor", "vllm", "torch")
+RUN_MODULES = ("turnkeep.gpu_workers.policy_actor", "turnkeep.gpu_workers.trainer_actor", "turnkeep.envs.env_actor", "vllm", "torch")
 VERSIONED = ("turnkeep", "vllm", "torch", "ray")
 ANSWER_S = 120.0
 
@@ -78,7 +78,7 @@ def check_nodes(cfg: TurnkeepConfig) -> None:
     """Raises NodeUnfit naming every node that cannot run the run's processes."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from workers.ray_cluster.gpu_placement import live_nodes
+    from turnkeep.workers.ray_cluster.gpu_placement import live_nodes
 
     modules = modules_needed(cfg)
     nodes = live_nodes()

@@ -16,24 +16,24 @@ from pathlib import Path
 import psutil
 import ray
 
-from controller.config_file import ConfigError
-from controller.engines.engine_pool import EnginePool, EngineState
-from controller.processes import EnvServerEndpoint, Processes
-from envs.kinds import local_environments
-from primitives.control_token import create_control_token
-from primitives.pid_files import write_pid_file
-from schemas.config import TurnkeepConfig
-from workers.local_env_server import LocalEnvServer
-from workers.model_maker import cached_tiny_model_dir
-from workers.process_watch import death_reason
-from workers.ray_cluster.engines import EngineStarter
-from workers.ray_cluster.gpu_placement import PlacementError, actor_options, reserve
-from workers.ray_cluster.head import RayHead, start_or_find_head
-from workers.ray_cluster.node_checks import check_nodes
-from workers.ray_cluster.security import ensure_ray_token
-from workers.ray_cluster.temp_dir import prepare_ray_temp_dir
-from workers.startup_clock import StartupClock, marked
-from workers.trainer_rebuilds import TrainerDiedAtStart
+from turnkeep.config.loader import ConfigError
+from turnkeep.controller.engines.engine_pool import EnginePool, EngineState
+from turnkeep.controller.processes import EnvServerEndpoint, Processes
+from turnkeep.envs.kinds import local_environments
+from turnkeep.primitives.control_token import create_control_token
+from turnkeep.primitives.pid_files import write_pid_file
+from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.workers.local_env_server import LocalEnvServer
+from turnkeep.workers.model_maker import cached_tiny_model_dir
+from turnkeep.workers.process_watch import death_reason
+from turnkeep.workers.ray_cluster.engines import EngineStarter
+from turnkeep.workers.ray_cluster.gpu_placement import PlacementError, actor_options, reserve
+from turnkeep.workers.ray_cluster.head import RayHead, start_or_find_head
+from turnkeep.workers.ray_cluster.node_checks import check_nodes
+from turnkeep.workers.ray_cluster.security import ensure_ray_token
+from turnkeep.workers.ray_cluster.temp_dir import prepare_ray_temp_dir
+from turnkeep.workers.startup_clock import StartupClock, marked
+from turnkeep.workers.trainer_rebuilds import TrainerDiedAtStart
 
 
 def start_ray(cfg: TurnkeepConfig, run_dir: Path, namespace: str | None = None) -> None:
@@ -87,7 +87,7 @@ def reserve_gpus(cfg: TurnkeepConfig, detached: bool = False):
 
 async def _model_dir(cfg_json: str) -> str:
     """The model's directory, made on a node of the cluster; a model setting that cannot work is one line."""
-    from gpu_workers.tiny_model.model_files import ModelUnusable
+    from turnkeep.gpu_workers.tiny_model.model_files import ModelUnusable
 
     try:
         return await _make_model.remote(cfg_json)
@@ -99,7 +99,7 @@ async def _model_dir(cfg_json: str) -> str:
 
 @ray.remote(num_cpus=0)
 def _make_model(cfg_json: str) -> str:
-    from workers.model_maker import tiny_model_dir
+    from turnkeep.workers.model_maker import tiny_model_dir
 
     return str(tiny_model_dir(TurnkeepConfig.model_validate_json(cfg_json)))
 
@@ -154,7 +154,7 @@ def _kill_quietly(actor) -> None:
 
 def create_trainer(cfg: TurnkeepConfig, gpus, identity: dict | None = None):
     """The trainer's actor (rank 0), not yet set up; detached when the run's processes outlive the controller."""
-    from gpu_workers.trainer_actor import TrainerActor
+    from turnkeep.gpu_workers.trainer_actor import TrainerActor
 
     detached = {"lifetime": "detached"} if identity is not None else {}
     options = actor_options(cfg.placement, gpus, "trainer", ranks=cfg.train.ranks)
@@ -192,8 +192,8 @@ async def shutdown(processes: Processes | None, on_cluster: bool = False) -> Non
         # Best effort on the way out, both at once: neither waits for the other.
         await asyncio.gather(*stops, return_exceptions=True)
     if on_cluster:
-        from workers.ray_cluster.survivors import find_survivors, stop_survivors
-        from workers.ray_cluster.warden import stop_warden
+        from turnkeep.workers.ray_cluster.survivors import find_survivors, stop_survivors
+        from turnkeep.workers.ray_cluster.warden import stop_warden
 
         await stop_survivors(find_survivors())
         await stop_warden()

@@ -20,9 +20,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from controller.config_file import ConfigError
-from primitives.control_token import ControlTokenError, create_token_file, read_token_file
-from schemas.config import TurnkeepConfig
+from turnkeep.config.loader import ConfigError
+from turnkeep.primitives.control_token import ControlTokenError, create_token_file, read_token_file
+from turnkeep.schemas.config import TurnkeepConfig
 
 RAY_TOKEN_FILE = "ray_token"
 

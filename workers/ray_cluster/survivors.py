@@ -25,15 +25,15 @@ from pathlib import Path
 import ray
 from ray.util.placement_group import get_placement_group, remove_placement_group
 
-from controller.engines.engine_pool import Engine, EnginePool
-from controller.processes import EnvServerEndpoint, Processes
-from envs.kinds import local_environments
-from primitives.control_token import create_control_token
-from schemas.config import TurnkeepConfig
-from schemas.names import engine_name
-from workers.local_env_server import LocalEnvServer
-from workers.process_watch import dead_reason
-from workers.ray_cluster.engines import EngineStarter
+from turnkeep.controller.engines.engine_pool import Engine, EnginePool
+from turnkeep.controller.processes import EnvServerEndpoint, Processes
+from turnkeep.envs.kinds import local_environments
+from turnkeep.primitives.control_token import create_control_token
+from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.schemas.names import engine_name
+from turnkeep.workers.local_env_server import LocalEnvServer
+from turnkeep.workers.process_watch import dead_reason
+from turnkeep.workers.ray_cluster.engines import EngineStarter
 
 log = logging.getLogger("turnkeep.run")
 
@@ -153,7 +153,7 @@ async def _without_a_dead_trainer(found: Found) -> tuple[Found, bool]:
 
 async def _with_a_new_trainer(found: Found, identities: dict, cfg: TurnkeepConfig, stamp: dict,
                               model_dir: str) -> tuple[Found, dict]:
-    from workers.ray_cluster.placement import create_trainer, setup_trainer
+    from turnkeep.workers.ray_cluster.placement import create_trainer, setup_trainer
 
     began = time.monotonic()
     deadline = began + STOP_TIMEOUT_S

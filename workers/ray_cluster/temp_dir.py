@@ -15,7 +15,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from controller.config_file import ConfigError
+from turnkeep.config.loader import ConfigError
 
 UNIX_PATH_MAX = 107
 """Bytes in a unix socket path (sun_path holds 108 with its terminating NUL)."""

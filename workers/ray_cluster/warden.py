@@ -36,7 +36,7 @@ class Warden:
     async def _until_unheard(self) -> None:
         while time.monotonic() - self._last < self._survive_s:
             await asyncio.sleep(BEAT_S)
-        from workers.ray_cluster.survivors import find_survivors, stop_survivors
+        from turnkeep.workers.ray_cluster.survivors import find_survivors, stop_survivors
 
         log.warning("no controller for %.0fs (ray.survive_controller_s): stopping the run's processes", self._survive_s)
         await stop_survivors(find_survivors())
@@ -46,7 +46,7 @@ class Warden:
 def warden(survive_s: float):
     """The run's warden (the one a dead controller left, or a new one), detached in the run's namespace, on the
     head node where it can be (a worker node that goes away would take it along)."""
-    from workers.ray_cluster.gpu_placement import on_head_node
+    from turnkeep.workers.ray_cluster.gpu_placement import on_head_node
 
     return Warden.options(name=WARDEN, lifetime="detached", get_if_exists=True, **on_head_node()).remote(survive_s)
 

@@ -18,25 +18,25 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
-from activities.engine_activities import EngineActivities
-from activities.gym_activities import GymActivities
-from activities.recovery_activities import RecoveryActivities
-from activities.snapshot_activities import SnapshotActivities
-from controller.engines.engine_pool import Engine
-from controller.fingerprint import config_fingerprint
-from controller.restore.crash_restore import CrashRestore
-from controller.runtime import Controller
-from controller.snapshot.coordinator import SnapshotCoordinator
-from controller.snapshot.periodic_attempts import periodic_interval_s
-from controller.stores import snapshot_store
-from controller.stores.trainer_checkpoint import published_steps
-from participants.client import ParticipantClient
-from primitives.atomic_files import append_jsonl
-from primitives.temporal_client import connect, start_worker, step_activities
-from schemas import search_attributes as sa
-from schemas.choices import AgentsMode, MetricsKind, Trigger
-from schemas.config import TurnkeepConfig
-from schemas.names import (
+from turnkeep.activities.engine_activities import EngineActivities
+from turnkeep.activities.gym_activities import GymActivities
+from turnkeep.activities.recovery_activities import RecoveryActivities
+from turnkeep.activities.snapshot_activities import SnapshotActivities
+from turnkeep.controller.engines.engine_pool import Engine
+from turnkeep.controller.fingerprint import config_fingerprint
+from turnkeep.controller.restore.crash_restore import CrashRestore
+from turnkeep.controller.runtime import Controller
+from turnkeep.controller.snapshot.coordinator import SnapshotCoordinator
+from turnkeep.controller.snapshot.periodic_attempts import periodic_interval_s
+from turnkeep.controller.stores.trainer_checkpoint import published_steps
+from turnkeep.participants.client import ParticipantClient
+from turnkeep.primitives import snapshot_paths
+from turnkeep.primitives.atomic_files import append_jsonl
+from turnkeep.primitives.temporal_client import connect, start_worker, step_activities
+from turnkeep.schemas import search_attributes as sa
+from turnkeep.schemas.choices import AgentsMode, MetricsKind, Trigger
+from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.schemas.names import (
     CHECKPOINT_HOLDER_PREFIX,
     checkpoint_holder,
     controller_queue,
@@ -44,17 +44,17 @@ from schemas.names import (
     recovery_workflow_id,
     run_workflow_id,
 )
-from schemas.recovery import RecoveryInput, RecoveryResult
-from schemas.snapshot import RunCarryOver, RunWorkflowInput, SnapshotTimeouts, TrainerCheckpointSignal
-from schemas.step_registry import declared_steps
-from schemas.steps import Runs
-from workers.temporal.dev_server import register_search_attributes
-from workers.temporal.loop_bridge import BridgedRun, bridged_activities
-from workers.temporal.workflow_thread import WorkflowThread
-from workflows.recovery_workflow import RecoveryWorkflow
-from workflows.retry_policies import WORKFLOW_TASK_TIMEOUT
-from workflows.run_workflow import RunWorkflow
-from workflows.snapshot_attempt import SnapshotAttemptWorkflow
+from turnkeep.schemas.recovery import RecoveryInput, RecoveryResult
+from turnkeep.schemas.snapshot import RunCarryOver, RunWorkflowInput, SnapshotTimeouts, TrainerCheckpointSignal
+from turnkeep.schemas.step_registry import declared_steps
+from turnkeep.schemas.steps import Runs
+from turnkeep.workers.temporal.dev_server import register_search_attributes
+from turnkeep.workers.temporal.loop_bridge import BridgedRun, bridged_activities
+from turnkeep.workers.temporal.workflow_thread import WorkflowThread
+from turnkeep.workflows.recovery_workflow import RecoveryWorkflow
+from turnkeep.workflows.retry_policies import WORKFLOW_TASK_TIMEOUT
+from turnkeep.workflows.run_workflow import RunWorkflow
+from turnkeep.workflows.snapshot_attempt import SnapshotAttemptWorkflow
 
 T = TypeVar("T")
 log = logging.getLogger("turnkeep.snapshot")
@@ -282,7 +282,7 @@ def next_snapshot_numbers(run_dir: Path) -> dict[str, int]:
     """Attempt numbers continue after every folder already on disk, so a restarted run never reuses one."""
     numbers = {}
     for step in published_steps(run_dir):
-        root = snapshot_store.snapshots_root(run_dir, step)
+        root = snapshot_paths.snapshots_root(run_dir, step)
         used = [int(p.name) for p in (root.iterdir() if root.exists() else []) if p.name.isdigit()]
         if used:
             numbers[str(step)] = max(used) + 1

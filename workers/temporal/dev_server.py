@@ -30,9 +30,9 @@ from pathlib import Path
 
 from temporalio.client import Client
 
-from schemas import search_attributes
-from schemas.config_services import TemporalConfig
-from workers.temporal.pidfile import (
+from turnkeep.schemas import search_attributes
+from turnkeep.schemas.config_services import TemporalConfig
+from turnkeep.workers.temporal.pidfile import (
     ProcessId,
     ServerRecord,
     boot_id,
@@ -43,7 +43,7 @@ from workers.temporal.pidfile import (
     terminate,
     write_record,
 )
-from workers.temporal.ports import TemporalStartError, check_port, choose_port
+from turnkeep.workers.temporal.ports import TemporalStartError, check_port, choose_port
 
 log = logging.getLogger("turnkeep.temporal")
 

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import orjson
 
-from primitives.atomic_files import atomic_write_json
-from primitives.pid_files import PIDS_DIR, pid_file
-from primitives.process_identity import ProcessId, boot_id, process_stat
+from turnkeep.primitives.atomic_files import atomic_write_json
+from turnkeep.primitives.pid_files import PIDS_DIR, pid_file
+from turnkeep.primitives.process_identity import ProcessId, boot_id, process_stat
 
 ROLE = "temporal"
 KILL_WAIT_S = 5.0

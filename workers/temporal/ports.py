@@ -9,8 +9,8 @@ from pathlib import Path
 
 import psutil
 
-from controller.config_file import ConfigError
-from workers.temporal.pidfile import cmdline
+from turnkeep.config.loader import ConfigError
+from turnkeep.workers.temporal.pidfile import cmdline
 
 
 class TemporalStartError(ConfigError):

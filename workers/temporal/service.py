@@ -13,10 +13,10 @@ from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from controller.config_file import ConfigError
-from primitives.temporal_client import TemporalSecurityError, connect
-from schemas.config import TurnkeepConfig
-from workers.temporal.dev_server import register_search_attributes
+from turnkeep.config.loader import ConfigError
+from turnkeep.primitives.temporal_client import TemporalSecurityError, connect
+from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.workers.temporal.dev_server import register_search_attributes
 
 CONNECT_TIMEOUT_S = 15.0
 

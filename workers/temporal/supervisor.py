@@ -17,10 +17,10 @@ import time
 from collections import deque
 from contextlib import suppress
 
-from primitives.atomic_files import append_jsonl
-from schemas.choices import MetricsKind
-from workers.temporal.dev_server import LOG_FILE, TemporalEndpoint, restart_dev_server
-from workers.temporal.ports import TemporalStartError
+from turnkeep.primitives.atomic_files import append_jsonl
+from turnkeep.schemas.choices import MetricsKind
+from turnkeep.workers.temporal.dev_server import LOG_FILE, TemporalEndpoint, restart_dev_server
+from turnkeep.workers.temporal.ports import TemporalStartError
 
 log = logging.getLogger("turnkeep.temporal")
 

@@ -20,10 +20,10 @@ from collections.abc import Sequence
 
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from primitives.build_id import code_build_id
-from primitives.temporal_client import connect
-from schemas.config_services import TemporalSecurity
-from workflows.retry_policies import STICKY_TASK_FALLBACK
+from turnkeep.primitives.build_id import code_build_id
+from turnkeep.primitives.temporal_client import connect
+from turnkeep.schemas.config_services import TemporalSecurity
+from turnkeep.workflows.retry_policies import STICKY_TASK_FALLBACK
 
 log = logging.getLogger("turnkeep.snapshot")
 

@@ -15,7 +15,7 @@ Three incarnations of a run with groups of two siblings and 30 s leases:
 
 from __future__ import annotations
 
-from schemas.audit import (
+from turnkeep.schemas.audit import (
     ContinuationRef,
     CutTaken,
     DeadlineExpired,
@@ -39,8 +39,8 @@ from schemas.audit import (
     ids_digest,
     row_key,
 )
-from schemas.choices import AgentsFrom
-from schemas.recovery import SourceKind
+from turnkeep.schemas.choices import AgentsFrom
+from turnkeep.schemas.recovery import SourceKind
 
 LEASE_S = 30.0
 CUT_1 = 1016.0

@@ -1,9 +1,6 @@
 """Invariant 2's second check: every saved agent a restore brings back is continued (or rerun, as
 its level says), and a restore brings back exactly the saved agents its cut checked."""
 
-from chaos.verdict import check_invariants
-from schemas.audit import GroupRerun, Restored, RunEnded, SiblingStarted
-from schemas.choices import AgentsFrom
 from tests.chaos.invariants.history import (
     CUT_1,
     broken,
@@ -20,6 +17,9 @@ from tests.chaos.invariants.history import (
     restored,
     without_new_events,
 )
+from turnkeep.chaos.verdict import check_invariants
+from turnkeep.schemas.audit import GroupRerun, Restored, RunEnded, SiblingStarted
+from turnkeep.schemas.choices import AgentsFrom
 
 NAME = "every saved agent continued"
 

@@ -2,8 +2,6 @@
 least its budget outside the stretches the deadline clocks were held (parked), whatever its own
 clock read."""
 
-from chaos.verdict import check_invariants
-from schemas.audit import DeadlineExpired, RunEnded
 from tests.chaos.invariants.history import (
     broken,
     healthy,
@@ -15,6 +13,8 @@ from tests.chaos.invariants.history import (
     sibling,
     without_new_events,
 )
+from turnkeep.chaos.verdict import check_invariants
+from turnkeep.schemas.audit import DeadlineExpired, RunEnded
 
 NAME = "no deadline ran while parked"
 

@@ -1,9 +1,6 @@
 """Invariant 4's lease check from `hold_changed` events: while the run lives, every holder is released
 or renewed within its lease (and one without a lease is released), not only at a clean exit."""
 
-from chaos.invariants.holds import hold_spans, parked_intervals
-from chaos.verdict import check_invariants
-from schemas.audit import HoldChanged, RunEnded
 from tests.chaos.invariants.history import (
     SNAPSHOT_1,
     broken,
@@ -17,6 +14,9 @@ from tests.chaos.invariants.history import (
     replace,
     without_new_events,
 )
+from turnkeep.chaos.invariants.holds import hold_spans, parked_intervals
+from turnkeep.chaos.verdict import check_invariants
+from turnkeep.schemas.audit import HoldChanged, RunEnded
 
 NAME = "holds released or renewed within"
 

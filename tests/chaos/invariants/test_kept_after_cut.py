@@ -4,10 +4,6 @@ turns of the kept lineage only. Each check is broken on purpose once."""
 
 from __future__ import annotations
 
-from chaos.verdict import check_invariants
-from schemas.audit import KeptAfterCut, Restored, RowRef, TurnCommitted
-from schemas.choices import AgentsFrom
-from schemas.recovery import SourceKind
 from tests.chaos.invariants.history import (
     admitted,
     broken,
@@ -25,6 +21,10 @@ from tests.chaos.invariants.history import (
     trained,
     turn,
 )
+from turnkeep.chaos.verdict import check_invariants
+from turnkeep.schemas.audit import KeptAfterCut, Restored, RowRef, TurnCommitted
+from turnkeep.schemas.choices import AgentsFrom
+from turnkeep.schemas.recovery import SourceKind
 
 CUT_3 = 1207.5  # incarnation 3's trainer checkpoint at step 4: g5 open, dataloader at 6
 
@@ -230,7 +230,7 @@ def test_a_kept_restore_that_passes_an_index_it_does_not_hold_open_skips_it():
 def test_a_continuation_of_a_continuation_reaches_back_for_its_first_turns():
     """Incarnation 4's g5.0.1 continued g5.0.0 after turn 2 and committed only turn 3 before a kill; a restore
     continuing g5.0.1 after turn 3 judges turns 1 and 2 by g5.0.0's lines, which g5.0.1 never wrote."""
-    from chaos.invariants.continuations import committed_turns
+    from turnkeep.chaos.invariants.continuations import committed_turns
 
     # The builders' earlier lines leave `started_by` at 0; incarnation 4's own attempt says it started it.
     saved = continuation(r(5, 0, 1), "b53", turn_index=3).model_copy(update={"started_by": 4})

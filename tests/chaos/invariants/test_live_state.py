@@ -1,9 +1,6 @@
 """Invariant 7 from events: rows sealed before a cut are in it, every admitted group ends exactly
 once, the dataloader skips no index; each broken on purpose, and a healthy log passes."""
 
-from chaos.invariants.live_state import DATALOADER, GROUPS, ROWS
-from chaos.verdict import check_invariants
-from schemas.audit import CutTaken, GroupAdmitted, GroupsDiscarded, Restored, RunEnded, SiblingSealed
 from tests.chaos.invariants.history import (
     CUT_1,
     CUT_2,
@@ -19,6 +16,9 @@ from tests.chaos.invariants.history import (
     restored,
     without_new_events,
 )
+from turnkeep.chaos.invariants.live_state import DATALOADER, GROUPS, ROWS
+from turnkeep.chaos.verdict import check_invariants
+from turnkeep.schemas.audit import CutTaken, GroupAdmitted, GroupsDiscarded, Restored, RunEnded, SiblingSealed
 
 
 def test_a_healthy_log_passes_all_three_checks():

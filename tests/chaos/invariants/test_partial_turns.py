@@ -1,10 +1,10 @@
 """Invariant 2 at the `token` level: a restore that continues a cut turn keeps every token its turn journal
 made durable; one that generates any of them again breaks it (a rolled-back policy's tokens it may drop)."""
 
-from chaos.invariants.partial_turns import NAME
-from chaos.verdict import check_invariants
-from schemas.audit import Restored, RunEnded, TurnTokens
 from tests.chaos.invariants.history import PARTIAL_TOKENS, broken, healthy, healthy_with_a_journal_restore
+from turnkeep.chaos.invariants.partial_turns import NAME
+from turnkeep.chaos.verdict import check_invariants
+from turnkeep.schemas.audit import Restored, RunEnded, TurnTokens
 
 
 def _continued_with(partial_tokens: int) -> list:
@@ -56,7 +56,7 @@ def test_tokens_of_a_cut_turn_count_as_generated_again_unless_a_continuation_kep
 def test_a_turn_whose_row_the_next_restore_holds_was_not_cut_whatever_the_audit_lost():
     """The kill took the audit log's last lines (the turn's commit, the sibling's seal) but not the state journal's:
     the restore holds the attempt's row, so its turn finished and nothing of it is generated again."""
-    from schemas.audit import RowRef
+    from turnkeep.schemas.audit import RowRef
 
     def holding_the_row(e):
         if isinstance(e, Restored) and e.inc == 4:

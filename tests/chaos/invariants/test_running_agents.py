@@ -3,11 +3,11 @@ lineage are continued by the restore that keeps its journal (or named as started
 
 from __future__ import annotations
 
-from chaos.invariants.results import AuditCounts
-from chaos.invariants.running_agents import NAME, running_agents_continued
-from chaos.verdict import check_invariants
-from schemas.audit import Restored, RowRef, RunEnded, SiblingFailed, StepTrained, TurnCommitted
 from tests.chaos.invariants.history import g, healthy_with_a_journal_restore, r
+from turnkeep.chaos.invariants.results import AuditCounts
+from turnkeep.chaos.invariants.running_agents import NAME, running_agents_continued
+from turnkeep.chaos.verdict import check_invariants
+from turnkeep.schemas.audit import Restored, RowRef, RunEnded, SiblingFailed, StepTrained, TurnCommitted
 
 RUNNING = r(5, 0, 0)
 """Incarnation 3 started it at 1207.1 and committed its turn 1 at 1207.2; its last line is at 1210."""

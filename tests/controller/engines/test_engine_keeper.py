@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 
-import controller.engines.engine_keeper as keeper_module
-from controller.engines.engine_keeper import EngineKeeper
-from controller.engines.engine_pool import Engine, EnginePool, EngineState
+import turnkeep.controller.engines.engine_keeper as keeper_module
 from tests.controller.engines.fake_engines import FakeEngineActor, FakeTrainer
+from turnkeep.controller.engines.engine_keeper import EngineKeeper
+from turnkeep.controller.engines.engine_pool import Engine, EnginePool, EngineState
 
 
 def test_a_dead_engine_is_replaced_and_routed_to_again(tmp_path, monkeypatch) -> None:

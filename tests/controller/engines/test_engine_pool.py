@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from controller.engines.engine_pool import Engine, EnginePool, EngineState
 from tests.controller.engines.fake_engines import FakeEngineActor, FakeTrainer
+from turnkeep.controller.engines.engine_pool import Engine, EnginePool, EngineState
 
 
 def _pool(n: int) -> tuple[EnginePool, list[FakeEngineActor]]:

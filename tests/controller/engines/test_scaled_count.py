@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from controller.engines.scaled_count import SCALED_FILE, count_at_start, save_scaled
 from tests.conftest import small_config
+from turnkeep.controller.engines.scaled_count import SCALED_FILE, count_at_start, save_scaled
 
 
 def _config(run_dir: Path, engines: int):

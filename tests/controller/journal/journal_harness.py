@@ -9,16 +9,16 @@ from types import SimpleNamespace
 
 import orjson
 
-from controller.journal.records import STEP, TRAINED
-from controller.journal.state_journal import StateJournal
-from controller.state.claim_ledger import ClaimLedger
-from controller.state.cut_state import capture_cut
-from controller.state.data_plane import DataPlane
-from controller.state.dataloader import PromptDataloader
-from controller.state.group_ledger import GroupLedger, SiblingState
-from envs.calc_task import CalcProblems
-from schemas.config import TaskConfig
-from schemas.rollout import RolloutRow, Segment
+from turnkeep.controller.journal.records import STEP, TRAINED
+from turnkeep.controller.journal.state_journal import StateJournal
+from turnkeep.controller.state.claim_ledger import ClaimLedger
+from turnkeep.controller.state.cut_state import capture_cut
+from turnkeep.controller.state.data_plane import DataPlane
+from turnkeep.controller.state.dataloader import PromptDataloader
+from turnkeep.controller.state.group_ledger import GroupLedger, SiblingState
+from turnkeep.envs.calc_task import CalcProblems
+from turnkeep.schemas.config import TaskConfig
+from turnkeep.schemas.rollout import RolloutRow, Segment
 
 GROUP_SIZE = 4
 

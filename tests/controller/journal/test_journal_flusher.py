@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from controller.journal.journal_flusher import flush_journal_forever
-from controller.journal.records import CURSOR, TRAINED
-from controller.journal.state_journal import StateJournal
-from primitives.segment_format import LogPosition
-from primitives.segment_reader import read_records_to_end
+from turnkeep.controller.journal.journal_flusher import flush_journal_forever
+from turnkeep.controller.journal.records import CURSOR, TRAINED
+from turnkeep.controller.journal.state_journal import StateJournal
+from turnkeep.primitives.segment_format import LogPosition
+from turnkeep.primitives.segment_reader import read_records_to_end
 
 START = LogPosition(seq=0, chain="00" * 32)
 

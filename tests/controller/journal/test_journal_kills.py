@@ -12,9 +12,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from controller.journal.replay import resolve_state
-from primitives.segment_format import JournalCorrupt
-from primitives.segment_log import SegmentLog
+from turnkeep.controller.journal.replay import resolve_state
+from turnkeep.primitives.segment_format import JournalCorrupt
+from turnkeep.primitives.segment_log import SegmentLog
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -22,9 +22,9 @@ WRITER = r"""
 import asyncio, random, sys
 from pathlib import Path
 import orjson
-from controller.journal.state_journal import write_base
-from primitives.atomic_files import atomic_write_bytes
-from primitives.segment_reader import prune_before
+from turnkeep.controller.journal.state_journal import write_base
+from turnkeep.primitives.atomic_files import atomic_write_bytes
+from turnkeep.primitives.segment_reader import prune_before
 from tests.controller.journal.journal_harness import JournaledState
 
 run_dir = Path(sys.argv[1])

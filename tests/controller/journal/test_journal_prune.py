@@ -3,12 +3,12 @@ from pathlib import Path
 
 import orjson
 
-from controller.journal.journal_prune import needed_bases, prune_journals
-from controller.journal.replay import resolve_state
-from controller.journal.state_journal import write_base
-from primitives.atomic_files import atomic_write_bytes
-from primitives.segment_format import first_seq
 from tests.controller.journal.journal_harness import JournaledState
+from turnkeep.controller.journal.journal_prune import needed_bases, prune_journals
+from turnkeep.controller.journal.replay import resolve_state
+from turnkeep.controller.journal.state_journal import write_base
+from turnkeep.primitives.atomic_files import atomic_write_bytes
+from turnkeep.primitives.segment_format import first_seq
 
 
 def _file_snapshot(run_dir: Path, step: int, saved: dict) -> Path:

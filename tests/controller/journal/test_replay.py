@@ -5,10 +5,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from controller.journal.replay import resolve_state, state_at
-from controller.journal.state_journal import JournalRef
-from primitives.segment_format import JournalCorrupt
 from tests.controller.journal.journal_harness import JournaledState, make_row
+from turnkeep.controller.journal.replay import resolve_state, state_at
+from turnkeep.controller.journal.state_journal import JournalRef
+from turnkeep.primitives.segment_format import JournalCorrupt
 
 
 def _journaled_cuts(run_dir: Path, seed: int, changes: int, cuts_every: int, segment_bytes: int = 64 << 20):
@@ -128,7 +128,7 @@ def test_a_cut_under_load_holds_every_row_sealed_before_it_exactly_once(tmp_path
 
 
 def _rolled(run_dir: Path, saved: dict):
-    from controller.journal.replay import replay_to, roll_past_cut
+    from turnkeep.controller.journal.replay import replay_to, roll_past_cut
 
     ref = JournalRef.model_validate(saved["journal_ref"])
     replay = replay_to(run_dir, ref)
@@ -195,7 +195,7 @@ def test_damage_past_the_cut_keeps_the_changes_before_it_and_says_why(tmp_path):
 
 def _restart_from(state: JournaledState, restored: dict, run_dir: Path, incarnation: int, restored_from: dict):
     """What a restore does with the state it rebuilt: load it and start the next incarnation's journal from it."""
-    from controller.journal.state_journal import StateJournal
+    from turnkeep.controller.journal.state_journal import StateJournal
 
     state.data_plane.load_state_dict(restored["data_plane"])
     state.ledger.load_state_dict(restored["group_ledger"])
@@ -207,7 +207,7 @@ def _restart_from(state: JournaledState, restored: dict, run_dir: Path, incarnat
 
 
 def test_a_second_restore_of_the_same_cut_goes_on_from_the_first_restores_journal(tmp_path):
-    from controller.journal.replay import resolve_state_past_cut
+    from turnkeep.controller.journal.replay import resolve_state_past_cut
 
     state, journal, cuts = _journaled_cuts(tmp_path, seed=8, changes=1200, cuts_every=400)
     journal.close()

@@ -9,9 +9,9 @@ import socket
 import aiohttp
 from aiohttp import web
 
-from controller.pumps import env_router
-from controller.pumps.env_client import EnvClient
-from controller.pumps.env_router import EnvRouter, EnvServerLink
+from turnkeep.controller.pumps import env_router
+from turnkeep.controller.pumps.env_client import EnvClient
+from turnkeep.controller.pumps.env_router import EnvRouter, EnvServerLink
 
 
 def _free_port() -> int:

@@ -13,10 +13,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from controller.pumps.env_client import EnvClient, EnvTimeout
-from controller.pumps.env_router import EnvRouter, EnvServerLink
-from schemas.environments import JudgeRequest
-from schemas.rollout import Problem, RolloutOutcome, RolloutRequest, RolloutResult
+from turnkeep.controller.pumps.env_client import EnvClient, EnvTimeout
+from turnkeep.controller.pumps.env_router import EnvRouter, EnvServerLink
+from turnkeep.schemas.environments import JudgeRequest
+from turnkeep.schemas.rollout import Problem, RolloutOutcome, RolloutRequest, RolloutResult
 
 LIMIT_S = 0.3
 BOUND_S = 5.0

@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from schemas.participant import FaultPlan
 from tests.workflows.snapshot_harness import run_scenario, scenario_config
+from turnkeep.schemas.participant import FaultPlan
 
 pytestmark = pytest.mark.integration
 

@@ -6,15 +6,15 @@ from __future__ import annotations
 import asyncio
 import random
 
-from bench.filled_controller import finished_row
-from controller.pumps.group_reruns import GroupReruns
-from controller.rollout_levels import RolloutLevelPlan
-from controller.state.data_plane import DataPlane
-from controller.state.group_ledger import GroupLedger
-from controller.state.run_stats import RunStats
-from primitives.audit_log import AUDIT_FILE, AuditLog, read_audit
-from schemas.audit import GroupDropped
-from schemas.rollout import Problem
+from turnkeep.bench.filled_controller import finished_row
+from turnkeep.controller.pumps.group_reruns import GroupReruns
+from turnkeep.controller.rollout_levels import RolloutLevelPlan
+from turnkeep.controller.state.data_plane import DataPlane
+from turnkeep.controller.state.group_ledger import GroupLedger
+from turnkeep.controller.state.run_stats import RunStats
+from turnkeep.primitives.audit_log import AUDIT_FILE, AuditLog, read_audit
+from turnkeep.schemas.audit import GroupDropped
+from turnkeep.schemas.rollout import Problem
 
 GROUP = "g0000000"
 

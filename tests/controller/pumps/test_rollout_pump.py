@@ -6,19 +6,19 @@ import asyncio
 
 import pytest
 
-from controller.pumps.env_client import EnvServerError
-from controller.pumps.rollout_pump import RolloutPump
-from controller.rollout_levels import RolloutLevelPlan
-from controller.state.data_plane import DataPlane
-from controller.state.dataloader import PromptDataloader
-from controller.state.group_ledger import GroupLedger
-from controller.state.run_stats import RunStats
-from envs.calc_task import CalcProblems
-from primitives.deadlines import DeadlineRegistry
-from primitives.holds import HoldSet
-from schemas.config import RolloutConfig, TaskConfig
-from schemas.environments import FINEST_LEVEL, coarser
-from schemas.rollout import RolloutOutcome, RolloutRequest, RolloutResult, RolloutRow, Segment
+from turnkeep.controller.pumps.env_client import EnvServerError
+from turnkeep.controller.pumps.rollout_pump import RolloutPump
+from turnkeep.controller.rollout_levels import RolloutLevelPlan
+from turnkeep.controller.state.data_plane import DataPlane
+from turnkeep.controller.state.dataloader import PromptDataloader
+from turnkeep.controller.state.group_ledger import GroupLedger
+from turnkeep.controller.state.run_stats import RunStats
+from turnkeep.envs.calc_task import CalcProblems
+from turnkeep.primitives.deadlines import DeadlineRegistry
+from turnkeep.primitives.holds import HoldSet
+from turnkeep.schemas.config import RolloutConfig, TaskConfig
+from turnkeep.schemas.environments import FINEST_LEVEL, coarser
+from turnkeep.schemas.rollout import RolloutOutcome, RolloutRequest, RolloutResult, RolloutRow, Segment
 
 
 class ScriptedEnv:
@@ -226,8 +226,8 @@ def test_a_group_scored_group_that_keeps_failing_is_dropped_after_max_attempts_r
 
 def restore_one_group(plan: RolloutLevelPlan):
     """A restored group of 3: sibling 0 sealed, sibling 1 saved at turn 2 (a continuation), sibling 2 running."""
-    from controller.pumps.rollout_pump import Continuation
-    from schemas.rollout import Problem
+    from turnkeep.controller.pumps.rollout_pump import Continuation
+    from turnkeep.schemas.rollout import Problem
 
     async def scenario():
         admission = HoldSet("admission")

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from controller.errors import RunStopped
-from controller.journal.state_journal import NO_JOURNAL
-from controller.runtime import Controller
+from turnkeep.controller.errors import RunStopped
+from turnkeep.controller.journal.state_journal import NO_JOURNAL
+from turnkeep.controller.runtime import Controller
 
 
 class FailingRollouts:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from controller.pumps.train_pump import TrainPump
-from primitives.holds import HoldSet
-from schemas.config import TrainConfig
-from schemas.names import REPLAY_HOLDER
+from turnkeep.controller.pumps.train_pump import TrainPump
+from turnkeep.primitives.holds import HoldSet
+from turnkeep.schemas.config import TrainConfig
+from turnkeep.schemas.names import REPLAY_HOLDER
 
 
 def _pump(written: list, announced: list) -> TrainPump:
@@ -79,9 +79,9 @@ class _Records:
 
 def _replaying_pump(batches: list[list[str]], open_groups: list[str],
                     max_staleness: int = 2, prompts_per_step: int = 1) -> tuple[TrainPump, _Records]:
-    from controller.state.data_plane import DataPlane
-    from controller.state.group_ledger import GroupLedger
-    from schemas.rollout import Problem
+    from turnkeep.controller.state.data_plane import DataPlane
+    from turnkeep.controller.state.group_ledger import GroupLedger
+    from turnkeep.schemas.rollout import Problem
 
     ledger, data_plane, records = GroupLedger(), DataPlane(), _Records()
     data_plane.journal = records
@@ -167,12 +167,12 @@ def test_a_replay_within_max_staleness_never_closes_admission_and_one_that_ends_
 def test_a_step_takes_the_groups_nearest_to_going_stale_first():
     """Chaos30: after a replay, a group continued with policy 105 waited behind groups of policy 106-107 admitted
     before it, and was discarded as stale one step later."""
-    from controller.state.claim_ledger import ClaimLedger
-    from controller.state.data_plane import DataPlane
-    from controller.state.group_ledger import GroupLedger
-    from controller.state.run_stats import RunStats
-    from schemas.rollout import Problem
     from tests.controller.state.test_data_plane import make_row
+    from turnkeep.controller.state.claim_ledger import ClaimLedger
+    from turnkeep.controller.state.data_plane import DataPlane
+    from turnkeep.controller.state.group_ledger import GroupLedger
+    from turnkeep.controller.state.run_stats import RunStats
+    from turnkeep.schemas.rollout import Problem
 
     ledger, data_plane = GroupLedger(min_sealed=1), DataPlane()
     data_plane.journal = _Records()
@@ -194,13 +194,13 @@ def test_a_step_takes_the_groups_nearest_to_going_stale_first():
 def test_a_discard_is_in_the_audit_log_on_disk_before_the_journal_records_it(tmp_path):
     """Chaos (token level): a kill between the two left a restore that kept a journaled discard whose audit line
     was still buffered, and the checker took the discarded group for a lost one."""
-    from controller.state.claim_ledger import ClaimLedger
-    from controller.state.data_plane import DataPlane
-    from controller.state.group_ledger import GroupLedger
-    from controller.state.run_stats import RunStats
-    from primitives.audit_log import AUDIT_FILE, AuditLog
-    from schemas.rollout import Problem
     from tests.controller.state.test_data_plane import make_row
+    from turnkeep.controller.state.claim_ledger import ClaimLedger
+    from turnkeep.controller.state.data_plane import DataPlane
+    from turnkeep.controller.state.group_ledger import GroupLedger
+    from turnkeep.controller.state.run_stats import RunStats
+    from turnkeep.primitives.audit_log import AUDIT_FILE, AuditLog
+    from turnkeep.schemas.rollout import Problem
 
     audit = AuditLog(tmp_path / AUDIT_FILE, 1, flush_interval_s=3600)
 

@@ -6,18 +6,18 @@ from __future__ import annotations
 import asyncio
 from types import MethodType, SimpleNamespace
 
-from controller.engines.engine_pool import Engine, EnginePool
-from controller.pumps.rollout_pump import Continuation
-from controller.restore.crash_restore import CrashRestore
-from controller.runtime import Controller
-from controller.state.data_plane import DataPlane
-from controller.state.group_ledger import GroupLedger
-from primitives.audit_log import AUDIT_FILE, AuditLog, read_audit
-from primitives.holds import HoldSet
-from schemas.audit import Restored
-from schemas.participant import HeldBoundary, RestoreReply
-from schemas.recovery import RecoverySource, SourceKind
-from schemas.rollout import Problem
+from turnkeep.controller.engines.engine_pool import Engine, EnginePool
+from turnkeep.controller.pumps.rollout_pump import Continuation
+from turnkeep.controller.restore.crash_restore import CrashRestore
+from turnkeep.controller.runtime import Controller
+from turnkeep.controller.state.data_plane import DataPlane
+from turnkeep.controller.state.group_ledger import GroupLedger
+from turnkeep.primitives.audit_log import AUDIT_FILE, AuditLog, read_audit
+from turnkeep.primitives.holds import HoldSet
+from turnkeep.schemas.audit import Restored
+from turnkeep.schemas.participant import HeldBoundary, RestoreReply
+from turnkeep.schemas.recovery import RecoverySource, SourceKind
+from turnkeep.schemas.rollout import Problem
 
 
 class _Gate:
@@ -76,8 +76,8 @@ def test_the_restored_event_names_the_saved_agents_rerun_from_scratch(tmp_path):
 
 
 def test_a_fresh_restart_keeps_the_first_journal_only_when_nothing_was_refused(tmp_path):
-    from controller.journal.state_journal import START_FILE, incarnation_dir
-    from schemas.recovery import SkippedCandidate
+    from turnkeep.controller.journal.state_journal import START_FILE, incarnation_dir
+    from turnkeep.schemas.recovery import SkippedCandidate
 
     def first(keep=True, incarnation=4, skipped=()):
         cfg = SimpleNamespace(run=SimpleNamespace(run_dir=tmp_path),

@@ -9,17 +9,18 @@ from pathlib import Path
 import orjson
 import pytest
 
-from controller.config_file import load_config
-from controller.fingerprint import fingerprint_fields
-from controller.restore.restore_source import choose_source, newest_published_problem
-from controller.restore.unusable import UnusableRunDir
-from controller.restore.verify import verify_snapshot, verify_trainer_checkpoint
-from controller.stores import snapshot_store
-from controller.stores.trainer_checkpoint import CheckpointIdentity, fingerprint_of, write_checkpoint_manifest
-from primitives.atomic_files import atomic_write_json
-from schemas.recovery import SourceKind
-from schemas.snapshot import SnapshotManifest
 from tests.controller.journal.journal_harness import JournaledState
+from turnkeep.config.loader import load_config
+from turnkeep.controller.fingerprint import fingerprint_fields
+from turnkeep.controller.restore.restore_source import choose_source, newest_published_problem
+from turnkeep.controller.restore.unusable import UnusableRunDir
+from turnkeep.controller.restore.verify import verify_snapshot, verify_trainer_checkpoint
+from turnkeep.controller.stores import snapshot_store
+from turnkeep.controller.stores.trainer_checkpoint import CheckpointIdentity, fingerprint_of, write_checkpoint_manifest
+from turnkeep.primitives import snapshot_paths
+from turnkeep.primitives.atomic_files import atomic_write_json
+from turnkeep.schemas.recovery import SourceKind
+from turnkeep.schemas.snapshot import SnapshotManifest
 
 REPO = Path(__file__).resolve().parents[3]
 RUN_ID = "run-a"
@@ -71,7 +72,7 @@ def make_snapshot(ckpt: Path, number: int, *, policy_version: int | None = None,
         created_unix_s=1.0, artifacts=[snapshot_store.artifact_for(snap, snap / rel) for rel in sorted(files)],
         counts={"parked_agents": 2},
     )
-    (snap / snapshot_store.MANIFEST).write_bytes(manifest.model_dump_json().encode())
+    (snap / snapshot_paths.MANIFEST).write_bytes(manifest.model_dump_json().encode())
     return snap
 
 

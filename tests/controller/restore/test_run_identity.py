@@ -7,11 +7,11 @@ import os
 import orjson
 import pytest
 
-from controller.fingerprint import fingerprint_fields
-from controller.restore.run_identity import RunDirError, open_run_dir
-from controller.restore.unusable import UnusableRunDir
-from controller.stores.trainer_checkpoint import CheckpointIdentity, write_checkpoint_manifest
-from schemas.config import TurnkeepConfig
+from turnkeep.controller.fingerprint import fingerprint_fields
+from turnkeep.controller.restore.run_identity import RunDirError, open_run_dir
+from turnkeep.controller.restore.unusable import UnusableRunDir
+from turnkeep.controller.stores.trainer_checkpoint import CheckpointIdentity, write_checkpoint_manifest
+from turnkeep.schemas.config import TurnkeepConfig
 
 
 def config(run_dir, **task) -> TurnkeepConfig:

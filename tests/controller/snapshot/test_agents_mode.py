@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from controller.snapshot.agents_mode import AgentsModeError, resolve_agents_mode
-from envs.env_participant import env_capabilities
-from schemas.config import TurnkeepConfig
+from turnkeep.controller.snapshot.agents_mode import AgentsModeError, resolve_agents_mode
+from turnkeep.envs.env_participant import env_capabilities
+from turnkeep.schemas.config import TurnkeepConfig
 
 
 def servers(**journals: bool):

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from controller.pumps.train_pump import TrainPump
-from controller.snapshot.coordinator import SnapshotCoordinator
-from controller.state.data_plane import DataPlane
-from controller.state.run_stats import RunStats
-from primitives.holds import HoldSet
+from turnkeep.controller.pumps.train_pump import TrainPump
+from turnkeep.controller.snapshot.coordinator import SnapshotCoordinator
+from turnkeep.controller.state.data_plane import DataPlane
+from turnkeep.controller.state.run_stats import RunStats
+from turnkeep.primitives.holds import HoldSet
 
 
 class Health:

@@ -8,13 +8,13 @@ import random
 import orjson
 import pytest
 
-from bench.filled_controller import STEP, FilledController
-from controller.errors import InvariantBroken, TrainerMoved
-from controller.journal.replay import resolve_state
-from controller.snapshot.cut import STATE_FILE, cut_data_plane
-from primitives.audit_log import AUDIT_FILE, AuditLog, read_audit
-from schemas.attempt_steps import TrainerHoldResult
-from schemas.audit import CutTaken, ids_digest, row_key
+from turnkeep.bench.filled_controller import STEP, FilledController
+from turnkeep.controller.journal.replay import resolve_state
+from turnkeep.controller.snapshot.cut import STATE_FILE, cut_data_plane
+from turnkeep.primitives.audit_log import AUDIT_FILE, AuditLog, read_audit
+from turnkeep.primitives.snapshot_errors import InvariantBroken, TrainerMoved
+from turnkeep.schemas.attempt_steps import TrainerHoldResult
+from turnkeep.schemas.audit import CutTaken, ids_digest, row_key
 
 
 def _controller(run_dir) -> FilledController:

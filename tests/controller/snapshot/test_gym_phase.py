@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from controller.snapshot.gym_phase import commit_participants, prepare_participants, release_participants
-from participants.client import ParticipantClient
-from participants.core import ParticipantCore, Quiescence
-from participants.errors import ParticipantNotReady, ParticipantRefused
-from participants.http_server import ControlAuth, add_participant_routes
-from schemas.participant import Capabilities, FaultPlan, ParticipantStatus
 from tests.participants.test_client import TOKEN, Hooks, serve
+from turnkeep.controller.snapshot.gym_phase import commit_participants, prepare_participants, release_participants
+from turnkeep.participants.client import ParticipantClient
+from turnkeep.participants.core import ParticipantCore, Quiescence
+from turnkeep.participants.errors import ParticipantNotReady, ParticipantRefused
+from turnkeep.participants.http_server import ControlAuth, add_participant_routes
+from turnkeep.schemas.participant import Capabilities, FaultPlan, ParticipantStatus
 
 
 def _app(name: str) -> tuple[web.Application, ParticipantCore]:
@@ -110,8 +110,8 @@ def test_an_inline_commit_carries_the_files_and_checks_their_digests(tmp_path) -
 
 
 def test_inline_files_that_do_not_match_their_manifest_are_refused(tmp_path: Path) -> None:
-    from participants.inline_files import InlineFilesError, write_artifacts
-    from schemas.participant import Artifact
+    from turnkeep.participants.inline_files import InlineFilesError, write_artifacts
+    from turnkeep.schemas.participant import Artifact
 
     good = Artifact(path="far/a.bin", sha256="0" * 64, bytes=1)
     with pytest.raises(InlineFilesError, match="does not match its sha256"):

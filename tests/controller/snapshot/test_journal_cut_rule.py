@@ -24,16 +24,16 @@ import random
 
 import orjson
 
-from bench.filled_controller import STEP, FilledController
-from controller.journal.replay import resolve_state, resolve_state_past_cut
-from controller.snapshot.cut import STATE_FILE, cut_data_plane
-from controller.state.data_plane import DataPlane
-from controller.state.group_ledger import GroupLedger
-from controller.state.sealing import seal_stored_rows
-from envs.turn_journal import TurnJournal, newest_boundaries
-from envs.turn_records import TurnRecords
-from schemas.participant import JournalMark, RunningAgent
-from schemas.rollout import Problem, RolloutRequest, RolloutRow, Segment, TurnBoundary
+from turnkeep.bench.filled_controller import STEP, FilledController
+from turnkeep.controller.journal.replay import resolve_state, resolve_state_past_cut
+from turnkeep.controller.snapshot.cut import STATE_FILE, cut_data_plane
+from turnkeep.controller.state.data_plane import DataPlane
+from turnkeep.controller.state.group_ledger import GroupLedger
+from turnkeep.controller.state.sealing import seal_stored_rows
+from turnkeep.envs.turn_journal import TurnJournal, newest_boundaries
+from turnkeep.envs.turn_records import TurnRecords
+from turnkeep.schemas.participant import JournalMark, RunningAgent
+from turnkeep.schemas.rollout import Problem, RolloutRequest, RolloutRow, Segment, TurnBoundary
 
 GROUP_SIZE = 4
 LOG_ID = "env/env"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from controller.config_file import parse_config
-from controller.snapshot.periodic_attempts import PARKED_INTERVAL_S, periodic_interval_s
+from turnkeep.config.loader import parse_config
+from turnkeep.controller.snapshot.periodic_attempts import PARKED_INTERVAL_S, periodic_interval_s
 
 
 def test_unset_journaled_agents_snapshot_at_checkpoints_only_and_parked_ones_every_20_s():

@@ -1,5 +1,5 @@
-from controller.state.data_plane import DataPlane
-from schemas.rollout import RolloutRow, Segment
+from turnkeep.controller.state.data_plane import DataPlane
+from turnkeep.schemas.rollout import RolloutRow, Segment
 
 
 def make_row(group_id: str, sibling: int, reward: float = 1.0, version: int = 0) -> RolloutRow:

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from controller.state.dataloader import PromptDataloader
-from controller.state.prompt_files import PromptFile
-from envs.calc_task import CalcProblems, sample_problem
-from schemas.config import EnvironmentSpec, TaskConfig
+from turnkeep.controller.state.dataloader import PromptDataloader
+from turnkeep.controller.state.prompt_files import PromptFile
+from turnkeep.envs.calc_task import CalcProblems, sample_problem
+from turnkeep.schemas.config import EnvironmentSpec, TaskConfig
 
 ENVS = {"calc": EnvironmentSpec(weight=3), "judge": EnvironmentSpec(kind="judge", weight=1)}
 

@@ -3,10 +3,10 @@ import random
 
 import pytest
 
-from controller.state.claim_ledger import ClaimLedger
-from controller.state.group_ledger import GroupLedger, SiblingEntry, SiblingState
-from schemas.audit import ids_digest
-from schemas.rollout import Problem
+from turnkeep.controller.state.claim_ledger import ClaimLedger
+from turnkeep.controller.state.group_ledger import GroupLedger, SiblingEntry, SiblingState
+from turnkeep.schemas.audit import ids_digest
+from turnkeep.schemas.rollout import Problem
 
 PROBLEM = Problem(question="Q 1+2+3", answer=6)
 
@@ -144,9 +144,9 @@ def test_a_whole_group_rerun_or_drop_continues_no_attempt_cut_short():
 def test_groups_go_to_environments_by_weight_and_the_same_index_always_gets_the_same_one():
     from collections import Counter
 
-    from controller.state.dataloader import PromptDataloader
-    from envs.calc_task import CalcProblems
-    from schemas.config import EnvironmentSpec, TaskConfig
+    from turnkeep.controller.state.dataloader import PromptDataloader
+    from turnkeep.envs.calc_task import CalcProblems
+    from turnkeep.schemas.config import EnvironmentSpec, TaskConfig
 
     envs = {"calc": EnvironmentSpec(weight=3), "judge": EnvironmentSpec(kind="judge", weight=1)}
     first = PromptDataloader(CalcProblems(TaskConfig(), 5), seed=5, environments=envs)
@@ -162,10 +162,10 @@ def test_groups_go_to_environments_by_weight_and_the_same_index_always_gets_the_
 
 
 def test_a_whole_group_rerun_abandons_running_attempts_and_a_cut_skips_their_saved_agents():
-    from controller.state.continuations import check_continuations
-    from controller.state.data_plane import DataPlane
-    from schemas.participant import SavedAgent
-    from schemas.rollout import Problem, RolloutRequest, TurnBoundary
+    from turnkeep.controller.state.continuations import check_continuations
+    from turnkeep.controller.state.data_plane import DataPlane
+    from turnkeep.schemas.participant import SavedAgent
+    from turnkeep.schemas.rollout import Problem, RolloutRequest, TurnBoundary
 
     ledger, plane = GroupLedger(), DataPlane()
     problem = Problem(question="Q 1+2", answer=3)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from controller.state.pending_acks import PendingAcks
+from turnkeep.controller.state.pending_acks import PendingAcks
 
 
 def test_drained_waits_until_the_last_ack_is_answered():

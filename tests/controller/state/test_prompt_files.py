@@ -5,16 +5,16 @@ import pyarrow
 import pyarrow.parquet
 import pytest
 
-from controller.config_file import ConfigError, load_config
-from controller.state.prompt_files import (
+from turnkeep.config.loader import ConfigError, load_config
+from turnkeep.controller.state.prompt_files import (
     PromptFileError,
     PromptRecord,
     check_prompt_file,
     load_prompt_file,
     records_digest,
 )
-from envs.calc_task import expected_calls, parse_question
-from schemas.config import TurnkeepConfig
+from turnkeep.envs.calc_task import expected_calls, parse_question
+from turnkeep.schemas.config import TurnkeepConfig
 
 REPO = Path(__file__).resolve().parents[3]
 ENVS = ("calc", "judge")
@@ -183,13 +183,13 @@ def test_the_example_config_loads_and_its_prompts_are_calc_questions_with_right_
 
 
 def _as_problem(record: PromptRecord):
-    from schemas.rollout import Problem
+    from turnkeep.schemas.rollout import Problem
 
     return Problem(question=record.prompt, answer=record.answer)
 
 
 def _result_of(calls) -> int:
-    from envs.calc_task import apply_op
+    from turnkeep.envs.calc_task import apply_op
 
     last = calls[-1]
     return apply_op(last.a, last.op, last.b)

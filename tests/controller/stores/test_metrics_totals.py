@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import orjson
 
-from controller.pumps.train_pump import StepReport
-from controller.state.run_stats import RunStats
-from controller.stores.metrics import MetricsSink
-from controller.stores.metrics_totals import add_totals, totals_at
+from turnkeep.controller.pumps.train_pump import StepReport
+from turnkeep.controller.state.run_stats import RunStats
+from turnkeep.controller.stores.metrics import MetricsSink
+from turnkeep.controller.stores.metrics_totals import add_totals, totals_at
 
 
 def _line(step: int, rows: int, retries: int, dropped: dict, by_env: dict) -> dict:

@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 from tensorboardX.proto.event_pb2 import Event
 
-from controller.stores.tensorboard_mirror import TENSORBOARD_DIR, TensorBoardMirror
+from turnkeep.controller.stores.tensorboard_mirror import TENSORBOARD_DIR, TensorBoardMirror
 
 
 def _events(run_dir: Path) -> list[Event]:

@@ -11,11 +11,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from controller.config_file import load_config
-from controller.fingerprint import config_fingerprint, fingerprint_fields
-from controller.restore.verify import verify_trainer_checkpoint
-from controller.stores import trainer_checkpoint
-from controller.stores.trainer_checkpoint import (
+from turnkeep.config.loader import load_config
+from turnkeep.controller.fingerprint import config_fingerprint, fingerprint_fields
+from turnkeep.controller.restore.verify import verify_trainer_checkpoint
+from turnkeep.controller.stores import trainer_checkpoint
+from turnkeep.controller.stores.trainer_checkpoint import (
     CheckpointDiskFull,
     CheckpointIdentity,
     IncompleteCheckpoint,
@@ -23,8 +23,8 @@ from controller.stores.trainer_checkpoint import (
     published_steps,
     write_trainer_checkpoint,
 )
-from primitives.atomic_files import atomic_write_json
-from schemas.recovery import TrainerCheckpointManifest
+from turnkeep.primitives.atomic_files import atomic_write_json
+from turnkeep.schemas.recovery import TrainerCheckpointManifest
 
 CFG = load_config(Path(__file__).resolve().parents[3] / "configs" / "tiny.toml", {})
 IDENTITY = CheckpointIdentity(run_id="run-a", fingerprint_fields=fingerprint_fields(CFG))

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from controller.restore.verify import verify_trainer_checkpoint
-from controller.stores.trainer_checkpoint import checkpoint_root, fingerprint_of, published_steps
-from primitives.atomic_files import is_staging_name, remove_stale_staging
-from primitives.chaos_points import ENV_POINT, ENV_WAIT, marker_path
 from tests.controller.stores.test_trainer_checkpoint import IDENTITY
+from turnkeep.controller.restore.verify import verify_trainer_checkpoint
+from turnkeep.controller.stores.trainer_checkpoint import checkpoint_root, fingerprint_of, published_steps
+from turnkeep.primitives.atomic_files import is_staging_name, remove_stale_staging
+from turnkeep.primitives.chaos_points import ENV_POINT, ENV_WAIT, marker_path
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -26,7 +26,7 @@ WRITER = textwrap.dedent("""
     import asyncio, sys
     from pathlib import Path
     from tests.controller.stores.test_trainer_checkpoint import IDENTITY, FakeTrainer
-    from controller.stores.trainer_checkpoint import write_trainer_checkpoint
+    from turnkeep.controller.stores.trainer_checkpoint import write_trainer_checkpoint
 
     run_dir, keep = Path(sys.argv[1]), int(sys.argv[2])
     for step in map(int, sys.argv[3:]):

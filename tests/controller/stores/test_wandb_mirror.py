@@ -7,9 +7,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from controller.stores.wandb_mirror import WandbMirror, WandbUnavailable, check_wandb_installed, resolved_mode
-from schemas.config import MetricsConfig
 from tests.controller.stores.wandb_records import history_points
+from turnkeep.controller.stores.wandb_mirror import WandbMirror, WandbUnavailable, check_wandb_installed, resolved_mode
+from turnkeep.schemas.config import MetricsConfig
 
 OFFLINE = MetricsConfig(wandb=True, wandb_mode="offline", wandb_project="tk-test")
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from envs.calc_transcripts import CalcTranscripts
-from gpu_workers.tiny_model import build, recipe
-from gpu_workers.tiny_model.build import ensure_tiny_model
-from gpu_workers.tiny_model.tokenizer import encode, load_tokenizer, newline_id
-from schemas.config import ModelConfig, TaskConfig, TinyModelConfig
+from turnkeep.envs.calc_transcripts import CalcTranscripts
+from turnkeep.gpu_workers.tiny_model import build, recipe
+from turnkeep.gpu_workers.tiny_model.build import ensure_tiny_model
+from turnkeep.gpu_workers.tiny_model.tokenizer import encode, load_tokenizer, newline_id
+from turnkeep.schemas.config import ModelConfig, TaskConfig, TinyModelConfig
 
 TINY = TinyModelConfig(
     hidden_size=64,
@@ -117,7 +117,7 @@ def test_concurrent_callers_build_once(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_the_saved_chat_template_ends_turns_at_the_newline(built: Path) -> None:
-    from envs.codec import TurnCodec
+    from turnkeep.envs.codec import TurnCodec
 
     tok = load_tokenizer(built)
     codec = TurnCodec(built)

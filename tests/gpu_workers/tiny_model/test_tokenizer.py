@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from envs.calc_task import ALPHABET, sample_problem, synthetic_transcript
-from envs.codec import LINE_TEMPLATE
-from gpu_workers.tiny_model.tokenizer import (
+from turnkeep.envs.calc_task import ALPHABET, sample_problem, synthetic_transcript
+from turnkeep.envs.codec import LINE_TEMPLATE
+from turnkeep.gpu_workers.tiny_model.tokenizer import (
     decode,
     encode,
     load_tokenizer,
@@ -17,7 +17,7 @@ from gpu_workers.tiny_model.tokenizer import (
     special_ids,
     train_tokenizer,
 )
-from schemas.config import TaskConfig
+from turnkeep.schemas.config import TaskConfig
 
 
 def _transcripts(n: int, seed: int) -> list[str]:

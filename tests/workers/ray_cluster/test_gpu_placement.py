@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from schemas.config_services import PlacementConfig
-from workers.ray_cluster.gpu_placement import PlacementError, Seat, actor_options, check_gpus, plan_gpus
+from turnkeep.schemas.config_services import PlacementConfig
+from turnkeep.workers.ray_cluster.gpu_placement import PlacementError, Seat, actor_options, check_gpus, plan_gpus
 
 
 def test_separate_gpus_get_a_bundle_each_and_shared_ones_half_of_one():
@@ -38,7 +38,7 @@ def test_a_run_asking_for_more_gpus_than_this_machine_has_stops_in_one_line_befo
     made (it was refused after both had started, leaving run.json, a database and a Ray folder behind)."""
     import torch
 
-    from cli.main import main
+    from turnkeep.cli.main import main
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # a one-GPU machine, wherever the suite runs
     run_dir = tmp_path / "run"

@@ -12,8 +12,8 @@ import time
 
 import psutil
 
-from primitives.pid_files import write_pid_file
-from workers.ray_cluster.keeper import _watch
+from turnkeep.primitives.pid_files import write_pid_file
+from turnkeep.workers.ray_cluster.keeper import _watch
 
 
 def _sleeper() -> subprocess.Popen:
@@ -63,7 +63,7 @@ def test_the_heads_exit_ends_the_watch(tmp_path) -> None:
 def test_the_session_stop_takes_every_process_of_the_session() -> None:
     script = (
         "import os, subprocess, sys\n"
-        "from workers.ray_cluster.keeper import stop_session\n"
+        "from turnkeep.workers.ray_cluster.keeper import stop_session\n"
         "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']) for _ in range(2)]\n"
         "# One ignores SIGTERM, as a stuck engine would: it is SIGKILLed after the grace.\n"
         "kids.append(subprocess.Popen([sys.executable, '-c', 'import signal, time; "

@@ -3,8 +3,8 @@ with what it lacks (the two-node cluster test runs the check against real nodes 
 
 from __future__ import annotations
 
-from schemas.config import TurnkeepConfig
-from workers.ray_cluster.node_checks import installed, modules_needed, problems
+from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.workers.ray_cluster.node_checks import installed, modules_needed, problems
 
 
 def test_every_node_that_lacks_something_is_named_with_it() -> None:
@@ -19,5 +19,5 @@ def test_the_modules_asked_for_include_each_python_environments_own() -> None:
     cfg = TurnkeepConfig.model_validate({"environments": {
         "calc": {"kind": "calc"}, "mine": {"kind": "python", "entry": "my_envs.lookup:Lookup"}}})
     assert modules_needed(cfg)[-1] == "my_envs.lookup" and "vllm" in modules_needed(cfg)
-    here = installed(["envs.env_actor", "no_such_module_here"])
+    here = installed(["turnkeep.envs.env_actor", "no_such_module_here"])
     assert here["missing"] == ["no_such_module_here"] and here["versions"]["ray"]

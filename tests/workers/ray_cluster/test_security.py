@@ -9,8 +9,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from schemas.config import TurnkeepConfig
-from workers.ray_cluster.security import RayTokenError, ensure_ray_token, ray_environment
+from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.workers.ray_cluster.security import RayTokenError, ensure_ray_token, ray_environment
 
 
 def _cfg(tmp_path: Path, **ray) -> TurnkeepConfig:

@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-import workers.ray_cluster.survivors as survivors
-from schemas.config import TurnkeepConfig
-from workers.ray_cluster.survivors import Found, _identities, find_survivors
+import turnkeep.workers.ray_cluster.survivors as survivors
+from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.workers.ray_cluster.survivors import Found, _identities, find_survivors
 
 STAMP = {"run_id": "run-1", "digest": "abc"}
 

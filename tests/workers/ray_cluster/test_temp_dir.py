@@ -10,8 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from controller.config_file import ConfigError
-from workers.ray_cluster.temp_dir import LONGEST_SOCKET_UNDER, UNIX_PATH_MAX, prepare_ray_temp_dir, ray_temp_dir
+from turnkeep.config.loader import ConfigError
+from turnkeep.workers.ray_cluster.temp_dir import (
+    LONGEST_SOCKET_UNDER,
+    UNIX_PATH_MAX,
+    prepare_ray_temp_dir,
+    ray_temp_dir,
+)
 
 
 def _deep(root: Path) -> Path:

@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import pytest
 from temporalio import activity
 
-from primitives.temporal_client import start_worker
-from schemas.choices import AgentsMode
-from schemas.config import TurnkeepConfig
-from workers.temporal import controller_worker as module
-from workers.temporal.controller_worker import _unless_it_fails, start_snapshots
+from turnkeep.primitives.temporal_client import start_worker
+from turnkeep.schemas.choices import AgentsMode
+from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.workers.temporal import controller_worker as module
+from turnkeep.workers.temporal.controller_worker import _unless_it_fails, start_snapshots
 
 
 def test_workers_that_fail_to_start_cancel_the_recovery_and_their_error_is_raised() -> None:

@@ -18,12 +18,12 @@ from pathlib import Path
 import orjson
 import pytest
 
-from cli.main import main
-from primitives.pid_files import live_pid
-from schemas.config_services import TemporalConfig
-from workers.temporal import dev_server as temporal_server
-from workers.temporal.dev_server import restart_dev_server, start_dev_server, stop_dev_server
-from workers.temporal.pidfile import (
+from turnkeep.cli.main import main
+from turnkeep.primitives.pid_files import live_pid
+from turnkeep.schemas.config_services import TemporalConfig
+from turnkeep.workers.temporal import dev_server as temporal_server
+from turnkeep.workers.temporal.dev_server import restart_dev_server, start_dev_server, stop_dev_server
+from turnkeep.workers.temporal.pidfile import (
     ProcessId,
     ServerRecord,
     boot_id,
@@ -32,7 +32,7 @@ from workers.temporal.pidfile import (
     servers_on,
     write_record,
 )
-from workers.temporal.ports import TemporalStartError, free_port
+from turnkeep.workers.temporal.ports import TemporalStartError, free_port
 
 pytestmark = pytest.mark.integration  # real dev servers, a few seconds each
 
@@ -245,7 +245,7 @@ def test_turnkeep_run_names_an_address_it_cannot_listen_on_in_one_line_without_a
 def test_the_database_is_in_wal_mode_and_a_started_workflow_survives_a_sigkill_of_the_server(tmp_path) -> None:
     import sqlite3
 
-    from primitives.temporal_client import connect
+    from turnkeep.primitives.temporal_client import connect
 
     async def start_one(address: str) -> None:
         client = await connect(address, "default")

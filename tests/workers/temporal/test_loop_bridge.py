@@ -11,10 +11,10 @@ import pytest
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from primitives.temporal_client import connect
 from tests.workers.temporal.echo_workflow import ECHO_LOCAL, LocalEchoWorkflow
-from workers.temporal.loop_bridge import BridgedRun, bridged_activities, on_loop
-from workers.temporal.workflow_thread import WorkflowThread
+from turnkeep.primitives.temporal_client import connect
+from turnkeep.workers.temporal.loop_bridge import BridgedRun, bridged_activities, on_loop
+from turnkeep.workers.temporal.workflow_thread import WorkflowThread
 
 
 class Controller:

@@ -7,7 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from workers.temporal.pidfile import ProcessId, is_dev_server_on, read_record, record_path, terminate
+from turnkeep.workers.temporal.pidfile import ProcessId, is_dev_server_on, read_record, record_path, terminate
 
 
 def test_a_reused_pid_is_another_process_and_is_not_signalled() -> None:

@@ -3,8 +3,8 @@ starts. (A whole run on one that restarts mid-run: tests/workers/test_preemption
 
 from __future__ import annotations
 
-from cli.main import main
-from workers.temporal.ports import free_port
+from turnkeep.cli.main import main
+from turnkeep.workers.temporal.ports import free_port
 
 
 def test_an_unreachable_temporal_is_named_in_one_line_and_nothing_is_written(tmp_path, capsys) -> None:

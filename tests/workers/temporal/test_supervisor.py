@@ -21,12 +21,12 @@ from temporalio import workflow
 from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from primitives.pid_files import live_pid
-from schemas.config_services import TemporalConfig
-from workers.temporal.dev_server import TemporalEndpoint, start_dev_server, stop_dev_server
-from workers.temporal.pidfile import ProcessId, servers_on
-from workers.temporal.ports import free_port
-from workers.temporal.supervisor import TemporalSupervisor
+from turnkeep.primitives.pid_files import live_pid
+from turnkeep.schemas.config_services import TemporalConfig
+from turnkeep.workers.temporal.dev_server import TemporalEndpoint, start_dev_server, stop_dev_server
+from turnkeep.workers.temporal.pidfile import ProcessId, servers_on
+from turnkeep.workers.temporal.ports import free_port
+from turnkeep.workers.temporal.supervisor import TemporalSupervisor
 
 pytestmark = pytest.mark.integration  # real dev servers, a few seconds each
 
@@ -166,8 +166,8 @@ def test_the_servers_own_stop_is_not_taken_for_a_death(tmp_path) -> None:
 def test_the_run_starts_its_server_supervised_and_stops_both_in_order(tmp_path) -> None:
     from contextlib import AsyncExitStack
 
-    from schemas.config import TurnkeepConfig
-    from workers.run_session import KeptForRebuild, _start_temporal
+    from turnkeep.schemas.config import TurnkeepConfig
+    from turnkeep.workers.run_session import KeptForRebuild, _start_temporal
 
     cfg = TurnkeepConfig.model_validate({"run": {"run_dir": str(tmp_path)}, "temporal": {"port": 0, "ui_port": 0}})
 

@@ -10,9 +10,9 @@ import uuid
 
 import pytest
 
-from primitives.temporal_client import connect
 from tests.workers.temporal.echo_workflow import EchoWorkflow
-from workers.temporal.workflow_thread import WorkflowThread, WorkflowThreadError
+from turnkeep.primitives.temporal_client import connect
+from turnkeep.workers.temporal.workflow_thread import WorkflowThread, WorkflowThreadError
 
 pytestmark = pytest.mark.integration
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from controller.config_file import ConfigError
-from controller.temporal_environment import temporal_from_environment
-from primitives.temporal_client import TemporalSecurityError, _api_key
 from tests.conftest import small_config
-from workers.temporal.service import check_temporal_service
+from turnkeep.config.loader import ConfigError
+from turnkeep.config.temporal_environment import temporal_from_environment
+from turnkeep.primitives.temporal_client import TemporalSecurityError, _api_key
+from turnkeep.workers.temporal.service import check_temporal_service
 
 
 def _config(tmp_path: Path, **temporal):

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from controller.config_file import ConfigError
-from schemas.config import TurnkeepConfig
+from turnkeep.config.loader import ConfigError
+from turnkeep.schemas.config import TurnkeepConfig
 
 TLS_PATH_VARIABLES = {"server_root_ca_cert": "TEMPORAL_TLS_SERVER_CA_CERT_PATH",
                       "client_cert": "TEMPORAL_TLS_CLIENT_CERT_PATH",

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Union, get_args, get_origin
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from schemas.config import TurnkeepConfig
+from turnkeep.schemas.config import TurnkeepConfig
 
 
 class ConfigError(ValueError):

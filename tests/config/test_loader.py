@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.config_file import ConfigError, check_key_path, load_config, parse_config, parse_overrides
+from turnkeep.config.loader import ConfigError, check_key_path, load_config, parse_config, parse_overrides
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -67,7 +67,7 @@ def test_missing_file_and_bad_toml_are_clear(tmp_path):
 
 
 def test_a_startup_fault_plan_needs_fault_injection(tmp_path) -> None:
-    from schemas.config import TurnkeepConfig
+    from turnkeep.schemas.config import TurnkeepConfig
 
     plan = {"delay_s": {"prepare": 3.0}}
     cfg = TurnkeepConfig.model_validate({"env": {"fault_injection": True, "startup_faults": plan}})
@@ -82,7 +82,7 @@ def test_the_run_command_refuses_an_override_of_an_unknown_environment_before_st
 
     run_dir = tmp_path / "run"
     done = subprocess.run(
-        [sys.executable, "-m", "cli.main", "run", "--run-dir", str(run_dir),
+        [sys.executable, "-m", "turnkeep", "run", "--run-dir", str(run_dir),
          "--set", 'rollout_recovery.overrides={"jduge": "sibling"}'],
         capture_output=True, text=True, timeout=60,
     )
@@ -173,7 +173,7 @@ def test_a_set_below_a_value_the_file_gives_is_one_line(tmp_path):
 def test_the_run_command_refuses_a_set_through_a_value_in_one_line_before_starting_anything(tmp_path) -> None:
     run_dir = tmp_path / "run"
     done = subprocess.run(
-        [sys.executable, "-m", "cli.main", "run", "--run-dir", str(run_dir), "--set", "train.lr.x=1"],
+        [sys.executable, "-m", "turnkeep", "run", "--run-dir", str(run_dir), "--set", "train.lr.x=1"],
         capture_output=True, text=True, timeout=60, cwd=REPO,
     )
     assert done.returncode == 2, done.stderr
@@ -191,7 +191,7 @@ def test_the_run_command_refuses_a_set_through_a_value_in_one_line_before_starti
     ("environments={}", "  environments: at least one environment is needed"),
 ])
 def test_bad_set_flags_stop_the_cli_with_exit_code_2(flag, named, tmp_path, capsys) -> None:
-    from cli.main import main
+    from turnkeep.cli.main import main
 
     run_dir = tmp_path / "run"
     assert main(["run", "--run-dir", str(run_dir), "--set", flag]) == 2
