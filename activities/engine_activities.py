@@ -12,6 +12,7 @@ from temporalio import activity
 
 from turnkeep.activities.errors import check_incarnation, expected_failure
 from turnkeep.activities.heartbeat import heartbeating
+from turnkeep.controller.engines.engine_keeper import EngineKeeper
 from turnkeep.controller.engines.engine_scaling import scale_to
 from turnkeep.controller.engines.scaled_count import save_scaled
 from turnkeep.controller.snapshot.coordinator import SnapshotCoordinator
@@ -23,16 +24,19 @@ DRAIN_S = 30.0
 
 
 class EngineActivities:
-    def __init__(self, snapshots: SnapshotCoordinator) -> None:
+    def __init__(self, snapshots: SnapshotCoordinator, keeper: EngineKeeper | None = None) -> None:
+        """`keeper`: the run's engine keeper, which starts and retires engines (None: this controller keeps none,
+        and scaling is refused)."""
         self._snapshots = snapshots
+        self._keeper = keeper
 
     @activity.defn(name=ENGINES_SCALE)
     async def scale(self, inp: ScaleEnginesInput) -> ScaleEnginesResult:
         snapshots = self._snapshots
         check_incarnation(inp.incarnation, snapshots.incarnation)
         controller = snapshots.controller
-        keeper = getattr(controller, "engine_keeper", None)
-        if keeper is None:
+        keeper = self._keeper
+        if keeper is None or not keeper.started:
             raise expected_failure("this controller does not keep its engines (it is starting or stopping); ask "
                                    "again in a moment", ErrorType.PARTICIPANT_REFUSED)
         began = time.monotonic()

@@ -93,67 +93,87 @@ def local_activity(event: HistoryEvent) -> tuple[str, float] | None:
 
 
 def history_times(events: Iterable[HistoryEvent]) -> HistoryTimes:
-    started_at = closed_at = None
-    close = ""
-    scheduled: dict[int, HistoryEvent] = {}
-    activity_started: dict[int, HistoryEvent] = {}
-    spans = []  # (scheduled event, started event or None, close event)
-    task_scheduled: dict[int, float] = {}
-    task_started: dict[int, float] = {}
-    task_s = task_wait_s = 0.0
-    tasks = 0
-    local: list[tuple[str, float]] = []
+    seen = _HistoryEvents()
     for event in events:
-        kind = event.event_type
-        if kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
-            started_at = seconds(event)
-        elif kind in CLOSES:
-            closed_at, close = seconds(event), CLOSES[kind]
-        elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            scheduled[event.event_id] = event
-        elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
-            activity_started[event.activity_task_started_event_attributes.scheduled_event_id] = event
-        elif kind in ACTIVITY_CLOSES:
-            scheduled_id = getattr(event, ACTIVITY_CLOSES[kind]).scheduled_event_id
-            spans.append((scheduled[scheduled_id], activity_started.get(scheduled_id), event))
-        elif kind == EventType.EVENT_TYPE_MARKER_RECORDED and (ran := local_activity(event)) is not None:
-            local.append(ran)
-        elif kind == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
-            task_scheduled[event.event_id] = seconds(event)
-        elif kind == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
-            task_started[event.workflow_task_started_event_attributes.scheduled_event_id] = seconds(event)
-        elif kind in WORKFLOW_TASK_CLOSES:
-            scheduled_id = getattr(event, WORKFLOW_TASK_CLOSES[kind]).scheduled_event_id
-            if scheduled_id in task_scheduled:  # a transient task's Scheduled event may be absent
-                began = task_scheduled[scheduled_id]
-                tasks += 1
-                task_s += seconds(event) - began
-                task_wait_s += task_started.get(scheduled_id, began) - began
-    if started_at is None or closed_at is None:
+        seen.add(event)
+    if seen.started_at is None or seen.closed_at is None:
         raise ValueError("the history has no start or no close event: is the execution still running?")
 
-    local_s = sum(seconds_inside for _, seconds_inside in local)
-    times = HistoryTimes(close=close, wall_s=closed_at - started_at, workflow_task_s=task_s - local_s,
-                         workflow_task_wait_s=task_wait_s, workflow_tasks=tasks,
-                         activities=len(scheduled) + len(local), local_activities=len(local), inside_s=local_s,
-                         local_marker_s=local_s)
-    for name, inside in local:
+    local_s = sum(seconds_inside for _, seconds_inside in seen.local)
+    times = HistoryTimes(close=seen.close, wall_s=seen.closed_at - seen.started_at,
+                         workflow_task_s=seen.task_s - local_s, workflow_task_wait_s=seen.task_wait_s,
+                         workflow_tasks=seen.tasks, activities=len(seen.scheduled) + len(seen.local),
+                         local_activities=len(seen.local), inside_s=local_s, local_marker_s=local_s)
+    for name, inside in seen.local:
         times.activity_s[name] = times.activity_s.get(name, 0.0) + inside
-    for sched, start, end in spans:
-        if start is None:
-            # Closed before any worker took it (cancelled, schedule-to-start timeout): all waiting.
-            times.queue_s += seconds(end) - seconds(sched)
-            continue
-        inside = seconds(end) - seconds(start)
-        name = sched.activity_task_scheduled_event_attributes.activity_type.name
-        times.inside_s += inside
-        times.activity_s[name] = times.activity_s.get(name, 0.0) + inside
-        if start.activity_task_started_event_attributes.attempt > 1:
-            times.retried_activities += 1
-            times.retry_s += seconds(start) - seconds(sched)
-        else:
-            times.queue_s += seconds(start) - seconds(sched)
+    for sched, start, end in seen.spans:
+        _add_activity(times, sched, start, end)
     return times
+
+
+@dataclass
+class _HistoryEvents:
+    """What `history_times` needs of a history's events, gathered in one pass."""
+
+    started_at: float | None = None
+    closed_at: float | None = None
+    close: str = ""
+    scheduled: dict[int, HistoryEvent] = field(default_factory=dict)
+    activity_started: dict[int, HistoryEvent] = field(default_factory=dict)
+    spans: list[tuple[HistoryEvent, HistoryEvent | None, HistoryEvent]] = field(default_factory=list)
+    """(scheduled event, started event or None, close event) of every closed activity."""
+    task_scheduled: dict[int, float] = field(default_factory=dict)
+    task_started: dict[int, float] = field(default_factory=dict)
+    task_s: float = 0.0
+    task_wait_s: float = 0.0
+    tasks: int = 0
+    local: list[tuple[str, float]] = field(default_factory=list)
+
+    def add(self, event: HistoryEvent) -> None:
+        kind = event.event_type
+        if kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+            self.started_at = seconds(event)
+        elif kind in CLOSES:
+            self.closed_at, self.close = seconds(event), CLOSES[kind]
+        elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            self.scheduled[event.event_id] = event
+        elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            self.activity_started[event.activity_task_started_event_attributes.scheduled_event_id] = event
+        elif kind in ACTIVITY_CLOSES:
+            scheduled_id = getattr(event, ACTIVITY_CLOSES[kind]).scheduled_event_id
+            self.spans.append((self.scheduled[scheduled_id], self.activity_started.get(scheduled_id), event))
+        elif kind == EventType.EVENT_TYPE_MARKER_RECORDED and (ran := local_activity(event)) is not None:
+            self.local.append(ran)
+        elif kind == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
+            self.task_scheduled[event.event_id] = seconds(event)
+        elif kind == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+            self.task_started[event.workflow_task_started_event_attributes.scheduled_event_id] = seconds(event)
+        elif kind in WORKFLOW_TASK_CLOSES:
+            self._workflow_task_closed(event, getattr(event, WORKFLOW_TASK_CLOSES[kind]).scheduled_event_id)
+
+    def _workflow_task_closed(self, event: HistoryEvent, scheduled_id: int) -> None:
+        if scheduled_id in self.task_scheduled:  # a transient task's Scheduled event may be absent
+            began = self.task_scheduled[scheduled_id]
+            self.tasks += 1
+            self.task_s += seconds(event) - began
+            self.task_wait_s += self.task_started.get(scheduled_id, began) - began
+
+
+def _add_activity(times: HistoryTimes, sched: HistoryEvent, start: HistoryEvent | None, end: HistoryEvent) -> None:
+    """Count one closed activity: its inside time, and its wait as queue or retry time."""
+    if start is None:
+        # Closed before any worker took it (cancelled, schedule-to-start timeout): all waiting.
+        times.queue_s += seconds(end) - seconds(sched)
+        return
+    inside = seconds(end) - seconds(start)
+    name = sched.activity_task_scheduled_event_attributes.activity_type.name
+    times.inside_s += inside
+    times.activity_s[name] = times.activity_s.get(name, 0.0) + inside
+    if start.activity_task_started_event_attributes.attempt > 1:
+        times.retried_activities += 1
+        times.retry_s += seconds(start) - seconds(sched)
+    else:
+        times.queue_s += seconds(start) - seconds(sched)
 
 
 def add_local_clocks(times: HistoryTimes, runs: list[dict]) -> None:

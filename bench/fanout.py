@@ -3,7 +3,7 @@
 Each server is a real participant over real HTTP (its own aiohttp server and port, the
 real participant routes and the environment server's participant over agents parked
 at a turn boundary, as in `bench scaling`); some of them get an injected slow prepare.
-The phase runs through the controller's own code (`controller.snapshot.gym_phase`:
+The phase runs through the controller's own code (`controller.snapshot.env_server_phase`:
 prepare until ready, commit, resume, all servers at once) and is compared with the
 same servers driven one after the other, the sum a sequential coordinator would pay.
 """
@@ -24,7 +24,11 @@ from aiohttp import web
 
 from turnkeep.bench.parked_gym import ParkedGym
 from turnkeep.bench.report import BenchResult, markdown_table
-from turnkeep.controller.snapshot.gym_phase import commit_participants, prepare_participants, release_participants
+from turnkeep.controller.snapshot.env_server_phase import (
+    commit_participants,
+    prepare_participants,
+    release_participants,
+)
 from turnkeep.envs.env_participant import env_capabilities
 from turnkeep.participants.client import ParticipantClient
 from turnkeep.participants.http_server import ControlAuth, add_participant_routes

@@ -21,12 +21,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import statistics
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
+
+import aiohttp
+import psutil
 
 from turnkeep.bench.report import BenchResult, markdown_table
 
@@ -125,7 +129,6 @@ async def _timed_round(clients: ProcessPoolExecutor, client: int, url: str, leve
     """One round's tokens/s and the CPU seconds per 1,000 tokens of each side: the clients (the environment
     server's part, process `client`), the policy server's process (HTTP, vLLM's front end) and vLLM's engine core
     (this process's other children)."""
-    import psutil
 
     front = psutil.Process()
     cores = [c for c in front.children(recursive=True) if c.pid != client]
@@ -152,9 +155,7 @@ def _round_in_process(url: str, level: str, pair: int, limits: dict) -> tuple[in
 
 async def _round(url: str, level: str, pair: int, limits: dict) -> tuple[int, float]:
     """Tokens and wall seconds of one round: every agent's turns at once, through the level's code path."""
-    import random
 
-    import aiohttp
 
     from turnkeep.envs.policy_client import PolicyClient
     from turnkeep.primitives.audit_log import AuditLog

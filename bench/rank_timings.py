@@ -9,6 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import orjson
 import psutil
 
 from turnkeep.schemas.config import TurnkeepConfig
@@ -36,7 +37,7 @@ def _pid_of(actor) -> int:
 def time_group(cfg: TurnkeepConfig, model_dir: Path, ranks: int, steps: int, rows: int, length: int,
                vocab: int) -> dict:
     """Figures of a group of `ranks` ranks (Ray must be up in this process)."""
-    import ray
+    import ray  # after apply_ray_environment (main): Ray reads its authentication settings at import
 
     from turnkeep.gpu_workers.trainer_actor import TrainerActor
 
@@ -82,7 +83,7 @@ def time_ranks(cfg: TurnkeepConfig, run_dir: Path, counts: list[int], steps: int
     from turnkeep.workers.ray_cluster.security import apply_ray_environment
 
     apply_ray_environment(cfg)  # before Ray is imported: it reads its authentication settings then
-    import ray
+    import ray  # only now: see the line above
 
     from turnkeep.workers.model_maker import tiny_model_dir
     from turnkeep.workers.ray_cluster.placement import start_ray
@@ -98,6 +99,4 @@ def time_ranks(cfg: TurnkeepConfig, run_dir: Path, counts: list[int], steps: int
 
 
 def _vocab(model_dir: Path) -> int:
-    import orjson
-
     return int(orjson.loads((model_dir / "config.json").read_bytes())["vocab_size"])

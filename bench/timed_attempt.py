@@ -19,7 +19,7 @@ from turnkeep.bench.filled_controller import STEP, FilledController
 from turnkeep.bench.gc_clock import GcClock
 from turnkeep.bench.parked_gym import ParkedGym
 from turnkeep.controller.snapshot.cut import cut_under_barrier
-from turnkeep.controller.snapshot.gym_phase import commit_participants, prepare_participants
+from turnkeep.controller.snapshot.env_server_phase import commit_participants, prepare_participants
 from turnkeep.controller.snapshot.publish import publish_snapshot
 from turnkeep.controller.state.continuations import read_saved_agents
 from turnkeep.controller.stores import snapshot_store

@@ -16,6 +16,7 @@ import random
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
@@ -32,98 +33,164 @@ from turnkeep.primitives.atomic_files import atomic_write_json
 from turnkeep.primitives.chaos_points import POINTS
 
 
+class _Refused(Exception):
+    """A chaos run that starts no incarnation: the one line that says why, and the exit code."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a chaos run was asked for, checked before anything starts."""
+
+    run_dir: Path
+    config: Path
+    points: list[str]
+    targets: list[str]
+    max_delay_s: float
+
+
 def run_chaos(args) -> int:
     run_dir = Path(args.run_dir).resolve()
     if args.recheck:
         return recheck(run_dir)
+    try:
+        plan = _checked_plan(args, run_dir)
+        seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
+        rng = random.Random(seed)
+        schedule = kill_schedule(plan.targets, plan.points, args.kills, rng)
+        cluster = _started_cluster(plan.targets)
+    except _Refused as refused:
+        print(f"turnkeep chaos: {refused}", file=sys.stderr)
+        return refused.code
+    sets = [*args.set, *(cluster.settings() if cluster is not None else [])]
+    command = [sys.executable, "-m", "turnkeep", "run", "--config", str(plan.config), "--run-dir", str(run_dir),
+               "--steps", str(args.steps), *[arg for pair in sets for arg in ("--set", pair)]]
+    _announce(args, plan, seed, schedule, cluster)
+    kills = _KillRounds(command, run_dir, cluster)
+    try:
+        final = kills.run(schedule, args, rng, plan.max_delay_s)
+    finally:
+        kills.close()
+    return _report(args, plan, seed, kills, final)
+
+
+def _checked_plan(args, run_dir: Path) -> _Plan:
+    """The run's plan, or _Refused (exit 2) with nothing touched: a used run directory, unknown points or targets,
+    a missing or bad config, or a model that cannot be made."""
     if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
-        print(f"turnkeep chaos: {run_dir} exists and is not empty; nothing in it was touched", file=sys.stderr)
-        return 2
+        raise _Refused(f"{run_dir} exists and is not empty; nothing in it was touched")
     try:
         points = parse_points(args.points or args.at)
         targets = parse_targets(args.target)
     except ValueError as err:
-        print(f"turnkeep chaos: {err}", file=sys.stderr)
-        return 2
+        raise _Refused(str(err)) from None
     config = Path(args.config).resolve()
     if not config.is_file():
-        print(f"turnkeep chaos: no config file at {config}", file=sys.stderr)
-        return 2
+        raise _Refused(f"no config file at {config}")
     try:
         max_delay_s = _max_delay_s(args, config)
     except ConfigError as err:
-        print(f"turnkeep chaos: {err}", file=sys.stderr)
-        return 2
+        raise _Refused(str(err)) from None
     if (failed := _model_made(config, args.set)) is not None:
-        print(f"turnkeep chaos: {failed}", file=sys.stderr)
-        return 2
-    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
-    rng = random.Random(seed)
-    schedule = kill_schedule(targets, points, args.kills, rng)
+        raise _Refused(failed)
+    return _Plan(run_dir=run_dir, config=config, points=points, targets=targets, max_delay_s=max_delay_s)
+
+
+def _started_cluster(targets: list[str]) -> LocalCluster | None:
     try:
-        cluster = _cluster_for(targets)
+        return _cluster_for(targets)
     except ClusterError as err:
-        print(f"turnkeep chaos: the two-node cluster for the node target did not start: {err}", file=sys.stderr)
-        return 1
-    sets = [*args.set, *(cluster.settings() if cluster is not None else [])]
-    command = [sys.executable, "-m", "turnkeep", "run", "--config", str(config), "--run-dir", str(run_dir),
-               "--steps", str(args.steps), *[arg for pair in sets for arg in ("--set", pair)]]
+        raise _Refused(f"the two-node cluster for the node target did not start: {err}", code=1) from None
+
+
+def _announce(args, plan: _Plan, seed: int, schedule: list[tuple[str, str]], cluster: LocalCluster | None) -> None:
     if cluster is not None:
         print(f"turnkeep chaos: the run is on a two-node Ray cluster (head {HEAD_IP}, node {WORKER_IP}; logs in "
               f"{cluster.root}); a node kill takes the second node, which then joins again", flush=True)
-    print(f"turnkeep chaos: {args.kills} kills of {run_dir} (seed {seed}): "
+    print(f"turnkeep chaos: {args.kills} kills of {plan.run_dir} (seed {seed}): "
           f"{', '.join(f'{target}@{point}' for target, point in schedule)}; random moments {RANDOM_MIN_DELAY_S}-"
-          f"{max_delay_s:.0f}s after a train step", flush=True)
+          f"{plan.max_delay_s:.0f}s after a train step", flush=True)
 
-    rounds: list[Round] = []
-    problems: list[str] = []
-    checks = 0
-    sessions: list[int] = []
-    current: Incarnation | None = None
-    try:
+
+class _KillRounds:
+    """The incarnations of one chaos run: one kill a round, then the undisturbed last round; what each round found."""
+
+    def __init__(self, command: list[str], run_dir: Path, cluster: LocalCluster | None) -> None:
+        self._command = command
+        self._run_dir = run_dir
+        self._cluster = cluster
+        self._sessions: list[int] = []
+        self._current: Incarnation | None = None
+        self.rounds: list[Round] = []
+        self.problems: list[str] = []
+        """What was wrong with the newest snapshot after a kill, one line a kill."""
+        self.checks = 0
+        """How many times the newest snapshot was checked."""
+
+    def run(self, schedule: list[tuple[str, str]], args, rng: random.Random, max_delay_s: float) -> Round:
+        """Every kill of the schedule (until the run finishes), then the last round; the last round's record."""
         for target, point in schedule:
-            if current is None:
-                current = Incarnation(command, run_dir, len(sessions) + 1, point)
-                sessions.append(current.proc.pid)
-            elif point in POINTS:
-                point = RANDOM  # a running incarnation's hooks are armed only at its start
-            record = one_round(current, run_dir, target, point, args.phase_timeout_s, rng, max_delay_s, cluster)
-            rounds.append(record)
-            node_lost = target == NODE and record.processes_killed > 0
-            lost = f" (lost with it: {', '.join(record.lost) or 'none of the run'})" if node_lost else ""
-            print(f"turnkeep chaos: incarnation {record.incarnation}: {record.target} {record.outcome} at "
-                  f"{record.label} after {record.seconds:.0f}s{f' ({record.reason})' if record.reason else ''}{lost}",
-                  flush=True)
-            if node_lost and cluster is not None:
-                _node_back(cluster)
-            if current.proc.poll() is not None:
-                current.close()
-                current = None
+            record = self._kill_round(target, point, args.phase_timeout_s, rng, max_delay_s)
             if record.outcome == "finished":
                 break  # nothing left to kill: the run reached its last step
             if record.outcome in ("killed", "timeout", "stopped"):
-                checks += 1
-                problem = newest_snapshot_problem(run_dir)
-                if problem is not None:
-                    problems.append(f"after the kill of incarnation {record.incarnation} at {record.label}: {problem}")
-                    print(f"turnkeep chaos: NEWEST SNAPSHOT BROKEN: {problems[-1]}", flush=True)
-        if current is None:
-            current = Incarnation(command, run_dir, len(sessions) + 1, None)
-            sessions.append(current.proc.pid)
-        final = final_round(current, args.final_timeout_s)
-    finally:
-        if current is not None:
-            current.close()
-        sessions_cleanup(sessions)
-        kill_everything(run_dir, None)
-        if cluster is not None:
-            cluster.close()
+                self._check_newest_snapshot(record)
+        return final_round(self._incarnation(None), args.final_timeout_s)
 
-    verdict = check_run_dir(run_dir, newest_snapshot_problems=problems, snapshot_checks=checks)
-    meta = {"run_dir": str(run_dir), "config": str(config), "steps": args.steps, "seed": seed,
-            "kills_requested": args.kills, "max_delay_s": max_delay_s, "points": points, "targets": targets, "sets": list(args.set)}
-    report = build_report(meta=meta, rounds=rounds, final=final, verdict=verdict, snapshot_problems=problems,
-                          snapshot_checks=checks)
+    def close(self) -> None:
+        if self._current is not None:
+            self._current.close()
+        sessions_cleanup(self._sessions)
+        kill_everything(self._run_dir, None)
+        if self._cluster is not None:
+            self._cluster.close()
+
+    def _incarnation(self, point: str | None) -> Incarnation:
+        """The running incarnation, or a new one started (armed at `point`) when the last one ended."""
+        if self._current is None:
+            self._current = Incarnation(self._command, self._run_dir, len(self._sessions) + 1, point)
+            self._sessions.append(self._current.proc.pid)
+        return self._current
+
+    def _kill_round(self, target: str, point: str, phase_timeout_s: float, rng: random.Random,
+                    max_delay_s: float) -> Round:
+        if self._current is not None and point in POINTS:
+            point = RANDOM  # a running incarnation's hooks are armed only at its start
+        current = self._incarnation(point)
+        record = one_round(current, self._run_dir, target, point, phase_timeout_s, rng, max_delay_s, self._cluster)
+        self.rounds.append(record)
+        node_lost = target == NODE and record.processes_killed > 0
+        lost = f" (lost with it: {', '.join(record.lost) or 'none of the run'})" if node_lost else ""
+        print(f"turnkeep chaos: incarnation {record.incarnation}: {record.target} {record.outcome} at "
+              f"{record.label} after {record.seconds:.0f}s{f' ({record.reason})' if record.reason else ''}{lost}",
+              flush=True)
+        if node_lost and self._cluster is not None:
+            _node_back(self._cluster)
+        if current.proc.poll() is not None:
+            current.close()
+            self._current = None
+        return record
+
+    def _check_newest_snapshot(self, record: Round) -> None:
+        self.checks += 1
+        problem = newest_snapshot_problem(self._run_dir)
+        if problem is not None:
+            self.problems.append(f"after the kill of incarnation {record.incarnation} at {record.label}: {problem}")
+            print(f"turnkeep chaos: NEWEST SNAPSHOT BROKEN: {self.problems[-1]}", flush=True)
+
+
+def _report(args, plan: _Plan, seed: int, kills: _KillRounds, final: Round) -> int:
+    """Check the run's audit log, write and print the report; the exit code (0: every invariant held)."""
+    run_dir = plan.run_dir
+    verdict = check_run_dir(run_dir, newest_snapshot_problems=kills.problems, snapshot_checks=kills.checks)
+    meta = {"run_dir": str(run_dir), "config": str(plan.config), "steps": args.steps, "seed": seed,
+            "kills_requested": args.kills, "max_delay_s": plan.max_delay_s, "points": plan.points,
+            "targets": plan.targets, "sets": list(args.set)}
+    report = build_report(meta=meta, rounds=kills.rounds, final=final, verdict=verdict,
+                          snapshot_problems=kills.problems, snapshot_checks=kills.checks)
     atomic_write_json(run_dir / "chaos" / "report.json", report)
     print(format_report(report, verdict))
     print(f"report: {run_dir / 'chaos' / 'report.json'}")

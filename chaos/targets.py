@@ -2,7 +2,7 @@
 
 - `all`: the whole process tree, as a preempted machine loses it; the next start restores.
 - `controller`: the `turnkeep run` process alone (the OOM killer's pick); everything it
-  started lives on, and the next start re-attaches to it (`workers.ray_cluster.survivors`).
+  started lives on, and the next start re-attaches to it (`workers.ray_cluster.reattach`).
 - `trainer`: that process alone (rank 0, and the other ranks go with it); `rank`: one trainer rank other than 0,
   picked at random (`train.ranks` > 1). The run replaces the whole trainer group, restores into it by itself and
   goes on, no restart (`train.max_rebuilds`).

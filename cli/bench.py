@@ -48,7 +48,7 @@ def add_bench_parser(subparsers) -> None:
         parser.add_argument("--out", type=Path, default=Path("runs/bench"), help="where runs and results go")
         parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                             help="config override for the runs it starts")
-        importlib.import_module(f"bench.{name}").add_arguments(parser)
+        importlib.import_module(f"turnkeep.bench.{name}").add_arguments(parser)
     about = "every benchmark, sized for about 90 minutes on 2 cores, into one --out; then BENCHMARKS.md from it"
     every = names.add_parser("all", help=about, description=about)
     every.add_argument("--out", type=Path, default=Path("runs/bench"), help="where runs and results go")
@@ -70,7 +70,7 @@ def run_bench(args: argparse.Namespace) -> int:
         args.file.write_text(render_markdown(args.out, args.file.read_text() if args.file.exists() else ""))
         print(f"turnkeep bench: wrote {args.file}")
         return 0
-    result = importlib.import_module(f"bench.{args.bench}").run(args)
+    result = importlib.import_module(f"turnkeep.bench.{args.bench}").run(args)
     command = "turnkeep " + " ".join(shlex.quote(a) for a in args.argv)
     path = write_result(args.out, result, command)
     print(f"\n## {result.name}\n\n{result.table}\n")

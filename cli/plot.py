@@ -53,10 +53,10 @@ def run_plot(args: argparse.Namespace) -> int:
 
 
 def build_figure(data: PlotData, title: str = ""):
-    import matplotlib
+    import matplotlib  # matplotlib only for `turnkeep plot`: every other command starts without it
 
     matplotlib.use("Agg")
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # after the backend is chosen
 
     origin = min([t for t, *_ in data.steps] + [e["start"] for e in data.attempts] + [t for t, *_ in data.restores])
     minutes = lambda t: (t - origin) / 60.0  # noqa: E731

@@ -31,7 +31,7 @@ def temporal_from_environment(cfg: TurnkeepConfig, environ: Mapping[str, str] | 
     config does not, and one line saying so (None: the config is unchanged)."""
     if cfg.temporal.address is not None:
         return cfg, None
-    from temporalio.envconfig import ClientConfigProfile
+    from temporalio.envconfig import ClientConfigProfile  # reads temporal.toml only when the config names no server
 
     environ = dict(os.environ if environ is None else environ)
     profile_name = environ.get("TEMPORAL_PROFILE") or None

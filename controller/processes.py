@@ -9,9 +9,17 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from turnkeep.controller.engines.engine_pool import Engine, EnginePool
 from turnkeep.schemas.environments import AttachRequest
+
+
+class OwnEnvServer(Protocol):
+    """The run's own environment server as the controller sees it (`workers.local_env_server.LocalEnvServer`)."""
+
+    async def revive(self) -> None:
+        """Start it again on the same port."""
 
 
 @dataclass(frozen=True)
@@ -37,7 +45,7 @@ class Processes:
     trainer: object
     engines: EnginePool
     """The policy engines (`policy.engines` of them; their keeper replaces the ones that die)."""
-    env: object | None
+    env: OwnEnvServer | None
     """The run's own environment server (`workers.local_env_server.LocalEnvServer`; None when every
     environment is remote); its `revive()` starts it again on the same port."""
     model_dir: Path
@@ -47,7 +55,7 @@ class Processes:
     env_servers: list[EnvServerEndpoint] = field(default_factory=list)
     """Every environment server of the run, the run's own first."""
     reused: bool = False
-    """Left running by a controller that crashed, and re-attached (`workers.ray_cluster.survivors`)."""
+    """Left running by a controller that crashed, and re-attached (`workers.ray_cluster.reattach`)."""
     new_trainer: bool = False
     """Re-attached, but with a new trainer: the one left running had died (`train.max_rebuilds`)."""
     spawn_engine: Callable[[int, int], Awaitable[Engine]] | None = None

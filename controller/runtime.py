@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
+from turnkeep.controller.checkpoint_announcements import CheckpointAnnouncements
 from turnkeep.controller.journal.journal_flusher import flush_journal_forever
 from turnkeep.controller.journal.journal_prune import prune_journals
 from turnkeep.controller.journal.records import REPLAY_BATCHES
@@ -66,11 +67,28 @@ class Controller:
         self, cfg: TurnkeepConfig, processes: Processes, session: aiohttp.ClientSession, max_steps: int | None, *,
         prompts: PromptSource, level_plans: dict[str, RolloutLevelPlan], audit: AuditLog | None = None,
         checkpoint_identity: CheckpointIdentity | None = None,
+        checkpoint_announcements: CheckpointAnnouncements | None = None,
     ):
         """`prompts`: where the dataloader's prompts come from; `level_plans`: each environment's recovery level,
-        from what its server reports (`controller.rollout_levels.plan_levels`)."""
+        from what its server reports (`controller.rollout_levels.plan_levels`); `checkpoint_announcements`: where
+        each trainer checkpoint is announced (the run workflow connects to it once it runs)."""
         self.cfg = cfg
         self.processes = processes
+        self.audit = audit
+        self._checkpoint_identity = checkpoint_identity
+        self.checkpoint_announcements = checkpoint_announcements or CheckpointAnnouncements()
+        self._stop_requested = asyncio.Event()
+        self.stop_reason: str | None = None
+        self.last_metrics: dict | None = None
+        self._build_state(prompts, max_steps)
+        self.env_client = _env_router(cfg, processes, session)
+        self.rollouts = self._rollout_pump(level_plans)
+        self.training = self._train_pump()
+
+    def _build_state(self, prompts: PromptSource, max_steps: int | None) -> None:
+        """The holds, the ledgers, the data plane and the dataloader the pumps share (the snapshot work reaches
+        each one here, not through the pumps)."""
+        cfg = self.cfg
         self.stats = RunStats()
         self.admission = HoldSet("admission")
         # Rollout clocks pause for their own holders (a snapshot, a colocated switch), not for a refit.
@@ -81,25 +99,12 @@ class Controller:
         self.claims = ClaimLedger()
         self.data_plane = DataPlane()
         self.metrics = MetricsSink(cfg.run.run_dir, self.stats, max_steps)
-        self.audit = audit
-        self._checkpoint_identity = checkpoint_identity
-        self.engine_keeper = None
-        """`controller.engines.engine_keeper.EngineKeeper`, once the run keeps its engines (scaling goes to it)."""
-        self._stop_requested = asyncio.Event()
-        self.stop_reason: str | None = None
-        self.last_metrics: dict | None = None
-        self.env_client = EnvRouter(
-            [EnvServerLink(EnvClient(ep.url, session, ep.token, ep.name), ep.environments, ep.attach,
-                           revive=_reviver(processes, ep))
-             for ep in processes.env_servers],
-            absence_warn_s=cfg.env.absence_warn_s,
-        )
-        # Set by the controller's worker (`workers/temporal/controller_worker.py`): runs after each trainer
-        # checkpoint and ties an attempt to it.
-        self.after_checkpoint: Callable[[int, str, bool], Awaitable[None]] | None = None
-        self.rollouts = RolloutPump(
-            cfg.rollout,
-            cfg.inflight_group_limit(),
+
+    def _rollout_pump(self, level_plans: dict[str, RolloutLevelPlan]) -> RolloutPump:
+        # The train pump is built next: a settled group reaches it through `self.training` when it settles.
+        return RolloutPump(
+            self.cfg.rollout,
+            self.cfg.inflight_group_limit(),
             self.dataloader,
             self.ledger,
             self.data_plane,
@@ -109,22 +114,24 @@ class Controller:
             self.stats,
             on_group_settled=lambda gid, ok: self.training.group_settled(gid, ok),
             plans=level_plans,
-            audit=audit,
+            audit=self.audit,
         )
-        self.training = TrainPump(
-            cfg.train,
+
+    def _train_pump(self) -> TrainPump:
+        return TrainPump(
+            self.cfg.train,
             self.ledger,
             self.claims,
             self.data_plane,
-            processes.trainer,
-            processes.engines,
+            self.processes.trainer,
+            self.processes.engines,
             self.admission,
             self.stats,
             on_groups_finished=self.rollouts.group_finished,
             write_checkpoint=self._checkpoint,
-            announce_checkpoint=self._announce_checkpoint,
+            announce_checkpoint=self.checkpoint_announcements.announce,
             on_step=self._on_step,
-            audit=audit,
+            audit=self.audit,
         )
 
     def _on_step(self, report: StepReport) -> None:
@@ -231,10 +238,6 @@ class Controller:
         )
         prune_journals(self.cfg.run.run_dir, journal)
 
-    async def _announce_checkpoint(self, step: int, trigger: str, repeat: bool) -> None:
-        if self.after_checkpoint is not None:
-            await self.after_checkpoint(step, trigger, repeat)
-
     async def run(self, max_steps: int | None, watch: Awaitable[str] | None = None) -> None:
         """Run both pumps until `max_steps`; `watch` resolving (to a reason) stops the run early."""
         rollout_task = asyncio.create_task(self.rollouts.run(), name="rollout-pump")
@@ -247,8 +250,19 @@ class Controller:
             flush_task.cancel()
             await asyncio.gather(flush_task, return_exceptions=True)
 
+
+def _env_router(cfg: TurnkeepConfig, processes: Processes, session: aiohttp.ClientSession) -> EnvRouter:
+    """One link per environment server of the run, each with its own client."""
+    return EnvRouter(
+        [EnvServerLink(EnvClient(ep.url, session, ep.token, ep.name), ep.environments, ep.attach,
+                       revive=_reviver(processes, ep))
+         for ep in processes.env_servers],
+        absence_warn_s=cfg.env.absence_warn_s,
+    )
+
+
 def _reviver(processes: Processes, endpoint: EnvServerEndpoint):
     """The run's own environment server is started again when it dies; a stand-alone one is its operator's."""
-    if endpoint.remote or processes.env is None or not hasattr(processes.env, "revive"):
+    if endpoint.remote or processes.env is None:
         return None
     return processes.env.revive

@@ -79,29 +79,16 @@ async def run_agent(
     """
     streams = limits.stream_turns or limits.journal_partial_turns or partial is not None
     journal = records.journal if limits.journal_partial_turns else None
-    if start is None:
-        segments = [Segment(kind="prompt", token_ids=codec.conversation_start(env.prompt(), env.tools()))]
-        first_turn = 0
-        if journal is not None:
-            # The first turn's tokens need the conversation's opening record to hang on.
-            opening = TurnBoundary(rollout_id=request.rollout_id, turn_index=0, segments=segments)
-            journal.committed(request, opening, env.export_state(), False)
-    else:
-        segments = list(start.segments)
-        first_turn = start.turn_index
+    segments, first_turn = _opening(request, env, codec, start, journal)
     outcome, reason = RolloutOutcome.TRUNCATED, f"no final answer within max_turns={limits.max_turns}"
     if start is not None and start.done:
         # The episode ended at the saved boundary (a crash came before its row was stored): score it, generate nothing.
         outcome, reason, first_turn = RolloutOutcome.FINISHED, "", limits.max_turns
     for turn in range(first_turn, limits.max_turns):
-        context = [tok for seg in segments for tok in seg.token_ids]
-        budget = min(limits.max_tokens_per_turn, limits.max_model_len - len(context))
-        if budget <= 0:
+        call = _turn_call(segments, codec, limits)
+        if call is None:
             reason = f"conversation reached max_model_len={limits.max_model_len}"
             break
-        call = CompletionRequest(prompt=context, max_tokens=budget, temperature=limits.temperature,
-                                 stop_token_ids=codec.stop_ids, stream_chunk_tokens=limits.partial_every_tokens,
-                                 stream_chunk_s=limits.partial_every_s)
         carried = len(partial.token_ids) if partial is not None else 0
         if streams:
             turn_segment = await _streamed_turn(call, policy, limits, request.rollout_id, turn, partial,
@@ -109,19 +96,56 @@ async def run_agent(
             partial = None  # only the first turn after a restore was cut
         else:
             turn_segment = _whole_turn(await policy.complete(call, rollout_id=request.rollout_id))
-        segments.append(turn_segment)
-        step = await env.step(codec.turn_text(turn_segment.token_ids))
-        glue = codec.after_turn(turn_segment.token_ids, step.observation, step.role, step.done)
-        if glue:
-            segments.append(Segment(kind="tool", token_ids=glue))
-        boundary = TurnBoundary(rollout_id=request.rollout_id, turn_index=turn + 1, segments=segments, done=step.done)
-        records.commit(boundary, request=request, env=env)
+        done = await _step_and_commit(request, env, codec, records, segments, turn, turn_segment)
         if on_turn is not None:
             on_turn(turn + 1, turn_segment, carried)
-        if step.done:
+        if done:
             outcome, reason = RolloutOutcome.FINISHED, ""
             break
         await park()
+    return _result(request, env, segments, outcome, reason)
+
+
+def _opening(request: RolloutRequest, env: Environment, codec: TurnCodec, start: TurnBoundary | None,
+             journal: TurnJournal | None) -> tuple[list[Segment], int]:
+    """The conversation so far and the turn to generate next: the prompt alone, or a restored boundary's."""
+    if start is not None:
+        return list(start.segments), start.turn_index
+    segments = [Segment(kind="prompt", token_ids=codec.conversation_start(env.prompt(), env.tools()))]
+    if journal is not None:
+        # The first turn's tokens need the conversation's opening record to hang on.
+        opening = TurnBoundary(rollout_id=request.rollout_id, turn_index=0, segments=segments)
+        journal.committed(request, opening, env.export_state(), False)
+    return segments, 0
+
+
+def _turn_call(segments: list[Segment], codec: TurnCodec, limits: LoopLimits) -> CompletionRequest | None:
+    """The policy call for the next turn over the whole conversation; None when no token fits max_model_len."""
+    context = [tok for seg in segments for tok in seg.token_ids]
+    budget = min(limits.max_tokens_per_turn, limits.max_model_len - len(context))
+    if budget <= 0:
+        return None
+    return CompletionRequest(prompt=context, max_tokens=budget, temperature=limits.temperature,
+                             stop_token_ids=codec.stop_ids, stream_chunk_tokens=limits.partial_every_tokens,
+                             stream_chunk_s=limits.partial_every_s)
+
+
+async def _step_and_commit(request: RolloutRequest, env: Environment, codec: TurnCodec, records: TurnRecords,
+                           segments: list[Segment], turn: int, turn_segment: Segment) -> bool:
+    """Hand the policy's turn to the environment, append it and its tool glue to `segments` and commit the turn
+    boundary; whether the episode is done."""
+    segments.append(turn_segment)
+    step = await env.step(codec.turn_text(turn_segment.token_ids))
+    glue = codec.after_turn(turn_segment.token_ids, step.observation, step.role, step.done)
+    if glue:
+        segments.append(Segment(kind="tool", token_ids=glue))
+    boundary = TurnBoundary(rollout_id=request.rollout_id, turn_index=turn + 1, segments=segments, done=step.done)
+    records.commit(boundary, request=request, env=env)
+    return step.done
+
+
+def _result(request: RolloutRequest, env: Environment, segments: list[Segment], outcome: RolloutOutcome,
+            reason: str) -> RolloutResult:
     row = RolloutRow(
         group_id=request.group_id,
         sibling=request.sibling,

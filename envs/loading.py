@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from turnkeep._moved import moved_module_message
 from turnkeep.envs.environment import Environment
 from turnkeep.schemas.choices import RecoveryMode
 
@@ -44,11 +45,13 @@ def load_environment_class(entry: str, where: str = "entry") -> type[Environment
         raise EnvironmentLoadError(f"{where} = {entry!r}: use the form \"package.module:ClassName\"")
     try:
         module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name == module_name.split(".")[0] and moved_module_message(module_name):
+            raise EnvironmentLoadError(f"{where} = {entry!r}: turnkeep's modules moved under the one name `turnkeep`; "
+                                       f"use 'turnkeep.{entry}'") from None
+        raise _does_not_import(where, entry, module_name, err) from None
     except Exception as err:  # noqa: BLE001 - any import-time error of the user's module is named, whatever it is
-        raise EnvironmentLoadError(
-            f"{where} = {entry!r}: module {module_name!r} does not import ({type(err).__name__}: {err}); "
-            "install its package where the environment server runs (pip install -e <your package>)"
-        ) from None
+        raise _does_not_import(where, entry, module_name, err) from None
     obj = module
     for part in attribute.split("."):
         if not hasattr(obj, part):
@@ -57,10 +60,17 @@ def load_environment_class(entry: str, where: str = "entry") -> type[Environment
     return check_environment_class(obj, f"{where} = {entry!r}")
 
 
+def _does_not_import(where: str, entry: str, module_name: str, err: Exception) -> EnvironmentLoadError:
+    return EnvironmentLoadError(
+        f"{where} = {entry!r}: module {module_name!r} does not import ({type(err).__name__}: {err}); "
+        "install its package where the environment server runs (pip install -e <your package>)"
+    )
+
+
 def check_environment_class(obj: Any, label: str) -> type[Environment]:
     if not (inspect.isclass(obj) and issubclass(obj, Environment)):
         raise EnvironmentLoadError(
-            f"{label}: {obj!r} is not an environment class; subclass envs.environment.Environment"
+            f"{label}: {obj!r} is not an environment class; subclass turnkeep.Environment"
         )
     if inspect.isabstract(obj):
         missing = ", ".join(sorted(obj.__abstractmethods__))

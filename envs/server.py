@@ -37,7 +37,8 @@ from turnkeep.envs.kinds import EnvironmentFactory, capabilities_of
 from turnkeep.envs.policy_client import PolicyCallError
 from turnkeep.envs.receipts import ReceiptBook
 from turnkeep.envs.restored_agents import RestoredAgents, RestoreError
-from turnkeep.envs.server_routes import AttachRefused, NotAttached, build_app
+from turnkeep.envs.server_errors import AttachRefused, NotAttached
+from turnkeep.envs.server_routes import build_app
 from turnkeep.envs.slow_tools import slow_tools
 from turnkeep.envs.turn_audit import audit_chunk, audit_tokens_durable, audit_turn
 from turnkeep.envs.turn_journal import TurnJournal

@@ -31,7 +31,7 @@ PRELOAD = ["vllm.v1.engine.core"]
 
 def wanted() -> bool:
     """The engine has no GPU of Ray's (a CPU machine, or a policy placed without GPUs)."""
-    import ray
+    import ray  # not at the top: the forkserver's children import this module and must not load Ray
 
     return not ray.get_gpu_ids()
 
@@ -94,12 +94,12 @@ class EnvironmentCarryingProcess(ForkServerProcess):
 def _apply_variables_read_at_import() -> None:
     """OpenMP and torch's compiler read these when the forkserver imported torch, before vLLM set them for this
     child."""
-    import torch
+    import torch  # already loaded by the forkserver: this only reaches it
 
     threads = os.environ.get("OMP_NUM_THREADS")
     if threads and threads.isdigit():
         torch.set_num_threads(int(threads))
     if os.environ.get("TORCHDYNAMO_DISABLE") == "1":
-        import torch._dynamo
+        import torch._dynamo  # torch's compiler, loaded only to switch it off
 
         torch._dynamo.config.disable = True

@@ -15,17 +15,21 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 from pydantic import ValidationError
 
 from turnkeep.gpu_workers.policy_errors import RequestError, WeightsUnavailable
 from turnkeep.participants.http_server import ControlAuth, add_participant_routes
-from turnkeep.schemas.policy import CompletionRequest, CompletionStreamLine
+from turnkeep.schemas.policy import CompletionRequest, CompletionResponse, CompletionStreamLine
 
 if TYPE_CHECKING:
-    from turnkeep.gpu_workers.policy_server import PolicyServer
+    from contextlib import AbstractAsyncContextManager
+
+    from turnkeep.participants.core import ParticipantCore
+    from turnkeep.participants.faults import FaultInjector
 
 logger = logging.getLogger("turnkeep.policy_http")
 
@@ -35,8 +39,23 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 """A completion request is a prompt of token ids: a million of them fit."""
 
 
+class CompletionServer(Protocol):
+    """What the routes ask of the policy server (`gpu_workers.policy_server.PolicyServer`), named here so that
+    this module needs not import the server's: the server imports this one to build its app."""
+
+    participant: ParticipantCore
+    faults: FaultInjector
+
+    async def complete(self, req: CompletionRequest) -> CompletionResponse: ...
+
+    def streaming(self, req: CompletionRequest) -> AbstractAsyncContextManager[AsyncIterator[CompletionStreamLine]]:
+        ...
+
+    def health(self) -> dict[str, Any]: ...
+
+
 def build_app(
-    server: "PolicyServer", control: ControlAuth = ControlAuth(None), fault_injection: bool = False
+    server: CompletionServer, control: ControlAuth = ControlAuth(None), fault_injection: bool = False
 ) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[SERVER_KEY] = server

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from turnkeep.participants.core import Quiescence
 from turnkeep.primitives.atomic_files import atomic_write_json, fsync_dir
@@ -30,9 +30,27 @@ from turnkeep.schemas.names import engine_name, snapshot_holder
 from turnkeep.schemas.participant import Capabilities
 
 if TYPE_CHECKING:
-    from turnkeep.gpu_workers.policy_server import PolicyServer
+    from turnkeep.gpu_workers.policy_admission import AdmissionGate
 
 STATE_FILE = "state.json"
+
+
+class FencedServer(Protocol):
+    """What the participant asks of the policy server (`gpu_workers.policy_server.PolicyServer`), named here so
+    that this module needs not import the server's: the server imports this one to build its participant."""
+
+    gate: AdmissionGate
+    policy_version: int
+    weights_ok: bool
+
+    def close_admission(self, holder: str, lease_s: float | None = None) -> bool: ...
+
+    def open_admission(self, holder: str) -> bool: ...
+
+    def inflight(self) -> int: ...
+
+    def refitting(self) -> bool: ...
+
 
 def policy_capabilities(engine: int) -> Capabilities:
     """Engine k is participant `policy.<k>`: its state lands in its own folder of a snapshot."""
@@ -42,7 +60,7 @@ def policy_capabilities(engine: int) -> Capabilities:
 class PolicyParticipant:
     """`ParticipantHooks` of the policy server."""
 
-    def __init__(self, server: "PolicyServer") -> None:
+    def __init__(self, server: FencedServer) -> None:
         self._server = server
 
     def on_prepare(self, checkpoint_id: str, lease_s: float) -> None:

@@ -1,4 +1,5 @@
-"""The trainer's ranks as one group: rank 0 in the trainer's own process, ranks 1..N-1 in `TrainerRank` actors.
+"""The trainer's ranks as one group: rank 0 in the trainer's own process, ranks 1..N-1 in Ray actors
+(`gpu_workers.rank_actor.TrainerRankActor`).
 
 Every call goes to all ranks at once (their collectives meet), and the group answers only when every rank has:
 a rank that fails fails the call, naming the rank. With several ranks, calls run one at a time (a checkpoint
@@ -17,8 +18,10 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+import psutil
+
 from turnkeep.gpu_workers.grpo import PackedBatch
-from turnkeep.gpu_workers.rank_trainer import RankTrainer
+from turnkeep.gpu_workers.rank_compute import RankCompute
 
 INIT_TIMEOUT = timedelta(minutes=5)
 """How long a rank waits for the others to join the group (a model load on each comes first)."""
@@ -29,7 +32,7 @@ class RankFailed(RuntimeError):
 
 
 class RankGroup:
-    def __init__(self, local: RankTrainer, followers: Sequence[Any] = ()) -> None:
+    def __init__(self, local: RankCompute, followers: Sequence[Any] = ()) -> None:
         self.local = local
         self.followers = list(followers)
         self._one_at_a_time = asyncio.Lock() if self.followers else None
@@ -93,7 +96,7 @@ def join_group(address: str, rank: int, ranks: int, device_type: str, own_ip: st
     Rank 0 serves the group's store on `listener`. Gloo listens on the interface that holds `own_ip` (this
     node's address in Ray): a run on loopback stays on loopback (left to themselves, the store and gloo listen
     on every interface)."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # torch only in the trainer ranks
 
     if interface := interface_of(own_ip):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
@@ -109,7 +112,6 @@ def join_group(address: str, rank: int, ranks: int, device_type: str, own_ip: st
 
 def interface_of(ip: str) -> str | None:
     """The name of the network interface that holds `ip` (None when none does)."""
-    import psutil
 
     for name, addresses in psutil.net_if_addrs().items():
         if any(address.address == ip for address in addresses):

@@ -8,7 +8,7 @@ taken and released while it computes. The hold is one decision for the whole gro
 process waits for it, then has every rank step at once, so every rank steps or none does and a
 snapshot sees the same step on all of them.
 
-Each rank (`gpu_workers.rank_trainer`) holds its shard of the model on `train.device` (auto =
+Each rank (`gpu_workers.rank_compute`) holds its shard of the model on `train.device` (auto =
 CUDA when its process sees a GPU); on CUDA with float32 weights the forward and backward run
 under bfloat16 autocast (`train.autocast_bf16`). A step's rows are split between the ranks by
 group; each rank's share is split into micro-batches of `train.micro_batch_rows` rows whose
@@ -26,8 +26,8 @@ import orjson
 import torch
 
 from turnkeep.gpu_workers.grpo import build_batch
+from turnkeep.gpu_workers.rank_compute import DTYPES, RankCompute, resolve_device
 from turnkeep.gpu_workers.rank_group import RankGroup, micro_batch_count, split_by_group
-from turnkeep.gpu_workers.rank_trainer import DTYPES, RankTrainer, resolve_device
 from turnkeep.gpu_workers.weights_blob import pack_state_dict
 from turnkeep.primitives.atomic_files import atomic_write_json, fsync_tree
 from turnkeep.primitives.hold_wait_clock import HoldWaitClock
@@ -44,9 +44,9 @@ class Trainer:
         self, model_dir: Path, cfg: TrainConfig, dtype: str, seed: int, temperature: float, hold: HoldSet,
         followers=(),
     ) -> None:
-        """`followers`: the `TrainerRank` actors of ranks 1..N-1, already in this process's group (none: one rank)."""
+        """`followers`: the `TrainerRankActor`s of ranks 1..N-1, already in this process's group (none: one rank)."""
         self._cfg = cfg
-        self.local = RankTrainer(model_dir, cfg, dtype, seed, temperature)
+        self.local = RankCompute(model_dir, cfg, dtype, seed, temperature)
         self.ranks = RankGroup(self.local, followers)
         self.hold = hold
         self.hold_wait_clock = HoldWaitClock()

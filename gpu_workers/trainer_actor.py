@@ -46,14 +46,14 @@ class TrainerActor(RunMember):
         """Ranks 1..N-1 as actors this process owns (they die with it); they and this process meet at a rendezvous
         on this node. This process joins the group here; the followers' setups are awaited once the local rank
         has loaded its model (FSDP2's sharding is a collective: every rank makes it at once)."""
+        from turnkeep.gpu_workers.rank_actor import TrainerRankActor
+        from turnkeep.gpu_workers.rank_compute import resolve_device
         from turnkeep.gpu_workers.rank_group import join_group, open_rendezvous
-        from turnkeep.gpu_workers.rank_trainer import resolve_device
-        from turnkeep.gpu_workers.trainer_rank import TrainerRank
 
         own_ip = ray.util.get_node_ip_address()
         self._rendezvous, address = open_rendezvous(own_ip)
         options = options or [{"num_gpus": 0}] * (cfg.train.ranks - 1)
-        followers = [TrainerRank.options(**options[rank - 1]).remote() for rank in range(1, cfg.train.ranks)]
+        followers = [TrainerRankActor.options(**options[rank - 1]).remote() for rank in range(1, cfg.train.ranks)]
         cfg_json = cfg.model_dump_json()
         self._follower_setups = asyncio.gather(
             *(f.setup.remote(model_dir, cfg_json, address, rank) for rank, f in enumerate(followers, 1)))

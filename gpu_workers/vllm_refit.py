@@ -40,7 +40,7 @@ def _abandon_reload(worker: Any) -> None:
     tensors back where nothing was loaded. The model is then a mix of versions:
     the server refuses to serve until a reload succeeds.
     """
-    from vllm.config import set_current_vllm_config
+    from vllm.config import set_current_vllm_config  # vLLM only inside the engine process
     from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
 
     try:

@@ -1,5 +1,5 @@
 """Waiting for one checkpoint participant to be ready: the same loop for the controller's environment servers
-(`controller.snapshot.gym_phase`) and for an engine's own Temporal worker (`activities.policy_activities`)."""
+(`controller.snapshot.env_server_phase`) and for an engine's own Temporal worker (`activities.policy_activities`)."""
 
 from __future__ import annotations
 

@@ -8,6 +8,8 @@ advertised as the node's address, never as itself (nobody can connect to 0.0.0.0
 
 from __future__ import annotations
 
+import sys
+
 NODE = "node"
 WILDCARDS = ("0.0.0.0", "::", "")
 LOOPBACK = "127.0.0.1"
@@ -15,12 +17,13 @@ LOOPBACK = "127.0.0.1"
 
 def node_ip() -> str:
     """The Ray node's address when this process is part of a Ray cluster, else loopback."""
+    # Ray only if this process already loaded it: a process in a Ray cluster has (ray.init, or a Ray worker), and
+    # `turnkeep env-server` never imports it (a host that only serves environments installs turnkeep without Ray).
+    ray = sys.modules.get("ray")
     try:
-        import ray
-
-        if ray.is_initialized():
+        if ray is not None and ray.is_initialized():
             return ray.util.get_node_ip_address()
-    except Exception:  # noqa: BLE001 - no Ray, or Ray without a node: this machine alone
+    except Exception:  # noqa: BLE001 - Ray without a node: this machine alone
         pass
     return LOOPBACK
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from turnkeep.primitives.atomic_files import fsync_dir
 from turnkeep.primitives.segment_format import (
@@ -44,6 +45,23 @@ def read_records_to_end(directory: Path, log_id: str, start: LogPosition) -> Ite
 
 def _read_records(directory: Path, log_id: str, start: LogPosition, end: LogPosition | None) -> Iterator[bytes]:
     segments = list_segments(directory)
+    index = _first_segment(directory, segments, start)
+    seq, chain = segments[index][0], b""
+    for number in range(index, len(segments)):
+        first, path = segments[number]
+        if first != seq:
+            raise JournalCorrupt(f"{path}: the segment starts at seq {first}, but the one before it ends at seq "
+                                 f"{seq}: a segment is missing; {DAMAGED}")
+        with _open_segment(path, start) as f:
+            chain, offset = _segment_start(f, path, log_id, first, None if number == index else chain)
+            newest = number == len(segments) - 1
+            ended, seq, chain = yield from _segment_records(f, path, offset, seq, chain, start, end, newest)
+        if ended:
+            return
+
+
+def _first_segment(directory: Path, segments: list[tuple[int, Path]], start: LogPosition) -> int:
+    """The index of the newest segment whose first record is at or before the position's."""
     if not segments:
         raise JournalCorrupt(f"{directory} holds no journal segment, yet a position at seq {start.seq} needs "
                              f"one: the journal directory is wrong, or was emptied")
@@ -52,65 +70,77 @@ def _read_records(directory: Path, log_id: str, start: LogPosition, end: LogPosi
         raise JournalCorrupt(f"{segments[0][1]}: the position at seq {start.seq} is older than the oldest kept "
                              f"segment, which starts at seq {segments[0][0]}: the records it needs were pruned "
                              f"(replay from a newer snapshot)")
-    seq, chain = segments[index][0], b""
-    for number in range(index, len(segments)):
-        first, path = segments[number]
-        newest = number == len(segments) - 1
-        if first != seq:
-            raise JournalCorrupt(f"{path}: the segment starts at seq {first}, but the one before it ends at seq "
-                                 f"{seq}: a segment is missing; {DAMAGED}")
+    return index
+
+
+def _open_segment(path: Path, start: LogPosition) -> BinaryIO:
+    try:
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise JournalCorrupt(f"{path}: the segment was removed while it was being read (a prune ran "
+                             f"meanwhile?); the position at seq {start.seq} may be older than the oldest kept "
+                             f"segment now") from None
+
+
+def _segment_start(f: BinaryIO, path: Path, log_id: str, first: int, chain: bytes | None) -> tuple[bytes, int]:
+    """The chain a segment starts with and the offset of its first record, checked against its name and against
+    `chain`, the chain the segment before it ended with (None: the first segment read, whose header is trusted)."""
+    header = read_header(f, path, log_id)
+    if header is None or header.first != first:
+        what = "ends inside its header" if header is None else f"header says seq {header.first}"
+        raise JournalCorrupt(f"{path} offset 0: the segment {what}, which its name and its place in the "
+                             f"journal contradict; {DAMAGED}")
+    if chain is not None and header.chain != chain:
+        raise JournalCorrupt(f"{path} offset {header.size - 32}: the segment's starting chain differs "
+                             f"from the chain the segment before it ends with; {DAMAGED}")
+    return header.chain, header.size
+
+
+def _segment_records(f: BinaryIO, path: Path, offset: int, seq: int, chain: bytes, start: LogPosition,
+                     end: LogPosition | None, newest: bool) -> Generator[bytes, None, tuple[bool, int, bytes]]:
+    """Yield the segment's payloads from `start.seq` on; returns whether the reading ended in it, and the seq and
+    chain it reached."""
+    size = os.fstat(f.fileno()).st_size
+    while True:
+        if _reached_end(path, offset, seq, chain, start, end):
+            return True, seq, chain
         try:
-            f = open(path, "rb")
-        except FileNotFoundError:
-            raise JournalCorrupt(f"{path}: the segment was removed while it was being read (a prune ran "
-                                 f"meanwhile?); the position at seq {start.seq} may be older than the oldest kept "
-                                 f"segment now") from None
-        with f:
-            size = os.fstat(f.fileno()).st_size
-            header = read_header(f, path, log_id)
-            if header is None or header.first != first:
-                what = "ends inside its header" if header is None else f"header says seq {header.first}"
-                raise JournalCorrupt(f"{path} offset 0: the segment {what}, which its name and its place in the "
-                                     f"journal contradict; {DAMAGED}")
-            if number == index:
-                chain = header.chain
-            elif header.chain != chain:
-                raise JournalCorrupt(f"{path} offset {header.size - 32}: the segment's starting chain differs "
-                                     f"from the chain the segment before it ends with; {DAMAGED}")
-            offset = header.size
-            while True:
-                if seq == start.seq and chain != start.chain_bytes:
-                    raise JournalCorrupt(f"{path} offset {offset}: the chain at seq {seq} is {chain.hex()}, not "
-                                         f"the position's {start.chain}: not the journal this position was "
-                                         f"taken from (another run's journal, or one that was rewritten)")
-                if end is not None and seq == end.seq:
-                    if chain != end.chain_bytes:
-                        raise JournalCorrupt(f"{path} offset {offset}: the chain at seq {seq} is {chain.hex()}, "
-                                             f"not the end position's {end.chain}: the records read are not the "
-                                             f"ones the position counted (the journal or the position was "
-                                             f"altered)")
-                    return
-                try:
-                    record = read_record(f, offset, size)
-                except BadRecord as bad:
-                    # In the newest segment a torn tail means the journal ends here; damage raises in the check.
-                    torn = newest and is_torn_tail(f, path, bad, size)
-                    if end is None and torn:
-                        return
-                    wanted = None if end is None else end.seq
-                    raise JournalCorrupt(_read_failure(path, bad.offset, bad.problem, seq, wanted, torn)) from None
-                if record is None:
-                    if newest and end is None:
-                        return
-                    if newest:
-                        raise JournalCorrupt(_read_failure(path, offset, "the end of the newest segment", seq,
-                                                           end.seq, newest))
-                    break
-                payload, offset = record
-                chain = chain_step(chain, payload)
-                if seq >= start.seq:
-                    yield payload
-                seq += 1
+            record = read_record(f, offset, size)
+        except BadRecord as bad:
+            # In the newest segment a torn tail means the journal ends here; damage raises in the check.
+            torn = newest and is_torn_tail(f, path, bad, size)
+            if end is None and torn:
+                return True, seq, chain
+            wanted = None if end is None else end.seq
+            raise JournalCorrupt(_read_failure(path, bad.offset, bad.problem, seq, wanted, torn)) from None
+        if record is None:
+            if newest and end is None:
+                return True, seq, chain
+            if newest:
+                raise JournalCorrupt(_read_failure(path, offset, "the end of the newest segment", seq,
+                                                   end.seq, newest))
+            return False, seq, chain
+        payload, offset = record
+        chain = chain_step(chain, payload)
+        if seq >= start.seq:
+            yield payload
+        seq += 1
+
+
+def _reached_end(path: Path, offset: int, seq: int, chain: bytes, start: LogPosition, end: LogPosition | None) -> bool:
+    """Whether `seq` is the end position's; the chain must be the position's at both ends."""
+    if seq == start.seq and chain != start.chain_bytes:
+        raise JournalCorrupt(f"{path} offset {offset}: the chain at seq {seq} is {chain.hex()}, not "
+                             f"the position's {start.chain}: not the journal this position was "
+                             f"taken from (another run's journal, or one that was rewritten)")
+    if end is None or seq != end.seq:
+        return False
+    if chain != end.chain_bytes:
+        raise JournalCorrupt(f"{path} offset {offset}: the chain at seq {seq} is {chain.hex()}, "
+                             f"not the end position's {end.chain}: the records read are not the "
+                             f"ones the position counted (the journal or the position was "
+                             f"altered)")
+    return True
 
 
 def _read_failure(path: Path, offset: int, problem: str, seq: int, wanted: int | None, at_end: bool) -> str:

@@ -44,7 +44,7 @@ def _api_key(security: TemporalSecurity) -> str | None:
         return _read_text(security.api_key_file, "api_key_file").strip()
     if not security.api_key_from_environment:
         return None
-    from temporalio.envconfig import ClientConfigProfile
+    from temporalio.envconfig import ClientConfigProfile  # reads temporal.toml only when asked to
 
     key = ClientConfigProfile.load(security.profile).api_key
     if not key:

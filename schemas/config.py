@@ -129,7 +129,7 @@ class EnvironmentSpec(StrictModel):
     """Group-scored environments only: how many siblings it scores together (None: rollout.group_size; any other
     value is refused)."""
     entry: str | None = None
-    """python only: `package.module:ClassName` of an `envs.environment.Environment` subclass, importable where the
+    """python only: `package.module:ClassName` of a `turnkeep.Environment` subclass, importable where the
     environment server runs."""
     options: dict[str, Any] = {}
     """python only: keyword options handed to the class (checked by its `Options` model at start-up)."""

@@ -75,8 +75,8 @@ def _rank(rank: int, ranks: int, port: int, cfg_json: str, model_dir: str, rows_
 def _measure(rank: int, ranks: int, port: int, cfg_json: str, model_dir: str, rows_json: list[str], steps: int,
              folder: str) -> dict:
     from turnkeep.gpu_workers.grpo import build_batch
+    from turnkeep.gpu_workers.rank_compute import RankCompute, resolve_device
     from turnkeep.gpu_workers.rank_group import join_group, micro_batch_count, split_by_group
-    from turnkeep.gpu_workers.rank_trainer import RankTrainer, resolve_device
     from turnkeep.schemas.config import TurnkeepConfig
     from turnkeep.schemas.rollout import RolloutRow
 
@@ -90,7 +90,7 @@ def _measure(rank: int, ranks: int, port: int, cfg_json: str, model_dir: str, ro
             listener.bind(("127.0.0.1", port))
             listener.listen(128)
         join_group(address, rank, ranks, device.type, "127.0.0.1", listener)
-    trainer = RankTrainer(Path(model_dir), cfg.train, cfg.model.dtype, cfg.run.seed, cfg.rollout.temperature)
+    trainer = RankCompute(Path(model_dir), cfg.train, cfg.model.dtype, cfg.run.seed, cfg.rollout.temperature)
     batch = build_batch([RolloutRow.model_validate_json(row) for row in rows_json], trainer.pad_id)
     shares = split_by_group(batch, ranks)
     passes = micro_batch_count(shares, cfg.train.micro_batch_rows)

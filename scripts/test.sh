@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
-# Install what is missing, then run the whole test suite (unit and integration).
+# Install what is missing, then run the whole test suite: the unit tier first, stopping at its first failure (a
+# broken build fails in about 2 minutes), then the integration tier. Arguments go to pytest; one that selects tests
+# itself (-m, -k, a path) runs that selection alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 export RAY_AUTH_MODE=disabled
-exec .venv/bin/python -m pytest "$@"
+for arg in "$@"; do
+  case "$arg" in
+    -m|-k|-m*|-k*|tests*|*.py|*::*) exec .venv/bin/python -m pytest "$@" ;;
+  esac
+done
+.venv/bin/python -m pytest -m "not integration" -x "$@"
+exec .venv/bin/python -m pytest -m integration "$@"

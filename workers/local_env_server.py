@@ -18,20 +18,23 @@ from urllib.parse import urlsplit
 
 import ray
 
+from turnkeep.envs.env_actor import EnvServerActor
 from turnkeep.primitives.atomic_files import append_jsonl
 from turnkeep.primitives.pid_files import write_pid_file
 from turnkeep.schemas.choices import MetricsKind
 from turnkeep.schemas.config import TurnkeepConfig
-from turnkeep.workers.ray_cluster.gpu_placement import on_head_node
 
 log = logging.getLogger("turnkeep.env")
 
 
 class LocalEnvServer:
     def __init__(self, cfg: TurnkeepConfig, model_dir: Path, policy_urls: Callable[[], list[str]], token: str,
-                 incarnation: int | None, identity: dict | None = None) -> None:
-        """`policy_urls()`: the live engines' URLs at the moment the server (re)starts."""
+                 incarnation: int | None, identity: dict | None = None, *, placement: Callable[[], dict]) -> None:
+        """`policy_urls()`: the live engines' URLs at the moment the server (re)starts; `placement()`: the Ray
+        options that place each new process (`workers.ray_cluster.gpu_placement.on_head_node`), asked again at
+        every restart since the cluster's nodes may have changed."""
         self._cfg = cfg
+        self._placement = placement
         self._model_dir = model_dir
         self._policy_urls = policy_urls
         self._token = token
@@ -43,7 +46,7 @@ class LocalEnvServer:
         self.restarts = 0
 
     def adopt(self, actor, url: str, restarts: int) -> None:
-        """The server an earlier controller of this run left running (`workers.ray_cluster.survivors`)."""
+        """The server an earlier controller of this run left running (`workers.ray_cluster.reattach`)."""
         self.actor, self.url, self.restarts = actor, url, restarts
 
     def create(self) -> None:
@@ -88,10 +91,8 @@ class LocalEnvServer:
         return await self._started(cfg)
 
     def _new_actor(self, name: str):
-        from turnkeep.envs.env_actor import EnvServerActor
-
         detached = {"lifetime": "detached"} if self._identity is not None else {}
-        return EnvServerActor.options(name=name, **detached, **on_head_node()).remote()
+        return EnvServerActor.options(name=name, **detached, **self._placement()).remote()
 
     async def _started(self, cfg: TurnkeepConfig) -> str:
         url = await self.actor.start.remote(str(self._model_dir), self._policy_urls(), cfg.model_dump_json(),

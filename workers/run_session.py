@@ -17,13 +17,12 @@ import sys
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import NoReturn
 
 import aiohttp
 import ray
 
 from turnkeep.config.temporal_environment import temporal_from_environment
-from turnkeep.controller.engines.engine_keeper import keep_engines
+from turnkeep.controller.engines.engine_keeper import EngineKeeper, engine_keeper, keep_engines
 from turnkeep.controller.engines.scaled_count import count_at_start
 from turnkeep.controller.errors import RunStopped
 from turnkeep.controller.fingerprint import fingerprint_fields, process_digest
@@ -45,17 +44,18 @@ from turnkeep.schemas.names import ray_namespace
 from turnkeep.schemas.participant import Capabilities
 from turnkeep.schemas.recovery import RecoveryResult, SourceKind
 from turnkeep.workers.preemption import PreemptionHandler
-from turnkeep.workers.process_watch import dead_reason, first_death, first_of
+from turnkeep.workers.process_watch import first_death, first_of
 from turnkeep.workers.prompts import prompt_source
 from turnkeep.workers.ray_cluster.head import RayHead, stop_head
 from turnkeep.workers.ray_cluster.placement import join_ray, launch, reserve_gpus, shutdown
-from turnkeep.workers.ray_cluster.survivors import reattach
+from turnkeep.workers.ray_cluster.reattach import reattach
 from turnkeep.workers.ray_cluster.warden import beat_forever
 from turnkeep.workers.remote_envs import attach_remote_servers, probe_remote_servers
-from turnkeep.workers.run_observers import start_observers
+from turnkeep.workers.run_observers import RunObservers, start_observers
 from turnkeep.workers.startup_checks import check_before_start
 from turnkeep.workers.startup_clock import StartupClock, marked
 from turnkeep.workers.temporal.controller_worker import (
+    SnapshotRuntime,
     participant_clients,
     start_snapshots,
     stop_snapshots,
@@ -63,6 +63,7 @@ from turnkeep.workers.temporal.controller_worker import (
 from turnkeep.workers.temporal.dev_server import start_dev_server, stop_dev_server
 from turnkeep.workers.temporal.service import check_temporal_service
 from turnkeep.workers.temporal.supervisor import TemporalSupervisor
+from turnkeep.workers.trainer_loss import KeptForRebuild, RebuildTerms, lose_trainer, rebuild_on_trainer_death
 from turnkeep.workers.trainer_rebuilds import TrainerDiedAtStart, TrainerLost, TrainerRebuilds
 
 log = logging.getLogger("turnkeep.run")
@@ -96,105 +97,34 @@ async def _incarnation(cfg: TurnkeepConfig, max_steps: int | None, rebuilds: Tra
     trainer death that `rebuilds` permits ends it with `TrainerLost`, leaving the rest of the run's processes up."""
     run_dir = cfg.run.run_dir
     identity = open_run_dir(cfg)
-    if identity.resumed:
-        print(f"turnkeep: resuming run {identity.run_id} in {run_dir} (incarnation {identity.incarnation})",
-              flush=True)
-    write_pid_file(run_dir, "controller", os.getpid())
-    audit = AuditLog(run_dir / AUDIT_FILE, identity.incarnation)
-    audit.emit(RunStarted, run_id=identity.run_id, pid=os.getpid(), resumed=identity.resumed)
-    audit.start()
+    audit = _open_audit(run_dir, identity)
     started = time.monotonic()
     clock = StartupClock()
     clock.mark("run_started")
     kept = KeptForRebuild()
     async with AsyncExitStack() as stack:
         stack.push_async_callback(audit.close)
-        # The embedded Temporal server boots in its own process while Ray starts (both take seconds on a restart).
-        temporal_start = asyncio.create_task(_start_temporal(cfg, stack, kept), name="temporal-start")
-        await asyncio.sleep(0)  # runs until it waits for the spawned server to answer
-        try:
-            head = join_ray(cfg, run_dir, ray_namespace(identity.run_id))
-            clock.mark("ray")
-        finally:
-            temporal_address, temporal_supervisor = await marked(clock, "temporal", temporal_start)
-        if head is not None:
-            stack.callback(kept.unless, stop_head, head)  # after the processes' own stop (last in, first out)
-            # Disconnect before the head goes: a driver left connected waits a minute for its GCS, then aborts the
-            # process before the error that ended the run is printed.
-            stack.callback(ray.shutdown)
-        on_cluster = bool(cfg.ray.address) and cfg.ray.survive_controller_s > 0
-        try:
-            processes = await _processes(cfg, identity, head, clock)
-        except TrainerDiedAtStart as died_at_start:
-            _lose_trainer(died_at_start.reason, 0, rebuilds, kept, head is not None or on_cluster)
-        stack.push_async_callback(kept.unless_async, shutdown, processes, on_cluster)
+        head, temporal_address, temporal_supervisor = await _start_ray_and_temporal(cfg, stack, identity, clock, kept)
         progress: dict = {}
-        # Unwinds before the shutdown above: a trainer found dead however the incarnation ended (a restore into it
-        # failed, a pump's call to it) is rebuilt, the rest of the run's processes kept for the next incarnation.
-        stack.push_async_exit(lambda kind, err, tb: _rebuild_on_trainer_death(
-            err, processes, progress, rebuilds, kept, head is not None or on_cluster))
-        if on_cluster:
-            beating = asyncio.create_task(beat_forever(cfg.ray.survive_controller_s), name="warden-beat")
-            stack.push_async_callback(_cancelled, beating)  # before the shutdown, which stops the warden
+        processes = await _start_processes(cfg, stack, identity, head, clock, RebuildTerms(rebuilds, kept, progress))
         session = await stack.enter_async_context(
             aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None))
         )
-        await attach_remote_servers(cfg, processes, session, identity.run_id, identity.incarnation)
-        servers = ", ".join(f"{ep.name} {ep.url} ({', '.join(ep.environments)})" for ep in processes.env_servers)
-        engines = ", ".join(engine.url for engine in processes.engines.all())
-        log.info("policy engines %s, environment servers: %s; model %s", engines, servers,
-                 processes.model_dir)
-        reported = await _server_capabilities(cfg, processes, session)
-        controller = progress["controller"] = Controller(
-            cfg, processes, session, max_steps, audit=audit,
-            checkpoint_identity=CheckpointIdentity(identity.run_id, fingerprint_fields(cfg)),
-            prompts=prompt_source(cfg), level_plans=_recovery_plans(cfg, reported),
-        )
-        stack.push_async_callback(controller.env_client.close)
-        stack.callback(lambda: controller.data_plane.journal.close())
-        if not identity.resumed:
-            controller.start_journal(identity.run_id, identity.incarnation)
-        recovery = _recovery(cfg, controller, identity, session) if identity.resumed else None
-        snapshots, watch = None, None
-        if temporal_address is not None:
-            snapshots = await start_snapshots(cfg, controller, session, temporal_address, identity.run_id,
-                                              identity.incarnation, recovery, agents_mode=_agents_mode(cfg, reported))
-            stack.push_async_callback(stop_snapshots, snapshots, "training finished", cfg.snapshot.phase_timeout_s)
-            watch = snapshots.watch()
-            if snapshots.ctx.recovery is not None:
-                _report_recovery(run_dir, identity, snapshots.ctx.recovery)
-        elif recovery is not None:
-            _report_recovery(run_dir, identity, await _recover_without_temporal(recovery))
-        clock.mark("recovered" if recovery is not None else "workflows")
+        controller, reported = await _start_controller(cfg, stack, identity, processes, session, audit, max_steps,
+                                                       progress)
+        keeper = engine_keeper(processes, run_dir=run_dir, no_engine_stop_s=cfg.policy.no_engine_stop_s,
+                               restart_pause_s=cfg.policy.engine_restart_s)
+        snapshots = await _start_snapshots(cfg, stack, identity, controller, session, temporal_address, reported,
+                                           keeper)
+        clock.mark("recovered" if identity.resumed else "workflows")
         clock.record(run_dir, identity.incarnation)
         observers = start_observers(stack, cfg, controller, processes, run_dir, identity)
         preemption = PreemptionHandler(controller, snapshots, cfg.snapshot.preemption_grace_s)
         preemption.install()
-        keeper = keep_engines(processes, session, run_dir=run_dir, no_engine_stop_s=cfg.policy.no_engine_stop_s,
-                              restart_pause_s=cfg.policy.engine_restart_s)
+        keep_engines(keeper, processes, session)  # `turnkeep scale` reaches it through the run workflow's update
         stack.push_async_callback(keeper.stop)  # before the processes stop: their stopping is no death to repair
-        controller.engine_keeper = keeper  # `turnkeep scale` reaches it through the run workflow's update
-        died: list[str] = []
-        trainer_death = asyncio.ensure_future(first_death({"trainer": processes.trainer}))
-        deaths = _noted(first_of(trainer_death, keeper.none_live()), died)
-        try:
-            temporal_lost = temporal_supervisor.lost() if temporal_supervisor is not None else None
-            await controller.run(max_steps, first_of(watch, deaths, temporal_lost))
-        except RunStopped as stopped:
-            if trainer_death.done() and not trainer_death.cancelled():
-                # An attempt in flight cannot finish without the trainer: a short grace, then the rebuild.
-                await stop_snapshots(snapshots, str(stopped), STOP_GRACE_AFTER_DEATH_S)
-            raise
-        finally:
-            preemption.uninstall()
-        if snapshots is not None:
-            # An attempt in flight cannot finish without the process that died: waiting the full phase timeout
-            # for it would only delay the one-line stop.
-            grace_s = STOP_GRACE_AFTER_DEATH_S if died else cfg.snapshot.phase_timeout_s
-            await stop_snapshots(snapshots, controller.stop_reason or "training finished", grace_s)
-        await observers.last_sample()
-        await _audit_end(controller, processes, controller.stop_reason or "finished")
-        controller.metrics.finish()
+        died = await _train(controller, processes, keeper, snapshots, temporal_supervisor, preemption, max_steps)
+        await _wind_down(cfg, controller, processes, snapshots, observers, died)
         if preemption.saved is not None:
             preemption.exit_soon(controller.training.step)
         return RunSummary(
@@ -202,6 +132,136 @@ async def _incarnation(cfg: TurnkeepConfig, max_steps: int | None, rebuilds: Tra
             controller.metrics.peak_rss_mib, preempted=preemption.saved if controller.stop_reason else None,
             steps_trained=controller.metrics.steps_trained,
         )
+
+
+def _open_audit(run_dir: Path, identity: RunIdentity) -> AuditLog:
+    """The controller's pid file and the incarnation's audit log, its first line written."""
+    if identity.resumed:
+        print(f"turnkeep: resuming run {identity.run_id} in {run_dir} (incarnation {identity.incarnation})",
+              flush=True)
+    write_pid_file(run_dir, "controller", os.getpid())
+    audit = AuditLog(run_dir / AUDIT_FILE, identity.incarnation)
+    audit.emit(RunStarted, run_id=identity.run_id, pid=os.getpid(), resumed=identity.resumed)
+    audit.start()
+    return audit
+
+
+async def _start_ray_and_temporal(
+    cfg: TurnkeepConfig, stack: AsyncExitStack, identity: RunIdentity, clock: StartupClock, kept: KeptForRebuild,
+) -> tuple[RayHead | None, str | None, TemporalSupervisor | None]:
+    """The run's Ray head (None: Ray inside this process), Temporal's address and the embedded server's
+    supervisor (`_start_temporal`)."""
+    # The embedded Temporal server boots in its own process while Ray starts (both take seconds on a restart).
+    temporal_start = asyncio.create_task(_start_temporal(cfg, stack, kept), name="temporal-start")
+    await asyncio.sleep(0)  # runs until it waits for the spawned server to answer
+    try:
+        head = join_ray(cfg, cfg.run.run_dir, ray_namespace(identity.run_id))
+        clock.mark("ray")
+    finally:
+        temporal_address, temporal_supervisor = await marked(clock, "temporal", temporal_start)
+    if head is not None:
+        stack.callback(kept.unless, stop_head, head)  # after the processes' own stop (last in, first out)
+        # Disconnect before the head goes: a driver left connected waits a minute for its GCS, then aborts the
+        # process before the error that ended the run is printed.
+        stack.callback(ray.shutdown)
+    return head, temporal_address, temporal_supervisor
+
+
+async def _start_processes(cfg: TurnkeepConfig, stack: AsyncExitStack, identity: RunIdentity, head: RayHead | None,
+                           clock: StartupClock, terms: RebuildTerms) -> Processes:
+    """The run's processes, stopped on the way out unless a trainer rebuild keeps them; on a user's cluster, the
+    warden's heartbeat too."""
+    on_cluster = bool(cfg.ray.address) and cfg.ray.survive_controller_s > 0
+    survives = head is not None or on_cluster
+    try:
+        processes = await _processes(cfg, identity, head, clock)
+    except TrainerDiedAtStart as died_at_start:
+        lose_trainer(died_at_start.reason, 0, terms.rebuilds, terms.kept, survives)
+    stack.push_async_callback(terms.kept.unless_async, shutdown, processes, on_cluster)
+    # Unwinds before the shutdown above: a trainer found dead however the incarnation ended (a restore into it
+    # failed, a pump's call to it) is rebuilt, the rest of the run's processes kept for the next incarnation.
+    stack.push_async_exit(lambda kind, err, tb: rebuild_on_trainer_death(err, processes, terms, survives))
+    if on_cluster:
+        beating = asyncio.create_task(beat_forever(cfg.ray.survive_controller_s), name="warden-beat")
+        stack.push_async_callback(_cancelled, beating)  # before the shutdown, which stops the warden
+    return processes
+
+
+async def _start_controller(
+    cfg: TurnkeepConfig, stack: AsyncExitStack, identity: RunIdentity, processes: Processes,
+    session: aiohttp.ClientSession, audit: AuditLog, max_steps: int | None, progress: dict,
+) -> tuple[Controller, list[Capabilities]]:
+    """The controller, with the remote environment servers attached, and what every server reported of itself."""
+    await attach_remote_servers(cfg, processes, session, identity.run_id, identity.incarnation)
+    servers = ", ".join(f"{ep.name} {ep.url} ({', '.join(ep.environments)})" for ep in processes.env_servers)
+    engines = ", ".join(engine.url for engine in processes.engines.all())
+    log.info("policy engines %s, environment servers: %s; model %s", engines, servers,
+             processes.model_dir)
+    reported = await _server_capabilities(cfg, processes, session)
+    controller = progress["controller"] = Controller(
+        cfg, processes, session, max_steps, audit=audit,
+        checkpoint_identity=CheckpointIdentity(identity.run_id, fingerprint_fields(cfg)),
+        prompts=prompt_source(cfg), level_plans=_recovery_plans(cfg, reported),
+    )
+    stack.push_async_callback(controller.env_client.close)
+    stack.callback(lambda: controller.data_plane.journal.close())
+    if not identity.resumed:
+        controller.start_journal(identity.run_id, identity.incarnation)
+    return controller, reported
+
+
+async def _start_snapshots(
+    cfg: TurnkeepConfig, stack: AsyncExitStack, identity: RunIdentity, controller: Controller,
+    session: aiohttp.ClientSession, temporal_address: str | None, reported: list[Capabilities], keeper: EngineKeeper,
+) -> SnapshotRuntime | None:
+    """The restore of a resumed run, and the workers and run workflow (None: snapshots are off, and a resumed run
+    is restored here without Temporal)."""
+    recovery = _recovery(cfg, controller, identity, session) if identity.resumed else None
+    if temporal_address is None:
+        if recovery is not None:
+            _report_recovery(cfg.run.run_dir, identity, await _recover_without_temporal(recovery))
+        return None
+    snapshots = await start_snapshots(cfg, controller, session, temporal_address, identity.run_id,
+                                      identity.incarnation, recovery, agents_mode=_agents_mode(cfg, reported),
+                                      engine_keeper=keeper)
+    stack.push_async_callback(stop_snapshots, snapshots, "training finished", cfg.snapshot.phase_timeout_s)
+    if snapshots.recovery is not None:
+        _report_recovery(cfg.run.run_dir, identity, snapshots.recovery)
+    return snapshots
+
+
+async def _train(controller: Controller, processes: Processes, keeper: EngineKeeper,
+                 snapshots: SnapshotRuntime | None, temporal_supervisor: TemporalSupervisor | None,
+                 preemption: PreemptionHandler, max_steps: int | None) -> list[str]:
+    """Run the pumps until `max_steps` or a stop reason; the deaths that stopped the run."""
+    died: list[str] = []
+    trainer_death = asyncio.ensure_future(first_death({"trainer": processes.trainer}))
+    deaths = _noted(first_of(trainer_death, keeper.none_live()), died)
+    try:
+        watch = snapshots.watch() if snapshots is not None else None
+        temporal_lost = temporal_supervisor.lost() if temporal_supervisor is not None else None
+        await controller.run(max_steps, first_of(watch, deaths, temporal_lost))
+    except RunStopped as stopped:
+        if trainer_death.done() and not trainer_death.cancelled():
+            # An attempt in flight cannot finish without the trainer: a short grace, then the rebuild.
+            await stop_snapshots(snapshots, str(stopped), STOP_GRACE_AFTER_DEATH_S)
+        raise
+    finally:
+        preemption.uninstall()
+    return died
+
+
+async def _wind_down(cfg: TurnkeepConfig, controller: Controller, processes: Processes,
+                     snapshots: SnapshotRuntime | None, observers: RunObservers, died: list[str]) -> None:
+    """After a run that stopped on its own: the run workflow, the last hold sample, the audit log's end."""
+    if snapshots is not None:
+        # An attempt in flight cannot finish without the process that died: waiting the full phase timeout
+        # for it would only delay the one-line stop.
+        grace_s = STOP_GRACE_AFTER_DEATH_S if died else cfg.snapshot.phase_timeout_s
+        await stop_snapshots(snapshots, controller.stop_reason or "training finished", grace_s)
+    await observers.last_sample()
+    await _audit_end(controller, processes, controller.stop_reason or "finished")
+    controller.metrics.finish()
 
 
 async def _cancelled(task: asyncio.Task) -> None:
@@ -306,45 +366,6 @@ async def _audit_end(controller: Controller, processes, reason: str) -> None:
         deadline_holders=sorted(controller.deadline_holds.holders()), trainer_holders=trainer_holders,
     )
     controller.audit.flush()
-
-
-async def _rebuild_on_trainer_death(err: BaseException | None, processes: Processes, progress: dict,
-                                    rebuilds: TrainerRebuilds, kept: "KeptForRebuild", survives: bool) -> bool:
-    """Turn the incarnation's end into `TrainerLost` when its trainer is dead and `train.max_rebuilds` permits a
-    rebuild, or into the run's one stop line when it does not; any other end passes through."""
-    if not isinstance(err, Exception) or isinstance(err, TrainerLost):
-        return False
-    reason = await dead_reason("trainer", processes.trainer)
-    if reason is None:
-        return False
-    controller = progress.get("controller")
-    _lose_trainer(reason, (controller.metrics.steps_trained or 0) if controller is not None else 0, rebuilds, kept,
-                  survives)
-
-
-def _lose_trainer(reason: str, steps_trained: int, rebuilds: TrainerRebuilds, kept: "KeptForRebuild",
-                  survives: bool) -> NoReturn:
-    """`TrainerLost` when `train.max_rebuilds` permits a rebuild, keeping the run's other processes for it (with
-    Ray inside this process they go with it, and the next incarnation starts them anew); else the stop line."""
-    if not rebuilds.permits(steps_trained):
-        raise RunStopped(rebuilds.refusal(reason)) from None
-    kept.on = survives
-    raise TrainerLost(reason, steps_trained) from None
-
-
-class KeptForRebuild:
-    """Set when the incarnation ends for a trainer rebuild: the run's Ray, processes and Temporal stay up for the
-    next incarnation, which re-attaches to them."""
-
-    on = False
-
-    def unless(self, stop, *args) -> None:
-        if not self.on:
-            stop(*args)
-
-    async def unless_async(self, stop, *args) -> None:
-        if not self.on:
-            await stop(*args)
 
 
 async def _start_temporal(cfg: TurnkeepConfig, stack: AsyncExitStack,

@@ -3,7 +3,7 @@ with no train step between them, the run may still make, and the line it stops w
 
 The rebuild itself is a restart inside the same `turnkeep run` process: the incarnation whose trainer died ends
 without stopping its engines, environment servers, Ray or Temporal; the next one re-attaches to them, starts a new
-trainer group beside them (`workers.ray_cluster.survivors`) and restores into it exactly as the same command does
+trainer group beside them (`workers.ray_cluster.reattach`) and restores into it exactly as the same command does
 after a crash.
 """
 

@@ -378,12 +378,12 @@ class RunWorkflow:
         pending = self._state.release_pending
         if pending is None:
             return
-        gym = GymInput(run_id=inp.run_id, checkpoint_id=pending, incarnation=inp.incarnation,
-                       lease_s=inp.timeouts.lease_s)
+        participant_input = GymInput(run_id=inp.run_id, checkpoint_id=pending, incarnation=inp.incarnation,
+                                     lease_s=inp.timeouts.lease_s)
 
         def release(step: Step, engine: int | None = None):
             return workflow.execute_activity(
-                step, gym, result_type=step.result, task_queue=step.task_queue(inp.run_id, engine),
+                step, participant_input, result_type=step.result, task_queue=step.task_queue(inp.run_id, engine),
                 start_to_close_timeout=timedelta(seconds=inp.timeouts.phase_s), retry_policy=RUN_UNTIL_IT_WORKS,
                 summary=f"finish the release of {pending}",
             )

@@ -24,6 +24,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 
 from turnkeep.workflows import engine_fanout
+from turnkeep.workflows.attempt_endings import cause, classify, hand_to_parent, uncancellable
 from turnkeep.workflows.timed_activity import timed_activity
 
 with workflow.unsafe.imports_passed_through():
@@ -48,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
         CutInput,
         CutResult,
         DiscardStagingInput,
+        GymCommitResult,
         GymInput,
         PreflightInput,
         PublishInput,
@@ -59,8 +61,6 @@ with workflow.unsafe.imports_passed_through():
     )
     from turnkeep.schemas.choices import AgentsMode, Outcome
     from turnkeep.schemas.names import (
-        ATTEMPT_CANCELLED_SIGNAL,
-        ErrorType,
         WorkflowType,
         snapshot_holder,
     )
@@ -76,8 +76,8 @@ COMPENSATION_OUTLASTS_CANCEL = "compensation-outlasts-cancel"
 ends Canceled with that failure's reason (histories from before it stopped compensating at the cancel: the
 participants' holds and staging were left to expire and the run workflow waited 10 s for a result never sent)."""
 LOCAL_CONTROLLER_PHASES = "controller-phases-local"
-"""Patch id: the controller's short phases (the steps that run `Runs.LOCAL`) run as local activities (histories from before it
-schedule them on the controller's task queue)."""
+"""Patch id: the controller's short phases (the steps that run `Runs.LOCAL`) run as local activities (histories from
+before it schedule them on the controller's task queue)."""
 JOURNAL_KEEPS_CHECKPOINT_HOLD = "journal-attempt-keeps-checkpoint-hold"
 """Patch id: a journal attempt at a trainer checkpoint keeps the train pump's hold instead of taking its own on the
 trainer's queue (histories from before it run `trainer.hold` and `trainer.release` there)."""
@@ -95,7 +95,7 @@ class AttemptProgress:
     checkpoint_hold_kept: bool = False
     """A journal attempt holds the trainer by the train pump's checkpoint hold, released after the cut."""
     checkpoint_hold_released: bool = False
-    gym_started: bool = False
+    participants_started: bool = False
     staging_dir: str | None = None
     phase_s: dict[str, float] = field(default_factory=dict)
     participant_s: float = 0.0
@@ -122,17 +122,17 @@ class SnapshotAttemptWorkflow:
         try:
             result = await self._attempt(inp, progress)
         except (ActivityError, ApplicationError, asyncio.CancelledError) as err:
-            outcome, reason, invariant = _classify(err)
+            outcome, reason, invariant = classify(err)
             cancelled = is_cancelled_exception(err)
             if workflow.patched(COMPENSATION_OUTLASTS_CANCEL):
-                cancelled = await _uncancellable(self._compensate(inp, progress)) or cancelled
+                cancelled = await uncancellable(self._compensate(inp, progress)) or cancelled
             else:
                 await self._compensate(inp, progress)
             result = self._result(inp, progress, outcome, reason)
             result.invariant_broken = invariant
             if cancelled and workflow.patched(CANCEL_ENDS_CANCELED):
                 self._close(result, started)
-                await _uncancellable(_hand_to_parent(result))
+                await uncancellable(hand_to_parent(result))
                 # Compensated: the UI shows Canceled, as for any cancelled workflow; the details keep the reason.
                 raise asyncio.CancelledError(reason) from None
         self._close(result, started)
@@ -153,87 +153,115 @@ class SnapshotAttemptWorkflow:
         )
 
     async def _attempt(self, inp: SnapshotAttemptInput, progress: AttemptProgress) -> SnapshotAttemptResult:
-        budget = inp.timeouts
         pre = await self._call(progress, "preflight", PREFLIGHT, PreflightInput(
             run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
-            anchor_step=inp.anchor_step), budget.phase_s, ATTEMPT_FEW_TRIES)
+            anchor_step=inp.anchor_step), inp.timeouts.phase_s, ATTEMPT_FEW_TRIES)
         if pre.skip_reason:
             await self._compensate(inp, progress)
             return self._result(inp, progress, Outcome.SKIPPED, pre.skip_reason)
+        hold = await self._hold_trainer(inp, progress)
+        if hold is not None and hold.step != inp.anchor_step:
+            await self._compensate(inp, progress)
+            return self._result(inp, progress, Outcome.SKIPPED,
+                                f"trainer reached step {hold.step} before the hold; anchor is {inp.anchor_step}")
+        participant_input = await self._open_staging(inp, progress)
+        if inp.agents == AgentsMode.JOURNAL:
+            return await self._journal_attempt(inp, progress, participant_input, hold)
+        return await self._parked_attempt(inp, progress, participant_input, hold)
 
-        hold = None
+    async def _hold_trainer(self, inp: SnapshotAttemptInput, progress: AttemptProgress) -> TrainerHoldResult | None:
+        """`trainer.hold` on the trainer's queue; None when the attempt takes no hold of its own."""
         if self._keeps_checkpoint_hold(inp):
             # Preflight saw the trainer at the anchor, held since the checkpoint; the cut checks the step again.
             progress.checkpoint_hold_kept = True
-        elif inp.trainer_hold:
-            progress.trainer_held = True
-            hold = await self._call(progress, "trainer_hold", TRAINER_HOLD, TrainerHoldInput(
-                holder=progress.holder, lease_s=budget.lease_s, incarnation=inp.incarnation,
-                release_also=[inp.checkpoint_hold] if inp.checkpoint_hold else []), budget.phase_s, ATTEMPT_TRANSIENT)
-            if hold.step != inp.anchor_step:
-                await self._compensate(inp, progress)
-                return self._result(inp, progress, Outcome.SKIPPED,
-                                    f"trainer reached step {hold.step} before the hold; anchor is {inp.anchor_step}")
+            return None
+        if not inp.trainer_hold:
+            return None
+        progress.trainer_held = True
+        return await self._call(progress, "trainer_hold", TRAINER_HOLD, TrainerHoldInput(
+            holder=progress.holder, lease_s=inp.timeouts.lease_s, incarnation=inp.incarnation,
+            release_also=[inp.checkpoint_hold] if inp.checkpoint_hold else []), inp.timeouts.phase_s,
+            ATTEMPT_TRANSIENT)
 
+    async def _open_staging(self, inp: SnapshotAttemptInput, progress: AttemptProgress) -> GymInput:
+        """The attempt's staging directory; returns what every participant step (`gym.*`, `policy.*`) takes."""
         staging = await self._call(progress, "preflight", OPEN_STAGING, StagingInput(
             run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
-            anchor_step=inp.anchor_step, number=inp.number), budget.phase_s, ATTEMPT_FEW_TRIES)
+            anchor_step=inp.anchor_step, number=inp.number), inp.timeouts.phase_s, ATTEMPT_FEW_TRIES)
         progress.staging_dir = staging.staging_dir
-        gym = GymInput(run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
-                       lease_s=budget.lease_s, staging_dir=staging.staging_dir)
-        if inp.agents == AgentsMode.JOURNAL:
-            return await self._journal_attempt(inp, progress, gym, hold)
+        return GymInput(run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
+                        lease_s=inp.timeouts.lease_s, staging_dir=staging.staging_dir)
 
-        progress.gym_started = True
+    async def _parked_attempt(self, inp: SnapshotAttemptInput, progress: AttemptProgress, participant_input: GymInput,
+                              hold: TrainerHoldResult | None) -> SnapshotAttemptResult:
+        """Admission closes and every agent parks, the participants write their artifacts, the cut and publish, and
+        the participants resume."""
+        progress.participants_started = True
+        await self._prepare_participants(inp, progress, participant_input)
+        committed, policy_committed = await self._commit_participants(inp, progress, participant_input)
+        cut, published = await self._cut_and_publish(
+            inp, progress, participant_input, hold, committed.artifacts + policy_committed.artifacts,
+            {**committed.counts, **policy_committed.counts})
+
+        outcome, reason = Outcome.PUBLISHED, f"published {published.snapshot_dir}"
+        try:
+            await self._release(inp, progress, participant_input, inp.timeouts.phase_s, ATTEMPT_FEW_TRIES,
+                                abort=False)
+        except ActivityError as err:
+            outcome = Outcome.PUBLISHED_RELEASE_PENDING
+            reason = f"published {published.snapshot_dir}; release failed and is retried: {cause(err)}"
+        result = self._published(inp, progress, outcome, reason, cut, published)
+        result.parked_agents = committed.counts.get("parked_agents", 0)
+        return result
+
+    async def _prepare_participants(self, inp: SnapshotAttemptInput, progress: AttemptProgress,
+                                    participant_input: GymInput) -> None:
+        """`gym.prepare` parks the environment servers' agents; only then `policy.prepare` fences every engine."""
+        budget = inp.timeouts
         # snapshot.prepare_timeout_s bounds the whole prepare (both activities, every retry), not each try.
         prepare_ends = workflow.time() + budget.prepare_s
-        prepared = await self._call(progress, "gym_prepare", GYM_PREPARE, gym, budget.prepare_s, ATTEMPT_FEW_TRIES, heartbeat_s=10, total_s=budget.prepare_s)
+        prepared = await self._call(progress, "gym_prepare", GYM_PREPARE, participant_input, budget.prepare_s,
+                                    ATTEMPT_FEW_TRIES, heartbeat_s=10, total_s=budget.prepare_s)
         progress.participant_s += prepared.participant_s
         progress.agents_parked_s = prepared.agents_parked_s
         # Only now: a mid-turn agent needs its policy call answered to reach its boundary.
         left_s = max(MIN_PREPARE_LEFT_S, prepare_ends - workflow.time())
         fenced = engine_fanout.prepared(await self._on_engines(
-            inp, progress, "gym_prepare", POLICY_PREPARE, gym, left_s, ATTEMPT_FEW_TRIES, heartbeat_s=10,
+            inp, progress, "gym_prepare", POLICY_PREPARE, participant_input, left_s, ATTEMPT_FEW_TRIES, heartbeat_s=10,
             total_s=left_s))
         progress.participant_s += fenced.participant_s
-        committed = await self._call(progress, "gym_commit", GYM_COMMIT, gym, budget.phase_s, ATTEMPT_TRANSIENT,
-                                     heartbeat_s=10)
+
+    async def _commit_participants(self, inp: SnapshotAttemptInput, progress: AttemptProgress,
+                                   participant_input: GymInput) -> tuple[GymCommitResult, GymCommitResult]:
+        """`gym.commit`, then `policy.commit` on every engine: (the environment servers', the engines') results."""
+        committed = await self._call(progress, "gym_commit", GYM_COMMIT, participant_input, inp.timeouts.phase_s,
+                                     ATTEMPT_TRANSIENT, heartbeat_s=10)
         policy_committed = engine_fanout.committed(await self._on_engines(
-            inp, progress, "gym_commit", POLICY_COMMIT, gym, budget.phase_s, ATTEMPT_TRANSIENT), inp.engines)
+            inp, progress, "gym_commit", POLICY_COMMIT, participant_input, inp.timeouts.phase_s, ATTEMPT_TRANSIENT),
+            inp.engines)
         progress.participant_s += committed.participant_s + policy_committed.participant_s
-        cut, published = await self._cut_and_publish(
-            inp, progress, gym, hold, committed.artifacts + policy_committed.artifacts,
-            {**committed.counts, **policy_committed.counts})
+        return committed, policy_committed
 
-        outcome, reason = Outcome.PUBLISHED, f"published {published.snapshot_dir}"
-        try:
-            await self._release(inp, progress, gym, budget.phase_s, ATTEMPT_FEW_TRIES, abort=False)
-        except ActivityError as err:
-            outcome = Outcome.PUBLISHED_RELEASE_PENDING
-            reason = f"published {published.snapshot_dir}; release failed and is retried: {_cause(err)}"
-        result = self._published(inp, progress, outcome, reason, cut, published)
-        result.parked_agents = committed.counts.get("parked_agents", 0)
-        return result
-
-    async def _journal_attempt(self, inp: SnapshotAttemptInput, progress: AttemptProgress, gym: GymInput,
+    async def _journal_attempt(self, inp: SnapshotAttemptInput, progress: AttemptProgress, participant_input: GymInput,
                                hold: TrainerHoldResult | None) -> SnapshotAttemptResult:
         """Nothing closes or parks: the environment servers mark their turn journals, then the cut and publish.
         The agents keep running; a restore continues each from its newest journaled boundary."""
-        marked = await self._call(progress, "gym_mark", GYM_MARK, gym, inp.timeouts.phase_s, ATTEMPT_FEW_TRIES)
+        marked = await self._call(progress, "gym_mark", GYM_MARK, participant_input, inp.timeouts.phase_s,
+                                  ATTEMPT_FEW_TRIES)
         progress.participant_s += marked.participant_s
-        cut, published = await self._cut_and_publish(inp, progress, gym, hold, [], {}, marked.marks)
+        cut, published = await self._cut_and_publish(inp, progress, participant_input, hold, [], {}, marked.marks)
         result = self._published(inp, progress, Outcome.PUBLISHED, f"published {published.snapshot_dir}", cut,
                                  published)
         result.journaled_agents = cut.running_agents
         return result
 
-    async def _cut_and_publish(self, inp: SnapshotAttemptInput, progress: AttemptProgress, gym: GymInput,
+    async def _cut_and_publish(self, inp: SnapshotAttemptInput, progress: AttemptProgress, participant_input: GymInput,
                                hold: TrainerHoldResult | None, artifacts: list, counts: dict,
                                marks: list | None = None) -> tuple[CutResult, PublishResult]:
         budget = inp.timeouts
         cut = await self._call(progress, "cut", CUT, CutInput(
             run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
-            staging_dir=gym.staging_dir, anchor_step=inp.anchor_step, hold=hold, marks=marks,
+            staging_dir=participant_input.staging_dir, anchor_step=inp.anchor_step, hold=hold, marks=marks,
             checkpoint_hold=progress.checkpoint_hold_kept),
             budget.phase_s, ATTEMPT_TRANSIENT)
         counts = {**counts, "data_plane_rows": cut.data_plane_rows, "unfinished_groups": cut.unfinished_groups,
@@ -246,7 +274,7 @@ class SnapshotAttemptWorkflow:
             await self._after_kept_hold(inp, progress, cut)
         published = await self._call(progress, "publish", PUBLISH, PublishInput(
             run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
-            staging_dir=gym.staging_dir, anchor_step=inp.anchor_step, number=inp.number,
+            staging_dir=participant_input.staging_dir, anchor_step=inp.anchor_step, number=inp.number,
             policy_version=cut.policy_version, artifacts=artifacts + cut.artifacts,
             counts=counts, keep_latest_k=inp.keep_latest_k), budget.phase_s, ATTEMPT_TRANSIENT)
         progress.staging_dir = None  # renamed into place: nothing to discard any more
@@ -286,11 +314,11 @@ class SnapshotAttemptWorkflow:
         """Undo whatever the attempt did; every step is idempotent, so a retry is safe."""
         self._phase = "compensating"
         budget = inp.timeouts.phase_s
-        if progress.gym_started:
-            gym = GymInput(run_id=inp.run_id, checkpoint_id=inp.checkpoint_id, incarnation=inp.incarnation,
-                           lease_s=inp.timeouts.lease_s)
-            await self._release(inp, progress, gym, budget, ATTEMPT_PERSISTENT, abort=True)
-            progress.gym_started = False
+        if progress.participants_started:
+            participant_input = GymInput(run_id=inp.run_id, checkpoint_id=inp.checkpoint_id,
+                                         incarnation=inp.incarnation, lease_s=inp.timeouts.lease_s)
+            await self._release(inp, progress, participant_input, budget, ATTEMPT_PERSISTENT, abort=True)
+            progress.participants_started = False
         holders = [progress.holder] if progress.trainer_held else []
         if inp.checkpoint_hold and not progress.checkpoint_hold_released:
             # The train pump's checkpoint hold must not outlive an attempt that never took it over.
@@ -303,24 +331,24 @@ class SnapshotAttemptWorkflow:
                 budget, ATTEMPT_PERSISTENT)
             progress.staging_dir = None
 
-    async def _release(self, inp: SnapshotAttemptInput, progress: AttemptProgress, gym: GymInput, timeout_s: float,
-                       retry, abort: bool) -> None:
+    async def _release(self, inp: SnapshotAttemptInput, progress: AttemptProgress, participant_input: GymInput,
+                       timeout_s: float, retry, abort: bool) -> None:
         """The policy engines first, then the agents, then admission (reopened by the last)."""
         phase = "compensate" if abort else "resume"
-        policy_call, gym_call = ((POLICY_ABORT, GYM_ABORT) if abort else
+        policy_call, env_call = ((POLICY_ABORT, GYM_ABORT) if abort else
                                  (POLICY_RESUME, GYM_RESUME))
-        policy = engine_fanout.released(await self._on_engines(inp, progress, phase, policy_call, gym, timeout_s,
-                                                                retry))
-        released = await self._call(progress, phase, gym_call, gym, timeout_s, retry)
+        policy = engine_fanout.released(await self._on_engines(inp, progress, phase, policy_call, participant_input,
+                                                                timeout_s, retry))
+        released = await self._call(progress, phase, env_call, participant_input, timeout_s, retry)
         progress.participant_s += policy.participant_s + released.participant_s
         progress.admission_closed_s = released.admission_closed_s
 
     async def _on_engines(self, inp: SnapshotAttemptInput, progress: AttemptProgress, phase: str, step: Step,
-                          gym: GymInput, timeout_s: float, retry, **options) -> list:
+                          participant_input: GymInput, timeout_s: float, retry, **options) -> list:
         """A policy step on every engine of the attempt at once (see `engine_fanout.fan_out`)."""
         self._phase = phase
         return await engine_fanout.fan_out(progress.phase_s, phase, inp.engines, lambda clock, engine: self._call(
-            progress, phase, step, gym, timeout_s, retry, engine=engine, clock=clock, **options))
+            progress, phase, step, participant_input, timeout_s, retry, engine=engine, clock=clock, **options))
 
     async def _call(self, progress: AttemptProgress, phase: str, step: Step, arg, timeout_s: float, retry, *,
                     heartbeat_s: float | None = None, total_s: float | None = None, engine: int | None = None,
@@ -339,53 +367,3 @@ class SnapshotAttemptWorkflow:
             participant_s=round(progress.participant_s, 3), trainer_wait_s=progress.trainer_wait_s,
             agents_parked_s=progress.agents_parked_s,
         )
-
-
-async def _uncancellable(work) -> bool:
-    """Run `work` to its end whatever cancels arrive meanwhile; True when one did. Compensation and the handover
-    are the attempt's cleanup: a cancel (a newer incarnation superseding this one, an operator's second cancel)
-    must not cut them short."""
-    task = asyncio.ensure_future(work)
-    cancelled = False
-    while not task.done():
-        try:
-            await workflow.wait([task])
-        except asyncio.CancelledError:
-            cancelled = True
-    task.result()
-    return cancelled
-
-
-async def _hand_to_parent(result: SnapshotAttemptResult) -> None:
-    """The run workflow records the attempt (metrics, audit); a Canceled workflow has no result, so it is signalled.
-    Awaited, so the signal is in the parent's history before the cancellation is."""
-    parent = workflow.info().parent
-    if parent is None:
-        return
-    try:
-        await workflow.get_external_workflow_handle(parent.workflow_id, run_id=parent.run_id).signal(
-            ATTEMPT_CANCELLED_SIGNAL, result)
-    except Exception as err:  # the parent is gone (the run itself was cancelled): nobody to tell
-        workflow.logger.info("could not hand %s to the run workflow: %s", result.checkpoint_id, err)
-
-
-def _cause(err: BaseException) -> str:
-    while err.__cause__ is not None:
-        err = err.__cause__
-    return str(err) or err.__class__.__name__
-
-
-def _classify(err: BaseException) -> tuple[Outcome, str, bool]:
-    """(outcome, reason, invariant broken) for what ended the attempt early."""
-    if is_cancelled_exception(err):
-        return Outcome.ABORTED, "cancelled (temporal workflow cancel, or the run is stopping)", False
-    root = err
-    while root.__cause__ is not None:
-        root = root.__cause__
-    if isinstance(root, ApplicationError) and root.type == ErrorType.STALE_INCARNATION:
-        return Outcome.ABORTED, f"superseded: {root.message}", False
-    if isinstance(root, ApplicationError) and root.type == ErrorType.INVARIANT_BROKEN:
-        return Outcome.FAILED, f"invariant broken: {root.message}", True
-    if isinstance(root, ApplicationError) and root.type == ErrorType.TRAINER_MOVED:
-        return Outcome.SKIPPED, root.message, False
-    return Outcome.FAILED, _cause(err), False

@@ -44,9 +44,16 @@ class EngineKeeper:
         self._no_engine_stop_s = no_engine_stop_s
         self._restart_pause_s = restart_pause_s
         self._watchers: dict[int, asyncio.Task] = {}
+        self._started = False
         self.restarts = 0
 
+    @property
+    def started(self) -> bool:
+        """Keeping the engines (scaling waits for it: the keeper is built before the run's restore ends)."""
+        return self._started
+
     def start(self) -> None:
+        self._started = True
         for engine in self._pool.all():
             self.watch_engine(engine.index)
 
@@ -168,7 +175,13 @@ async def _until_dead(actor) -> None:
         await asyncio.sleep(PROBE_INTERVAL_S)
 
 
-def keep_engines(processes, session, *, run_dir: Path, no_engine_stop_s: float, restart_pause_s: float) -> EngineKeeper:
+def engine_keeper(processes, *, run_dir: Path, no_engine_stop_s: float, restart_pause_s: float) -> EngineKeeper:
+    """The keeper of `processes`' engines, not yet keeping them (`keep_engines` starts it)."""
+    return EngineKeeper(processes.engines, processes.spawn_engine, processes.trainer, run_dir=run_dir,
+                        no_engine_stop_s=no_engine_stop_s, restart_pause_s=restart_pause_s)
+
+
+def keep_engines(keeper: EngineKeeper, processes, session) -> None:
     """Watch every engine of `processes`, replace the ones that die, and tell the environment servers each time
     the live set changes."""
     from turnkeep.controller.engines.engine_routes import push_routes
@@ -179,7 +192,4 @@ def keep_engines(processes, session, *, run_dir: Path, no_engine_stop_s: float, 
         await push_routes(processes.env_servers, session, pool.routable_urls())
 
     pool.on_change.append(tell_servers)
-    keeper = EngineKeeper(pool, processes.spawn_engine, processes.trainer, run_dir=run_dir,
-                          no_engine_stop_s=no_engine_stop_s, restart_pause_s=restart_pause_s)
     keeper.start()
-    return keeper

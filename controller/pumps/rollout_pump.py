@@ -14,6 +14,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 
 import aiohttp
 
@@ -33,6 +34,17 @@ from turnkeep.schemas.config import RolloutConfig
 from turnkeep.schemas.rollout import RolloutOutcome, RolloutRequest, RolloutResult
 
 log = logging.getLogger("turnkeep.rollout")
+
+
+class _After(Enum):
+    """What a sibling's task does after a failed attempt."""
+
+    RETRY = "retry"
+    """Start another attempt."""
+    SETTLE = "settle"
+    """Stop trying; settle the group if this was its last sibling."""
+    STOP = "stop"
+    """Stop here: the group's next round (started by this or another sibling) settles it."""
 
 
 @dataclass(frozen=True)
@@ -191,24 +203,7 @@ class RolloutPump:
             await self._admission.wait_clear()
             if self._ledger.round(group_id) != round_:
                 return  # the group was rerun whole (or finished) while this task waited
-            attempt = self._ledger.start_attempt(group_id, sibling)
-            request = RolloutRequest(
-                rollout_id=f"{group_id}.{sibling}.{attempt}",
-                group_id=group_id,
-                sibling=sibling,
-                attempt=attempt,
-                incarnation=self._ledger.incarnation,
-                problem=self._ledger.problem(group_id),
-                resume_from=continuation.rollout_id if continuation else None,
-            )
-            if continuation is not None:
-                self.groups.count(group_id, "resumed_from_turn")
-            elif attempt > 0:
-                self.groups.count(group_id, "rerun_from_scratch")
-            self._emit(
-                SiblingStarted, rollout_id=request.rollout_id, group_id=group_id, sibling=sibling, attempt=attempt,
-                resumed_from=request.resume_from, resumed_turn=continuation.turn_index if continuation else 0,
-            )
+            request = self._start_attempt(group_id, sibling, continuation)
             result = await self._attempt(request)
             if self._ledger.round(group_id) != round_:
                 if result.row is not None:
@@ -219,42 +214,81 @@ class RolloutPump:
                     return
                 self._ledger.seal(group_id, sibling)
                 break
-            reason = f"{result.outcome}: {result.reason}"
             continuation = None  # a failed continuation is rerun from scratch
-            if result.outcome is RolloutOutcome.FAILED and self._env.is_away(request.problem.env):
-                # Its server went away under it: the attempt runs again once the server is back (`_attempt` waits),
-                # spending no attempt; the absence is logged once per server, not once per rollout.
-                log.debug("rollout %s interrupted by its server's absence: %s", request.rollout_id, reason)
-                self._ledger.interrupt(group_id, sibling, reason)
-                self._emit(SiblingFailed, rollout_id=request.rollout_id, group_id=group_id, sibling=sibling,
-                           attempt=attempt, reason=f"interrupted, its environment server is away: {reason}",
-                           will_retry=True)
-                self._stats.interrupted += 1
+            after = await self._after_failure(request, result, round_)
+            if after is _After.RETRY:
                 continue
-            log.info("rollout %s %s", request.rollout_id, reason)
-            whole = self.groups.plan(group_id).retries_whole_group
-            retry = not whole and self._ledger.fail(group_id, sibling, reason, self._cfg.max_attempts)
-            self._emit(
-                SiblingFailed, rollout_id=request.rollout_id, group_id=group_id, sibling=sibling, attempt=attempt,
-                reason=reason, will_retry=retry or whole,
-            )
-            if whole:
-                rerun = await self.groups.rerun_after_failure(group_id, f"sibling {sibling} {reason}", round_)
-                if rerun is None:
-                    return  # another sibling's failure already started the next round
-                if rerun:
-                    new_round = self._ledger.round(group_id)
-                    for sib in range(self._cfg.group_size):
-                        self._spawn(self._run_sibling(group_id, sib, None, new_round))
-                    return
-                break
-            if retry:
-                self._stats.retries += 1
-                continue
-            self._stats.siblings_dropped[str(result.outcome)] += 1
-            log.warning("sibling %s.%s dropped after %d attempts: %s", group_id, sibling, attempt + 1, result.reason)
+            if after is _After.STOP:
+                return
             break
         await self._finish_group(group_id, round_ if self._ledger.round(group_id) == round_ else None)
+
+    def _start_attempt(self, group_id: str, sibling: int, continuation: Continuation | None) -> RolloutRequest:
+        """Count the sibling's next attempt in the ledger and announce it: the request to send."""
+        attempt = self._ledger.start_attempt(group_id, sibling)
+        request = RolloutRequest(
+            rollout_id=f"{group_id}.{sibling}.{attempt}",
+            group_id=group_id,
+            sibling=sibling,
+            attempt=attempt,
+            incarnation=self._ledger.incarnation,
+            problem=self._ledger.problem(group_id),
+            resume_from=continuation.rollout_id if continuation else None,
+        )
+        if continuation is not None:
+            self.groups.count(group_id, "resumed_from_turn")
+        elif attempt > 0:
+            self.groups.count(group_id, "rerun_from_scratch")
+        self._emit(
+            SiblingStarted, rollout_id=request.rollout_id, group_id=group_id, sibling=sibling, attempt=attempt,
+            resumed_from=request.resume_from, resumed_turn=continuation.turn_index if continuation else 0,
+        )
+        return request
+
+    async def _after_failure(self, request: RolloutRequest, result: RolloutResult, round_: int) -> _After:
+        """A failed or timed-out attempt: run it again, rerun the whole group, or drop the sibling."""
+        group_id, sibling, attempt = request.group_id, request.sibling, request.attempt
+        reason = f"{result.outcome}: {result.reason}"
+        if result.outcome is RolloutOutcome.FAILED and self._env.is_away(request.problem.env):
+            self._interrupted(request, reason)
+            return _After.RETRY
+        log.info("rollout %s %s", request.rollout_id, reason)
+        whole = self.groups.plan(group_id).retries_whole_group
+        retry = not whole and self._ledger.fail(group_id, sibling, reason, self._cfg.max_attempts)
+        self._emit(
+            SiblingFailed, rollout_id=request.rollout_id, group_id=group_id, sibling=sibling, attempt=attempt,
+            reason=reason, will_retry=retry or whole,
+        )
+        if whole:
+            return await self._rerun_group(group_id, sibling, reason, round_)
+        if retry:
+            self._stats.retries += 1
+            return _After.RETRY
+        self._stats.siblings_dropped[str(result.outcome)] += 1
+        log.warning("sibling %s.%s dropped after %d attempts: %s", group_id, sibling, attempt + 1, result.reason)
+        return _After.SETTLE
+
+    def _interrupted(self, request: RolloutRequest, reason: str) -> None:
+        # Its server went away under it: the attempt runs again once the server is back (`_attempt` waits),
+        # spending no attempt; the absence is logged once per server, not once per rollout.
+        log.debug("rollout %s interrupted by its server's absence: %s", request.rollout_id, reason)
+        self._ledger.interrupt(request.group_id, request.sibling, reason)
+        self._emit(SiblingFailed, rollout_id=request.rollout_id, group_id=request.group_id, sibling=request.sibling,
+                   attempt=request.attempt, reason=f"interrupted, its environment server is away: {reason}",
+                   will_retry=True)
+        self._stats.interrupted += 1
+
+    async def _rerun_group(self, group_id: str, sibling: int, reason: str, round_: int) -> _After:
+        """The group's level reruns it whole after a failure: its siblings start over in the next round."""
+        rerun = await self.groups.rerun_after_failure(group_id, f"sibling {sibling} {reason}", round_)
+        if rerun is None:
+            return _After.STOP  # another sibling's failure already started the next round
+        if rerun:
+            new_round = self._ledger.round(group_id)
+            for sib in range(self._cfg.group_size):
+                self._spawn(self._run_sibling(group_id, sib, None, new_round))
+            return _After.STOP
+        return _After.SETTLE
 
     async def _finish_group(self, group_id: str, round_: int | None) -> None:
         """Settle the group if this was its last sibling; a group-scored one is judged first."""

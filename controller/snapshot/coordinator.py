@@ -22,7 +22,6 @@ from turnkeep.schemas.snapshot import SnapshotAttemptResult
 
 if TYPE_CHECKING:
     from turnkeep.controller.runtime import Controller
-    from turnkeep.schemas.recovery import RecoveryResult
 
 
 log = logging.getLogger("turnkeep.snapshot")
@@ -46,8 +45,6 @@ class SnapshotCoordinator:
     cut_markers: dict[str, tuple] = field(default_factory=dict)
     """Progress marker taken at each attempt's cut, promoted when that attempt publishes."""
     warned_long_closure: bool = False
-    recovery: "RecoveryResult | None" = None
-    """The result of this incarnation's restore (None for a new run)."""
     cut_times: dict[str, float] = field(default_factory=dict)
     """Wall-clock time of each attempt's cut (the audit log's snapshot_published)."""
 

@@ -9,6 +9,7 @@ restores as `recovery/step`: W&B's own step only grows, and a restore sends the 
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 from pathlib import Path
@@ -28,7 +29,6 @@ class WandbUnavailable(RuntimeError):
 
 
 def check_wandb_installed() -> None:
-    import importlib.util
 
     if importlib.util.find_spec("wandb") is None:
         raise WandbUnavailable("metrics.wandb = true needs the wandb package: pip install 'turnkeep[wandb]' (or "
@@ -99,7 +99,7 @@ def _has_credentials() -> bool:
     if os.environ.get("WANDB_API_KEY"):
         return True
     try:  # what `wandb login` leaves (W&B's own reader of it)
-        import wandb
+        import wandb  # an optional extra: loaded only when the run mirrors to W&B
         from wandb.sdk.lib.wbauth.wbnetrc import read_netrc_auth
 
         return read_netrc_auth(host=wandb.Settings().base_url) is not None

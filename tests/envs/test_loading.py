@@ -19,7 +19,7 @@ ENTRY = "tests.envs.user_envs"
     ("tests.envs.no_such_module:Echo", "module 'tests.envs.no_such_module' does not import (ModuleNotFoundError"),
     ("tests.envs.broken_env_module:Env", "does not import (RuntimeError: the sandbox client needs SANDBOX_URL)"),
     (f"{ENTRY}:Missing", "has no attribute 'Missing'"),
-    (f"{ENTRY}:NotAnEnvironment", "is not an environment class; subclass envs.environment.Environment"),
+    (f"{ENTRY}:NotAnEnvironment", "is not an environment class; subclass turnkeep.Environment"),
     (f"{ENTRY}:Abstract", "does not implement __init__, prompt, reward, step"),
     (f"{ENTRY}:NoRecoveryMode", "has no recovery_mode; set recovery_mode = one of"),
     (f"{ENTRY}:UnknownRecoveryMode", "recovery_mode = 'snapshotted'; use one of"),

@@ -15,7 +15,7 @@ from tests.envs.test_codec import save_tiny_dir, tiny_tokenizer
 from turnkeep.envs.environment import EnvContext
 from turnkeep.envs.kinds import EnvironmentFactory
 from turnkeep.envs.server import EnvServer
-from turnkeep.envs.server_routes import AttachRefused
+from turnkeep.envs.server_errors import AttachRefused
 from turnkeep.participants.http_server import ControlAuth
 from turnkeep.schemas.config import EnvironmentSpec
 from turnkeep.schemas.config_services import EnvServerConfig

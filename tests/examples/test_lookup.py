@@ -462,12 +462,42 @@ def test_the_example_config_starts_rl_often_right_but_not_always(tmp_path_factor
 
 # End to end: `turnkeep run` for a few steps, the class as a plugin and behind `turnkeep env-server`.
 
-def _example_env() -> dict[str, str]:
-    """The subprocesses' environment: the example package importable (its source folder, if not installed)."""
+def _example_env(*first: Path) -> dict[str, str]:
+    """The subprocesses' environment: the example package importable (its source folder, if not installed), after
+    the folders `first`."""
     import os
 
-    paths = [str(EXAMPLE / "src"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    paths = [*map(str, first), str(EXAMPLE / "src"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     return {"PYTHONPATH": os.pathsep.join(paths), "RAY_AUTH_MODE": "disabled"}
+
+
+USER_ENV = '''"""A user's own environment in a package of theirs named `envs` (turnkeep claims no such name)."""
+
+from pathlib import Path
+
+from turnkeep import EnvContext, Problem
+from turnkeep_example_lookup.env import LookupEnvironment
+
+EPISODES = Path(__file__).with_name("episodes.log")
+
+
+class MyLookup(LookupEnvironment):
+    """The example's lookups; each episode's question noted in EPISODES, so the test sees this class trained."""
+
+    def __init__(self, problem: Problem, ctx: EnvContext = EnvContext()) -> None:
+        super().__init__(problem, ctx)
+        with EPISODES.open("a") as episodes:
+            episodes.write(problem.question + "\\n")
+'''
+
+
+def _user_project(root: Path) -> Path:
+    """A user's project folder holding their package `envs` (`envs/my_lookup.py`); the folder."""
+    package = root / "project" / "envs"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "my_lookup.py").write_text(USER_ENV)
+    return package.parent
 
 
 def _run_settings(cache: Path) -> list[str]:
@@ -484,15 +514,24 @@ def example_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.integration
-def test_the_example_trains_as_a_plugin(example_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_example_trains_as_a_plugin(example_model: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """From a user's package named `envs` (the example's class subclassed there), run in the user's project folder:
+    turnkeep's own folders are `turnkeep.envs`, ..., so the user's `envs` is the one imported."""
     from tests.run_command import deep_run_dir, metrics, turnkeep
 
-    for key, value in _example_env().items():
+    project = _user_project(tmp_path)
+    for key, value in _example_env(project).items():
         monkeypatch.setenv(key, value)
+    monkeypatch.chdir(project)  # as a user runs it; the repository (its folder envs/ among them) is not on the path
+    options = load_config(EXAMPLE / "config.toml").environments["lookup"].options
+    environments = {"lookup": {"kind": "python", "entry": "envs.my_lookup:MyLookup", "options": options}}
     run_dir = deep_run_dir("tk-example-")  # and from a run directory too deep for Ray's sockets under it
     log = run_dir.parent / "turnkeep.log"
+    # The demonstrations name the example's class by import path: the same cached model as config.toml's.
     proc = turnkeep("run", "--config", str(EXAMPLE / "config.toml"), "--run-dir", str(run_dir), "--steps", "3",
-                    *_run_settings(example_model.parent), log=log)
+                    *_run_settings(example_model.parent), "--set", f"environments={json.dumps(environments)}",
+                    "--set", f"model.tiny.demonstrations={ENTRY}", "--set", f"data.train={EXAMPLE / 'prompts.jsonl'}",
+                    log=log)
     try:
         assert proc.wait(timeout=400) == 0, log.read_text()[-3000:]
     finally:
@@ -500,6 +539,8 @@ def test_the_example_trains_as_a_plugin(example_model: Path, monkeypatch: pytest
             proc.kill()
     steps = metrics(run_dir, "train_step")
     assert [m["step"] for m in steps] == [1, 2, 3] and all(0.0 <= m["reward_mean"] <= 1.0 for m in steps)
+    episodes = (project / "envs" / "episodes.log").read_text().splitlines()
+    assert len(episodes) >= 3 * 4 and all(q.startswith("K ") for q in episodes)  # 3 steps of 4 prompts: MyLookup's
     assert (run_dir / "ray").is_symlink() and (run_dir / "ray" / "session_latest").exists()
     # The run made no model of its own: it found the one made from the demonstrations.
     assert [p.name for p in example_model.parent.iterdir() if p.is_dir()] == [example_model.name]

@@ -1,4 +1,4 @@
-"""Two trainer ranks in real processes (the trainer's and a `TrainerRank` actor, a gloo group on the CPU, the model
+"""Two trainer ranks in real processes (the trainer's and a `TrainerRankActor`, a gloo group on the CPU, the model
 sharded with FSDP2) train as one rank does; their sharded checkpoints restore at the other size; a hold keeps
 every rank from stepping; a damaged shard is named and its checkpoint skipped.
 

@@ -10,7 +10,7 @@ import pytest
 from temporalio import activity
 
 from turnkeep.activities.engine_activities import EngineActivities
-from turnkeep.activities.gym_activities import GymActivities
+from turnkeep.activities.env_server_activities import EnvServerActivities
 from turnkeep.activities.policy_activities import PolicyActivities
 from turnkeep.activities.recovery_activities import RecoveryActivities
 from turnkeep.activities.snapshot_activities import SnapshotActivities
@@ -21,8 +21,8 @@ from turnkeep.schemas.step_registry import declared_steps
 from turnkeep.schemas.steps import Runs, Step
 
 PROCESS_CLASSES = {
-    Runs.CONTROLLER: (GymActivities, SnapshotActivities, RecoveryActivities, EngineActivities),
-    Runs.LOCAL: (GymActivities, SnapshotActivities),
+    Runs.CONTROLLER: (EnvServerActivities, SnapshotActivities, RecoveryActivities, EngineActivities),
+    Runs.LOCAL: (EnvServerActivities, SnapshotActivities),
     Runs.TRAINER: (TrainerActivities,),
     Runs.POLICY: (PolicyActivities,),
 }

@@ -15,7 +15,9 @@ from pathlib import Path
 import aiohttp
 import orjson
 from temporalio import activity
+from temporalio.client import WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -169,6 +171,17 @@ async def record_histories(snapshots: SnapshotRuntime, run_id: str) -> None:
     async for execution in snapshots.client.list_workflows(f"TurnkeepRunId = '{run_id}'"):
         history = await snapshots.client.get_workflow_handle(execution.id).fetch_history()
         (HISTORY_DIR / f"{execution.workflow_type}-{execution.id}.json").write_text(history.to_json())
+
+
+async def query_once_started(handle: WorkflowHandle, query: str):
+    """The query's answer, or None while the workflow does not exist yet: the run workflow names its running attempt
+    before the server has started that child, and a query then fails with "workflow not found"."""
+    try:
+        return await handle.query(query)
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
 
 
 def published_dirs(run_dir: Path) -> list[Path]:

@@ -16,6 +16,7 @@ from tests.workflows.snapshot_harness import (
     attempt_dropped_by_its_worker,
     attempt_with_stand_ins,
     published_dirs,
+    query_once_started,
     run_scenario,
     scenario_config,
     staging_dirs,
@@ -193,7 +194,7 @@ async def _wait_for_phase(snapshots, phase: str):
         status = await snapshots.handle.query(RunWorkflow.status)
         if status.running_attempt:
             child = snapshots.client.get_workflow_handle(status.running_attempt)
-            if await child.query("phase") == phase:
+            if await query_once_started(child, "phase") == phase:
                 return child
         await asyncio.sleep(0.05)
 

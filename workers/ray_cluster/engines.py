@@ -6,7 +6,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import ray
+
 from turnkeep.controller.engines.engine_pool import Engine, EngineState
+from turnkeep.gpu_workers.policy_actor import PolicyActor
 from turnkeep.primitives.pid_files import write_pid_file
 from turnkeep.schemas.config import TurnkeepConfig
 from turnkeep.schemas.names import engine_name
@@ -32,13 +35,7 @@ class EngineStarter:
 
     def create(self, index: int):
         """The actor, not yet started (its process starts and imports vLLM meanwhile)."""
-        from turnkeep.gpu_workers.policy_actor import PolicyActor
-
-        detached = {"lifetime": "detached"} if self.identity is not None else {}
-        options = actor_options(self.cfg.placement, self.gpus, "policy", engine=index,
-                                engines=self.cfg.policy.engines, spread=self.cfg.policy.placement == "spread",
-                                ranks=self.cfg.train.ranks)
-        return PolicyActor.options(name=engine_name(index), num_cpus=0, **detached, **options).remote(index)
+        return create_engine(self.cfg, self.gpus, self.identity, index)
 
     async def begin(self, index: int, actor, restarts: int = 0) -> Engine:
         """Start the created actor's engine and endpoint; it takes no turns until it is live."""
@@ -57,9 +54,15 @@ class EngineStarter:
         return await self.begin(index, self.create(index), restarts)
 
 
-def _kill_named(name: str) -> None:
-    import ray
+def create_engine(cfg: TurnkeepConfig, gpus, identity: dict | None, index: int):
+    """Engine `index`'s actor, not yet started: a run's start creates every one before its model is there."""
+    detached = {"lifetime": "detached"} if identity is not None else {}
+    options = actor_options(cfg.placement, gpus, "policy", engine=index, engines=cfg.policy.engines,
+                            spread=cfg.policy.placement == "spread", ranks=cfg.train.ranks)
+    return PolicyActor.options(name=engine_name(index), num_cpus=0, **detached, **options).remote(index)
 
+
+def _kill_named(name: str) -> None:
     try:
         ray.kill(ray.get_actor(name), no_restart=True)
     except Exception:  # noqa: BLE001 - no such actor any more, or its node is gone: nothing to free

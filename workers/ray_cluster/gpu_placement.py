@@ -86,6 +86,7 @@ def reserve(placement: PlacementConfig, detached: bool = False, engines: int = 1
     """Check the cluster, then reserve the plan's bundles; None when nothing asks for a GPU. `detached`: the
     reservation outlives this controller, as the detached actors placed in it do. `spread`: the bundles go to
     different nodes where Ray can (one node lost takes few engines with it)."""
+    # Late: the CLI's config checks import this module before Ray's environment is set (`security.py`).
     import ray
     from ray.util.placement_group import placement_group
 
@@ -109,6 +110,7 @@ def actor_options(placement: PlacementConfig, group, role: str, engine: int = 0,
         if role == "policy":
             return {"num_gpus": 0, **(spread_over_nodes(engine) if spread else {})}
         return {"num_gpus": 0, **on_head_node()}
+    # Late: the CLI's config checks import this module before Ray's environment is set (`security.py`).
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     strategy = PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=seat.bundle)
@@ -120,6 +122,7 @@ HEAD_RESOURCE = "node:__internal_head__"
 
 def live_nodes() -> list[dict]:
     """The cluster's live nodes, the head first (then by id: a stable order for round robin)."""
+    # Late: the CLI's config checks import this module before Ray's environment is set (`security.py`).
     import ray
 
     nodes = [node for node in ray.nodes() if node.get("Alive")]
@@ -138,6 +141,7 @@ def on_head_node(cpus: float = 0.0) -> dict:
     """Ray options that put an actor asking for `cpus` on the cluster's head node when it has them (the trainer
     without GPUs, the run's environment server): the other nodes are where engines spread, and losing one must not
     take these. A head without the CPUs (often started with --num-cpus=0) leaves the choice to Ray."""
+    # Late: the CLI's config checks import this module before Ray's environment is set (`security.py`).
     import ray
 
     if not ray.is_initialized():
@@ -151,6 +155,7 @@ def on_head_node(cpus: float = 0.0) -> dict:
 def spread_over_nodes(engine: int) -> dict:
     """Engine k on the k-th live node, the head's first (round robin). Ray's own SPREAD does not spread actors that
     ask for no CPU, which engines do (vLLM's threads are its own)."""
+    # Late: the CLI's config checks import this module before Ray's environment is set (`security.py`).
     import ray
 
     if not ray.is_initialized():
@@ -164,7 +169,7 @@ def check_local_gpus(placement: PlacementConfig, engines: int = 1, ranks: int = 
     placement this machine cannot meet is refused here, not after Temporal and Ray have started."""
     if not placement.gpus_needed(engines, ranks):
         return
-    import torch
+    import torch  # seconds to import: only a run that asks for GPUs pays it
 
     check_gpus(placement, float(torch.cuda.device_count()), where="this machine (the run starts its own Ray here)",
                engines=engines, ranks=ranks)

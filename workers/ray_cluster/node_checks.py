@@ -16,11 +16,14 @@ import logging
 import time
 
 import ray
+from ray.exceptions import GetTimeoutError, RayError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from turnkeep.config.loader import ConfigError
 from turnkeep.envs.kinds import local_environments
 from turnkeep.schemas.choices import EnvironmentKind
 from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.workers.ray_cluster.gpu_placement import live_nodes
 
 RUN_MODULES = ("turnkeep.gpu_workers.policy_actor", "turnkeep.gpu_workers.trainer_actor", "turnkeep.envs.env_actor", "vllm", "torch")
 VERSIONED = ("turnkeep", "vllm", "torch", "ray")
@@ -76,10 +79,6 @@ def problems(here: dict, nodes: dict[str, dict]) -> list[str]:
 
 def check_nodes(cfg: TurnkeepConfig) -> None:
     """Raises NodeUnfit naming every node that cannot run the run's processes."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    from turnkeep.workers.ray_cluster.gpu_placement import live_nodes
-
     modules = modules_needed(cfg)
     nodes = live_nodes()
     refs = [_installed_on_node.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
@@ -95,8 +94,6 @@ def _answers(nodes: list[dict], refs: list) -> dict[str, dict]:
     """Each node's answer by its address. A node that left while asked (preempted as the run starts) is not checked:
     nothing will be placed on it. One that does not answer in time is let be with a warning: a busy node is not an
     unfit one, and an actor placed on a broken one fails by itself."""
-    from ray.exceptions import GetTimeoutError, RayError
-
     answers: dict[str, dict] = {}
     deadline = time.monotonic() + ANSWER_S
     for node, ref in zip(nodes, refs, strict=True):

@@ -13,27 +13,27 @@ import asyncio
 import os
 from pathlib import Path
 
-import psutil
 import ray
 
 from turnkeep.config.loader import ConfigError
 from turnkeep.controller.engines.engine_pool import EnginePool, EngineState
 from turnkeep.controller.processes import EnvServerEndpoint, Processes
 from turnkeep.envs.kinds import local_environments
+from turnkeep.gpu_workers.tiny_model.model_files import ModelUnusable
 from turnkeep.primitives.control_token import create_control_token
-from turnkeep.primitives.pid_files import write_pid_file
 from turnkeep.schemas.config import TurnkeepConfig
 from turnkeep.workers.local_env_server import LocalEnvServer
-from turnkeep.workers.model_maker import cached_tiny_model_dir
-from turnkeep.workers.process_watch import death_reason
-from turnkeep.workers.ray_cluster.engines import EngineStarter
-from turnkeep.workers.ray_cluster.gpu_placement import PlacementError, actor_options, reserve
+from turnkeep.workers.model_maker import cached_tiny_model_dir, tiny_model_dir
+from turnkeep.workers.ray_cluster.engines import EngineStarter, create_engine
+from turnkeep.workers.ray_cluster.gpu_placement import PlacementError, on_head_node, reserve
 from turnkeep.workers.ray_cluster.head import RayHead, start_or_find_head
 from turnkeep.workers.ray_cluster.node_checks import check_nodes
 from turnkeep.workers.ray_cluster.security import ensure_ray_token
+from turnkeep.workers.ray_cluster.survivors import find_survivors, stop_survivors
 from turnkeep.workers.ray_cluster.temp_dir import prepare_ray_temp_dir
+from turnkeep.workers.ray_cluster.trainer_start import create_trainer, setup_trainer
+from turnkeep.workers.ray_cluster.warden import stop_warden
 from turnkeep.workers.startup_clock import StartupClock, marked
-from turnkeep.workers.trainer_rebuilds import TrainerDiedAtStart
 
 
 def start_ray(cfg: TurnkeepConfig, run_dir: Path, namespace: str | None = None) -> None:
@@ -87,8 +87,6 @@ def reserve_gpus(cfg: TurnkeepConfig, detached: bool = False):
 
 async def _model_dir(cfg_json: str) -> str:
     """The model's directory, made on a node of the cluster; a model setting that cannot work is one line."""
-    from turnkeep.gpu_workers.tiny_model.model_files import ModelUnusable
-
     try:
         return await _make_model.remote(cfg_json)
     except ray.exceptions.RayTaskError as err:
@@ -99,8 +97,6 @@ async def _model_dir(cfg_json: str) -> str:
 
 @ray.remote(num_cpus=0)
 def _make_model(cfg_json: str) -> str:
-    from turnkeep.workers.model_maker import tiny_model_dir
-
     return str(tiny_model_dir(TurnkeepConfig.model_validate_json(cfg_json)))
 
 
@@ -110,19 +106,18 @@ async def launch(cfg: TurnkeepConfig, incarnation: int | None = None, gpus=None,
     writes turn commits to the audit log; with `clock`, each is marked the moment it is up.
 
     With `identity` (the run id and `process_digest` of the config) they are detached actors, stamped with it, that
-    outlive this controller: a restarted one re-attaches to them (`workers.ray_cluster.survivors`)."""
+    outlive this controller: a restarted one re-attaches to them (`workers.ray_cluster.reattach`)."""
     cfg_json = cfg.model_dump_json()
     token = create_control_token(cfg.run.run_dir)
     # The actors' processes start (and import torch) while the model is found or made.
     trainer = create_trainer(cfg, gpus, identity)
-    starter = EngineStarter(cfg, "", token, gpus, identity)
-    actors = [starter.create(k) for k in range(cfg.policy.engines)]
+    actors = [create_engine(cfg, gpus, identity, k) for k in range(cfg.policy.engines)]
     model_dir = str(cached) if (cached := cached_tiny_model_dir(cfg)) is not None else await _model_dir(cfg_json)
-    starter.model_dir = model_dir
+    starter = EngineStarter(cfg, model_dir, token, gpus, identity)
     pool = EnginePool([])
     local = sorted(local_environments(cfg.environments))
-    env = LocalEnvServer(cfg, Path(model_dir), pool.routable_urls, token, incarnation, identity=identity) if local \
-        else None
+    env = LocalEnvServer(cfg, Path(model_dir), pool.routable_urls, token, incarnation, identity=identity,
+                         placement=on_head_node) if local else None
     if env is not None:
         env.create()  # its process starts beside the others; it is started once the engines it routes to are live
     try:
@@ -152,36 +147,6 @@ def _kill_quietly(actor) -> None:
         pass
 
 
-def create_trainer(cfg: TurnkeepConfig, gpus, identity: dict | None = None):
-    """The trainer's actor (rank 0), not yet set up; detached when the run's processes outlive the controller."""
-    from turnkeep.gpu_workers.trainer_actor import TrainerActor
-
-    detached = {"lifetime": "detached"} if identity is not None else {}
-    options = actor_options(cfg.placement, gpus, "trainer", ranks=cfg.train.ranks)
-    return TrainerActor.options(name="trainer", **detached, **options).remote()
-
-
-async def setup_trainer(trainer, model_dir: str, cfg: TurnkeepConfig, identity: dict | None, gpus=None) -> None:
-    """Load the model into the trainer and its other ranks (each in its own GPU bundle of `gpus` when the trainer
-    has GPUs), write their pid files, stamp it with the run."""
-    ranks = cfg.train.ranks
-    rank_options = [actor_options(cfg.placement, gpus, "trainer", ranks=ranks, rank=rank) for rank in range(1, ranks)]
-    run_dir = cfg.run.run_dir
-    try:
-        await trainer.setup.remote(model_dir, cfg.model_dump_json(), rank_options)
-        write_pid_file(run_dir, "trainer", await trainer.__ray_call__.remote(_pid_of))
-        for rank, pid in enumerate(await trainer.ranks.remote(), 1):
-            write_pid_file(run_dir, f"trainer.rank{rank}", pid)
-        if identity is not None:
-            await trainer.stamp.remote({**identity, "model_dir": model_dir})
-    except (ray.exceptions.RayActorError, psutil.NoSuchProcess) as err:
-        raise TrainerDiedAtStart(death_reason("trainer", err)) from None
-
-
-def _pid_of(actor) -> int:
-    return os.getpid()
-
-
 async def shutdown(processes: Processes | None, on_cluster: bool = False) -> None:
     """Stop the run's processes. `on_cluster`: they are detached actors on a user's cluster, which nothing else
     stops when the run ends (the run's own Ray goes with its head): every one of them, and the warden, go too."""
@@ -192,9 +157,6 @@ async def shutdown(processes: Processes | None, on_cluster: bool = False) -> Non
         # Best effort on the way out, both at once: neither waits for the other.
         await asyncio.gather(*stops, return_exceptions=True)
     if on_cluster:
-        from turnkeep.workers.ray_cluster.survivors import find_survivors, stop_survivors
-        from turnkeep.workers.ray_cluster.warden import stop_warden
-
         await stop_survivors(find_survivors())
         await stop_warden()
     ray.shutdown()

@@ -2,7 +2,7 @@
 `ray.survive_controller_s`, as they do on the run's own Ray (whose keeper process watches the controller there).
 
 The warden is a detached actor in the run's namespace. The controller beats it every second; a controller that
-starts within the window finds the trainer, the engines and the environment server (`workers.ray_cluster.survivors`)
+starts within the window finds the trainer, the engines and the environment server (`workers.ray_cluster.reattach`)
 and beats the same warden. When no beat came for the window, the warden stops the run's processes the way a run
 stops them, frees the GPU reservation, and leaves. A run that ends normally stops everything itself, warden too.
 """
@@ -14,6 +14,9 @@ import logging
 import time
 
 import ray
+
+from turnkeep.workers.ray_cluster.gpu_placement import on_head_node
+from turnkeep.workers.ray_cluster.survivors import find_survivors, stop_survivors
 
 WARDEN = "warden"
 BEAT_S = 1.0
@@ -36,8 +39,6 @@ class Warden:
     async def _until_unheard(self) -> None:
         while time.monotonic() - self._last < self._survive_s:
             await asyncio.sleep(BEAT_S)
-        from turnkeep.workers.ray_cluster.survivors import find_survivors, stop_survivors
-
         log.warning("no controller for %.0fs (ray.survive_controller_s): stopping the run's processes", self._survive_s)
         await stop_survivors(find_survivors())
         ray.actor.exit_actor()
@@ -46,8 +47,6 @@ class Warden:
 def warden(survive_s: float):
     """The run's warden (the one a dead controller left, or a new one), detached in the run's namespace, on the
     head node where it can be (a worker node that goes away would take it along)."""
-    from turnkeep.workers.ray_cluster.gpu_placement import on_head_node
-
     return Warden.options(name=WARDEN, lifetime="detached", get_if_exists=True, **on_head_node()).remote(survive_s)
 
 

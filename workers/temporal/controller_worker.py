@@ -19,9 +19,10 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from turnkeep.activities.engine_activities import EngineActivities
-from turnkeep.activities.gym_activities import GymActivities
+from turnkeep.activities.env_server_activities import EnvServerActivities
 from turnkeep.activities.recovery_activities import RecoveryActivities
 from turnkeep.activities.snapshot_activities import SnapshotActivities
+from turnkeep.controller.engines.engine_keeper import EngineKeeper
 from turnkeep.controller.engines.engine_pool import Engine
 from turnkeep.controller.fingerprint import config_fingerprint
 from turnkeep.controller.restore.crash_restore import CrashRestore
@@ -72,6 +73,8 @@ class SnapshotRuntime:
     handle: WorkflowHandle
     ctx: SnapshotCoordinator
     workflows: WorkflowThread
+    recovery: RecoveryResult | None = None
+    """The result of this incarnation's restore through the recovery workflow (None for a new run)."""
     stopped: bool = False
 
     async def watch(self) -> str:
@@ -136,20 +139,24 @@ CONTROLLER_WORKFLOWS = (RunWorkflow, SnapshotAttemptWorkflow, RecoveryWorkflow)
 
 
 def controller_worker(
-    client: Client, ctx: SnapshotCoordinator, recovery: RecoveryActivities | None = None
+    client: Client, ctx: SnapshotCoordinator, recovery: RecoveryActivities | None = None,
+    engine_keeper: EngineKeeper | None = None,
 ) -> tuple[Worker, asyncio.Task]:
     """The controller's activities on `<run_id>.controller`, on the controller's loop with the objects they change
     (the workflows run on `WorkflowThread`, on the same queue)."""
     extra = [] if recovery is None else step_activities(recovery, runs=CONTROLLER_STEPS)
-    return start_worker(client, controller_queue(ctx.run_id), activities=[*controller_activities(ctx), *extra])
+    return start_worker(client, controller_queue(ctx.run_id),
+                        activities=[*controller_activities(ctx, engine_keeper), *extra])
 
 
 CONTROLLER_STEPS = (Runs.CONTROLLER, Runs.LOCAL)
 
 
-def controller_activities(ctx: SnapshotCoordinator) -> list:
-    """Every attempt and run phase the controller itself carries out."""
-    return step_activities(GymActivities(ctx), SnapshotActivities(ctx), EngineActivities(ctx), runs=CONTROLLER_STEPS)
+def controller_activities(ctx: SnapshotCoordinator, engine_keeper: EngineKeeper | None = None) -> list:
+    """Every attempt and run phase the controller itself carries out (scaling the engines goes to `engine_keeper`;
+    None: it is refused)."""
+    return step_activities(EnvServerActivities(ctx), SnapshotActivities(ctx), EngineActivities(ctx, engine_keeper),
+                           runs=CONTROLLER_STEPS)
 
 
 def local_steps() -> list[str]:
@@ -170,74 +177,103 @@ def record_local_runs(run_dir: Path) -> Callable[[BridgedRun], None]:
 async def start_snapshots(
     cfg: TurnkeepConfig, controller: Controller, session: aiohttp.ClientSession, address: str, run_id: str,
     incarnation: int, recovery: CrashRestore | None = None, *, agents_mode: AgentsMode,
+    engine_keeper: EngineKeeper | None = None,
 ) -> SnapshotRuntime:
     """Start the workers; with `recovery`, restore the run through the recovery workflow; then start the run workflow
-    whose attempts keep the running agents as `agents_mode` says (`snapshot.agents` resolved at start)."""
-    processes = controller.processes
+    whose attempts keep the running agents as `agents_mode` says (`snapshot.agents` resolved at start), and connect
+    it to the controller's checkpoint announcements. `engine_keeper`: what the run workflow's scaling goes to."""
     security = cfg.temporal.security() if cfg.temporal.address is not None else None
-    client = await connect(address, cfg.temporal.namespace, security)
-    if cfg.temporal.address is not None:
-        await register_search_attributes(client, cfg.temporal.namespace)
-    # The GPU-side processes run their own workers, so an attempt's history shows which process did what.
-    async def engine_worker(engine: Engine) -> None:
-        await engine.actor.start_temporal_worker.remote(address, cfg.temporal.namespace, run_id, incarnation,
-                                                        security)
-
+    client = await _client(cfg, address, security)
     # The trainer's and the engines' workers start (seconds: each process imports and connects) while the recovery
     # runs; a task for them waits in their queue until they poll.
-    actor_workers = asyncio.gather(
-        processes.trainer.start_temporal_worker.remote(address, cfg.temporal.namespace, run_id, incarnation,
-                                                       security),
-        *(engine_worker(engine) for engine in processes.engines.live()))
-    processes.engines.on_start.append(engine_worker)  # a replacement serves its queue before it goes live
-    environments, _policy = participant_clients(processes, session, cfg.snapshot.phase_timeout_s)
+    actor_workers = _start_actor_workers(cfg, controller.processes, address, run_id, incarnation, security)
     interval_s = periodic_interval_s(cfg.snapshot.attempt_interval_s, agents_mode)
-    ctx = SnapshotCoordinator(
-        run_id=run_id, incarnation=incarnation, run_dir=cfg.run.run_dir, fingerprint=config_fingerprint(cfg),
-        controller=controller, trainer=processes.trainer, environments=environments,
-        interval_s=interval_s,
-    )
+    ctx = _coordinator(cfg, controller, session, run_id, incarnation, interval_s)
     recovery_acts = None
     if recovery is not None:
         recovery_acts = RecoveryActivities(client, recovery, incarnation, wait_s=cfg.snapshot.phase_timeout_s)
-    local = bridged_activities(controller_activities(ctx), local_steps(), asyncio.get_running_loop(),
+    local = bridged_activities(controller_activities(ctx, engine_keeper), local_steps(), asyncio.get_running_loop(),
                                record_local_runs(cfg.run.run_dir))
     workflows = WorkflowThread(address, cfg.temporal.namespace, security, controller_queue(run_id),
                                CONTROLLER_WORKFLOWS, local)
     worker: Worker | None = None
     try:
         await workflows.start()
-        worker, worker_task = controller_worker(client, ctx, recovery_acts)
+        worker, worker_task = controller_worker(client, ctx, recovery_acts, engine_keeper)
+        recovered = None
         if recovery is not None:
-            ctx.recovery = await _unless_it_fails(actor_workers, _recover(cfg, client, run_id, incarnation,
-                                                                          processes.engines.indices()))
+            recovered = await _unless_it_fails(actor_workers, _recover(cfg, client, run_id, incarnation,
+                                                                       controller.processes.engines.indices()))
         await actor_workers
-        handle = await client.start_workflow(
-            RunWorkflow.run,
-            RunWorkflowInput(
-                run_id=run_id, incarnation=incarnation, attempt_interval_s=interval_s,
-                max_consecutive_failures=cfg.snapshot.max_consecutive_failures, keep_latest_k=cfg.snapshot.keep_latest_k,
-                trainer_hold=cfg.snapshot.trainer_hold, checkpoint_on_demand=cfg.snapshot.checkpoint_on_demand,
-                agents=agents_mode, timeouts=timeouts(cfg),
-                carried=RunCarryOver(numbers=next_snapshot_numbers(cfg.run.run_dir)),
-                engines=processes.engines.indices(),
-            ),
-            id=run_workflow_id(run_id), task_queue=controller_queue(run_id), task_timeout=WORKFLOW_TASK_TIMEOUT,
-            static_summary=f"turnkeep run {run_id} ({cfg.run.run_dir})",
-            search_attributes=TypedSearchAttributes([SearchAttributePair(sa.RUN_ID, run_id)]),
-        )
+        handle = await _start_run_workflow(cfg, client, run_id, incarnation, interval_s, agents_mode,
+                                           controller.processes.engines.indices())
     except BaseException:
-        actor_workers.cancel()
-        await asyncio.gather(actor_workers, return_exceptions=True)
-        # The run does not start: nothing may keep polling for it. An activity worker left running was cancelled
-        # only when the event loop closed, after the embedded Temporal server had stopped, and its shutdown then
-        # waited for that server forever (a trainer killed during the recovery: the process never exited).
-        await stop_controller_workers(worker, workflows)
+        await _abandon_start(actor_workers, worker, workflows)
         raise
-    runtime = SnapshotRuntime(client, worker, worker_task, handle, ctx, workflows)
-    controller.after_checkpoint = lambda step, trigger, repeat: _tie_attempt_to_checkpoint(
-        cfg, runtime, step, trigger, repeat)
+    runtime = SnapshotRuntime(client, worker, worker_task, handle, ctx, workflows, recovery=recovered)
+    controller.checkpoint_announcements.connect(lambda step, trigger, repeat: _tie_attempt_to_checkpoint(
+        cfg, runtime, step, trigger, repeat))
     return runtime
+
+
+async def _client(cfg: TurnkeepConfig, address: str, security) -> Client:
+    client = await connect(address, cfg.temporal.namespace, security)
+    if cfg.temporal.address is not None:
+        await register_search_attributes(client, cfg.temporal.namespace)
+    return client
+
+
+def _start_actor_workers(cfg: TurnkeepConfig, processes, address: str, run_id: str, incarnation: int,
+                         security) -> asyncio.Future:
+    """The trainer's and the live engines' Temporal workers, starting; an engine started later starts its own."""
+    # The GPU-side processes run their own workers, so an attempt's history shows which process did what.
+    async def engine_worker(engine: Engine) -> None:
+        await engine.actor.start_temporal_worker.remote(address, cfg.temporal.namespace, run_id, incarnation,
+                                                        security)
+
+    actor_workers = asyncio.gather(
+        processes.trainer.start_temporal_worker.remote(address, cfg.temporal.namespace, run_id, incarnation,
+                                                       security),
+        *(engine_worker(engine) for engine in processes.engines.live()))
+    processes.engines.on_start.append(engine_worker)  # a replacement serves its queue before it goes live
+    return actor_workers
+
+
+def _coordinator(cfg: TurnkeepConfig, controller: Controller, session: aiohttp.ClientSession, run_id: str,
+                 incarnation: int, interval_s: float | None) -> SnapshotCoordinator:
+    environments, _policy = participant_clients(controller.processes, session, cfg.snapshot.phase_timeout_s)
+    return SnapshotCoordinator(
+        run_id=run_id, incarnation=incarnation, run_dir=cfg.run.run_dir, fingerprint=config_fingerprint(cfg),
+        controller=controller, trainer=controller.processes.trainer, environments=environments,
+        interval_s=interval_s,
+    )
+
+
+async def _start_run_workflow(cfg: TurnkeepConfig, client: Client, run_id: str, incarnation: int,
+                              interval_s: float | None, agents_mode: AgentsMode, engines: list[int]) -> WorkflowHandle:
+    return await client.start_workflow(
+        RunWorkflow.run,
+        RunWorkflowInput(
+            run_id=run_id, incarnation=incarnation, attempt_interval_s=interval_s,
+            max_consecutive_failures=cfg.snapshot.max_consecutive_failures, keep_latest_k=cfg.snapshot.keep_latest_k,
+            trainer_hold=cfg.snapshot.trainer_hold, checkpoint_on_demand=cfg.snapshot.checkpoint_on_demand,
+            agents=agents_mode, timeouts=timeouts(cfg),
+            carried=RunCarryOver(numbers=next_snapshot_numbers(cfg.run.run_dir)),
+            engines=engines,
+        ),
+        id=run_workflow_id(run_id), task_queue=controller_queue(run_id), task_timeout=WORKFLOW_TASK_TIMEOUT,
+        static_summary=f"turnkeep run {run_id} ({cfg.run.run_dir})",
+        search_attributes=TypedSearchAttributes([SearchAttributePair(sa.RUN_ID, run_id)]),
+    )
+
+
+async def _abandon_start(actor_workers: asyncio.Future, worker: Worker | None, workflows: WorkflowThread) -> None:
+    """The run does not start: nothing may keep polling for it. An activity worker left running was cancelled only
+    when the event loop closed, after the embedded Temporal server had stopped, and its shutdown then waited for that
+    server forever (a trainer killed during the recovery: the process never exited)."""
+    actor_workers.cancel()
+    await asyncio.gather(actor_workers, return_exceptions=True)
+    await stop_controller_workers(worker, workflows)
 
 
 async def _unless_it_fails(beside: asyncio.Future, work: Awaitable[T]) -> T:

@@ -317,7 +317,7 @@ def stop_dev_server(endpoint: TemporalEndpoint | None, forget: bool = True) -> N
 
 async def register_search_attributes(client: Client, namespace: str) -> None:
     """On a server we did not start, add turnkeep's search attributes (already present is fine)."""
-    from temporalio.api.enums.v1 import IndexedValueType
+    from temporalio.api.enums.v1 import IndexedValueType  # only on a server of the user's own
     from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
     from temporalio.service import RPCError
 

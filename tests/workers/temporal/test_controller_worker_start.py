@@ -60,7 +60,7 @@ def test_a_recovery_that_fails_stops_the_controllers_activity_worker_before_rais
     server forever and the process never exited (`test_single_process_deaths` timed out in CI)."""
     started: list[asyncio.Task] = []
 
-    def controller_worker(client, ctx, recovery):
+    def controller_worker(client, ctx, recovery, engine_keeper=None):
         worker, task = start_worker(client, f"test-{uuid.uuid4().hex[:6]}", activities=[_noop])
         started.append(task)
         return worker, task
@@ -72,7 +72,7 @@ def test_a_recovery_that_fails_stops_the_controllers_activity_worker_before_rais
         return None
 
     for name, fake in {"controller_worker": controller_worker, "_recover": recovery_fails,
-                       "participant_clients": lambda *_args: ([], None), "controller_activities": lambda ctx: [],
+                       "participant_clients": lambda *_args: ([], None), "controller_activities": lambda ctx, engine_keeper=None: [],
                        "bridged_activities": lambda *_args: [],
                        "RecoveryActivities": lambda *_args, **_kwargs: None,
                        "SnapshotCoordinator": lambda **kwargs: SimpleNamespace(**kwargs)}.items():

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from turnkeep.envs.environment import EnvContext, Environment, Problem, StepResult
+from turnkeep import EnvContext, Environment, Problem, StepResult
 
 KEYS = "abcdefgh"
 """Every key a table may hold (a table holds at most 7 of them, so a key it lacks always exists)."""

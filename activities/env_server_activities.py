@@ -1,11 +1,12 @@
-"""`gym.*`: the Gym phase of an attempt over the environment servers, from the controller's worker.
+"""`gym.*`: an attempt's phase over the environment servers, from the controller's Temporal worker (the activity
+names keep the word "gym", which recorded histories hold; see the glossary in docs/layout.md).
 
 A journal snapshot (`snapshot.agents = "journal"`) only marks: every server's turn journal
 is made durable and its position recorded; nothing closes, parks or is written.
 
 prepare closes admission and suspends the rollout deadlines (one holder, in both hold
 sets), flushes pending ACKs (sent outside the data-plane barrier; see `pending_acks`), then parks every environment server's agents
-(`controller.snapshot.gym_phase`); resume and abort release them and reopen admission.
+(`controller.snapshot.env_server_phase`); resume and abort release them and reopen admission.
 The policy server is fenced after this and resumed before it, by its own activities
 (`policy.*`, in its process).
 """
@@ -21,7 +22,7 @@ from turnkeep.activities.errors import check_incarnation, expected_failure, tran
 from turnkeep.activities.heartbeat import heartbeating
 from turnkeep.activities.input_checks import check_lease, check_staging_dir, parse_attempt_id
 from turnkeep.controller.snapshot.coordinator import SnapshotCoordinator
-from turnkeep.controller.snapshot.gym_phase import (
+from turnkeep.controller.snapshot.env_server_phase import (
     commit_participants,
     mark_participants,
     prepare_participants,
@@ -65,13 +66,13 @@ def _refuse_if_a_server_is_away(snapshots: SnapshotCoordinator) -> None:
                                "point", ErrorType.PARTICIPANT_REFUSED)
 
 
-class GymActivities:
+class EnvServerActivities:
     def __init__(self, snapshots: SnapshotCoordinator) -> None:
         self._snapshots = snapshots
 
     @activity.defn(name=GYM_MARK)
     async def mark(self, inp: GymInput) -> GymMarkResult:
-        """A journal snapshot's Gym phase: nothing closes or parks; each environment server makes its turn
+        """A journal snapshot's phase over the environment servers: nothing closes or parks; each environment server makes its turn
         journal durable and says where it stands."""
         snapshots = self._snapshots
         check_incarnation(inp.incarnation, snapshots.incarnation)
@@ -79,7 +80,7 @@ class GymActivities:
         _refuse_if_a_server_is_away(snapshots)
         with translated_errors():
             marks, participant_s = await mark_participants(snapshots.environments, inp.checkpoint_id)
-        await reached("gym_prepare", snapshots.run_dir)  # the chaos point of the Gym phase, whichever kind
+        await reached("gym_prepare", snapshots.run_dir)  # the chaos point of this phase, whichever kind
         return GymMarkResult(participant_s=participant_s, marks=marks)
 
     @activity.defn(name=GYM_PREPARE)

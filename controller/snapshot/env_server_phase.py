@@ -1,4 +1,4 @@
-"""The Gym phase of an attempt across the environment servers: prepare, commit, release.
+"""An attempt's phase over the environment servers (the `gym.*` activities): prepare, commit, release.
 
 Every call fans out to all environment servers at once, so an attempt takes as long as
 the slowest server, not the sum. prepare parks every environment server's agents (the policy server is fenced after

@@ -1,4 +1,4 @@
-"""The Gym phase fans out to every environment server at once: an attempt takes as long as
+"""An attempt's phase over the environment servers fans out to all of them at once: an attempt takes as long as
 the slowest server, one refusal fails it, and an abort gets past a server that is gone."""
 
 from __future__ import annotations
@@ -12,7 +12,11 @@ import pytest
 from aiohttp import web
 
 from tests.participants.test_client import TOKEN, Hooks, serve
-from turnkeep.controller.snapshot.gym_phase import commit_participants, prepare_participants, release_participants
+from turnkeep.controller.snapshot.env_server_phase import (
+    commit_participants,
+    prepare_participants,
+    release_participants,
+)
 from turnkeep.participants.client import ParticipantClient
 from turnkeep.participants.core import ParticipantCore, Quiescence
 from turnkeep.participants.errors import ParticipantNotReady, ParticipantRefused

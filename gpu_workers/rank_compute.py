@@ -1,5 +1,6 @@
-"""One trainer rank's compute: its shard of the model and of the AdamW state, the backward pass over its share of a
-step's rows, the optimizer step, and its part of a checkpoint.
+"""The torch side of a trainer rank (`RankCompute`), in whichever process hosts the rank (the trainer's own for
+rank 0, a `gpu_workers.rank_actor.TrainerRankActor` for the others): its shard of the model and of the AdamW state,
+the backward pass over its share of a step's rows, the optimizer step, and its part of a checkpoint.
 
 With one rank the model is a plain module. With several, every rank joins one torch.distributed group first
 (`gpu_workers.rank_group`) and the model is sharded with FSDP2 (`fully_shard`: each decoder layer, then the
@@ -62,7 +63,7 @@ def world() -> tuple[int, int]:
     return 0, 1
 
 
-class RankTrainer:
+class RankCompute:
     def __init__(self, model_dir: Path, cfg: TrainConfig, dtype: str, seed: int, temperature: float) -> None:
         self.rank, self.ranks = world()
         # Every rank starts from the same weights (the model directory) but draws its own random numbers.
@@ -183,6 +184,7 @@ def _one_process_is_meant():
 
 
 def _shard(model: torch.nn.Module, device_type: str, ranks: int) -> None:
+    # only a group of ranks shards: a single rank never loads FSDP
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
