@@ -15,6 +15,10 @@ FOLDERS = tomllib.loads((Path(__file__).parent / "pyproject.toml").read_text())[
 
 subpackages = find_packages(include=[pattern for folder in FOLDERS for pattern in (folder, f"{folder}.*")])
 setup(
-    packages=["turnkeep", *(f"turnkeep.{name}" for name in subpackages)],
-    package_dir={"turnkeep": "turnkeep", **{f"turnkeep.{folder}": folder for folder in FOLDERS}},
+    # configs/ rides along as data, so an installed `turnkeep run` finds its default config where a checkout does.
+    packages=["turnkeep", *(f"turnkeep.{name}" for name in subpackages), "turnkeep.configs",
+              "turnkeep.configs.prompts"],
+    package_dir={"turnkeep": "turnkeep", **{f"turnkeep.{folder}": folder for folder in FOLDERS},
+                 "turnkeep.configs": "configs"},
+    package_data={"turnkeep.configs": ["*.toml"], "turnkeep.configs.prompts": ["*"]},
 )

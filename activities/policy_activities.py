@@ -17,7 +17,7 @@ import asyncio
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -26,7 +26,7 @@ from turnkeep.activities.budget import remaining_budget_s
 from turnkeep.activities.errors import check_incarnation, translated_errors
 from turnkeep.activities.heartbeat import heartbeating
 from turnkeep.activities.input_checks import check_int, check_lease, check_staging_shape
-from turnkeep.participants.core import ParticipantFault
+from turnkeep.participants.core import ParticipantCore, ParticipantFault
 from turnkeep.participants.errors import ParticipantInvariantBroken, ParticipantRefused
 from turnkeep.participants.faults import FaultInjector
 from turnkeep.participants.in_process import InProcessParticipant
@@ -43,13 +43,19 @@ from turnkeep.schemas.attempt_steps import (
 )
 from turnkeep.schemas.recovery import POLICY_LOAD_WEIGHTS, PolicyLoadInput, PolicyLoadResult
 
-if TYPE_CHECKING:
-    from turnkeep.gpu_workers.policy_server import PolicyServer
 
+class EngineServer(Protocol):
+    """What an engine's activities ask of its policy server (`gpu_workers.policy_server.PolicyServer`), named here
+    so the activities, below the GPU side, do not import it."""
+
+    participant: ParticipantCore
+
+    def inflight(self) -> int: ...
+    async def load_weights(self, blob: bytes, version: int) -> float: ...
 
 
 class PolicyActivities:
-    def __init__(self, server: "PolicyServer", faults: FaultInjector, incarnation: int,
+    def __init__(self, server: EngineServer, faults: FaultInjector, incarnation: int,
                  trainer_weights: Callable[[], object]) -> None:
         """`trainer_weights()` returns the restored trainer's weights (a Ray object ref of safetensors bytes)."""
         self._server = server

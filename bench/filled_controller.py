@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from turnkeep.bench.synthetic_rollouts import POLICY_VERSION, chain_problem, finished_row
-from turnkeep.controller.journal.state_journal import StateJournal
+from turnkeep.controller.journal.state_journal import JournalSwitch, StateJournal
 from turnkeep.controller.state.claim_ledger import ClaimLedger
 from turnkeep.controller.state.data_plane import DataPlane
 from turnkeep.controller.state.dataloader import PromptDataloader
@@ -42,19 +42,19 @@ SYNC_EVERY_GROUPS = 1024
 class FilledController:
     audit = None
     """No audit log: the cut's flush is not what is timed."""
-    journal: StateJournal | None = None
 
     def __init__(self) -> None:
         self.training = SettledTraining()
-        self.dataloader = PromptDataloader(CalcProblems(TaskConfig(), 0), seed=0)
-        self.data_plane = DataPlane()
+        self.journal = JournalSwitch()
+        self.dataloader = PromptDataloader(CalcProblems(TaskConfig(), 0), seed=0, journal=self.journal)
+        self.data_plane = DataPlane(self.journal)
         self.claims = ClaimLedger()
-        self.ledger = GroupLedger()
+        self.ledger = GroupLedger(journal=self.journal)
 
     def start_journal(self, run_dir: Path) -> StateJournal:
         """Journal every change from now on, as `Controller.start_journal` does (a cut needs it)."""
         journal = StateJournal(run_dir, "bench", 1, self.state_dict())
-        self.data_plane.journal = self.ledger.journal = self.dataloader.journal = self.journal = journal
+        self.journal.switch_to(journal)
         return journal
 
     def fill(self, rows: int, turns: int, parked: list[RolloutRequest], rng: random.Random) -> None:
@@ -72,7 +72,7 @@ class FilledController:
                 self.data_plane.put(templates[sibling].model_copy(update={"group_id": group_id}))
                 self.ledger.seal(group_id, sibling)
             self.ledger.settle(group_id)
-            if self.journal is not None and (start // GROUP_SIZE) % SYNC_EVERY_GROUPS == SYNC_EVERY_GROUPS - 1:
+            if self.journal.started and (start // GROUP_SIZE) % SYNC_EVERY_GROUPS == SYNC_EVERY_GROUPS - 1:
                 self.journal.sync_blocking()
         # A parked agent's sibling is running its first attempt, so its continuation is valid.
         for request in parked:

@@ -187,10 +187,8 @@ def _journal(directory: Path, audit):
     from turnkeep.envs.turn_audit import audit_tokens_durable
     from turnkeep.envs.turn_journal import TurnJournal
 
-    journal = TurnJournal(directory, "bench")
-    journal.before_sync = audit.flush
-    journal.tokens_durable = lambda durable: audit_tokens_durable(audit, durable)
-    return journal
+    return TurnJournal(directory, "bench", before_sync=audit.flush,
+                       tokens_durable=lambda durable: audit_tokens_durable(audit, durable))
 
 
 async def _agent(policy, journal, audit, level: str, pair: int, agent: int, prompt: list[int], limits: dict) -> int:
@@ -216,7 +214,6 @@ async def _agent(policy, journal, audit, level: str, pair: int, agent: int, prom
 async def _turn(policy, journal, audit, level: str, request, turn_index: int, prompt: list[int], limits: dict):
     """One turn through the environment server's code path at `level` (its tokens journaled as they stream at
     `token`); returns its policy segment."""
-    from turnkeep.envs.streamed_turn import StreamedTurn
     from turnkeep.envs.turn_audit import audit_chunk
     from turnkeep.envs.turn_progress import TurnProgress
     from turnkeep.schemas.policy import CompletionRequest
@@ -226,11 +223,10 @@ async def _turn(policy, journal, audit, level: str, request, turn_index: int, pr
                              stream_chunk_tokens=limits["every_tokens"],
                              stream_chunk_s=limits["every_s"])
     if level == "token":
-        turn = StreamedTurn(call)
-        progress = TurnProgress(turn, request.rollout_id, turn_index, limits["every_tokens"], limits["every_s"],
-                                journal=journal, on_chunk=lambda *chunk: audit_chunk(audit, request, *chunk))
-        turn.on_tokens = progress.tokens_arrived
-        await policy.stream(turn, rollout_id=request.rollout_id)
-        return turn.segment()
+        progress = TurnProgress(call, None, request.rollout_id, turn_index, limits["every_tokens"],
+                                limits["every_s"], journal=journal,
+                                on_chunk=lambda *chunk: audit_chunk(audit, request, *chunk))
+        await policy.stream(progress.turn, rollout_id=request.rollout_id)
+        return progress.turn.segment()
     choice = (await policy.complete(call, rollout_id=request.rollout_id)).choices[0]
     return Segment(kind="policy", token_ids=choice.token_ids, logprobs=choice.logprobs.token_logprobs, policy_version=0)

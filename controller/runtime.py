@@ -20,7 +20,7 @@ from turnkeep.controller.journal.journal_flusher import flush_journal_forever
 from turnkeep.controller.journal.journal_prune import prune_journals
 from turnkeep.controller.journal.records import REPLAY_BATCHES
 from turnkeep.controller.journal.replay import state_at
-from turnkeep.controller.journal.state_journal import BASE_KEY, JournalRef, StateJournal, base_marker
+from turnkeep.controller.journal.state_journal import BASE_KEY, JournalRef, JournalSwitch, StateJournal, base_marker
 from turnkeep.controller.processes import EnvServerEndpoint, Processes
 from turnkeep.controller.pumps.env_client import EnvClient
 from turnkeep.controller.pumps.env_router import EnvRouter, EnvServerLink
@@ -94,10 +94,12 @@ class Controller:
         # Rollout clocks pause for their own holders (a snapshot, a colocated switch), not for a refit.
         self.deadline_holds = HoldSet("deadlines")
         self.deadlines = DeadlineRegistry(self.deadline_holds)
-        self.dataloader = PromptDataloader(prompts, cfg.run.seed, cfg.environments, shuffle=cfg.data.shuffle)
-        self.ledger = GroupLedger()
+        self.journal = JournalSwitch()
+        self.dataloader = PromptDataloader(prompts, cfg.run.seed, cfg.environments, shuffle=cfg.data.shuffle,
+                                           journal=self.journal)
+        self.ledger = GroupLedger(journal=self.journal)
         self.claims = ClaimLedger()
-        self.data_plane = DataPlane()
+        self.data_plane = DataPlane(self.journal)
         self.metrics = MetricsSink(cfg.run.run_dir, self.stats, max_steps)
 
     def _rollout_pump(self, level_plans: dict[str, RolloutLevelPlan]) -> RolloutPump:
@@ -211,12 +213,12 @@ class Controller:
 
     def start_journal(self, run_id: str, incarnation: int, restored_from: dict | None = None) -> None:
         """Journal every change from now on, from the state held now (the restored one, or a fresh run's empty one)."""
-        if self.data_plane.journal.started:
-            self.data_plane.journal.close()
+        if self.journal.started:
+            self.journal.close()
         base = {**self.state_dict(), "claim_ledger": {"claims": {}}}
-        journal = StateJournal(self.cfg.run.run_dir, run_id, incarnation, base, restored_from=restored_from)
-        self.data_plane.journal = self.ledger.journal = self.dataloader.journal = journal
-        self.ledger.incarnation = incarnation
+        self.journal.switch_to(StateJournal(self.cfg.run.run_dir, run_id, incarnation, base,
+                                            restored_from=restored_from))
+        self.ledger.begin_incarnation(incarnation)
 
     async def _checkpoint(self, step: int, trigger: str) -> None:
         """The trainer's files plus the controller's full state at one journal position, which later cuts replay
@@ -225,7 +227,7 @@ class Controller:
             capture = capture_cut(self, [])
             if self.audit is not None:
                 self.audit.emit(CutTaken, kind=CutKind.TRAINER_CHECKPOINT, **capture.summary)
-        journal = self.data_plane.journal
+        journal = self.journal.current
         await journal.durable(capture.position.seq)
         ref = JournalRef.model_validate(capture.state["journal_ref"])
         state = await asyncio.to_thread(state_at, self.cfg.run.run_dir, ref)

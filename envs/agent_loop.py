@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from turnkeep.envs.codec import TurnCodec
 from turnkeep.envs.environment import Environment
 from turnkeep.envs.policy_client import Policy
-from turnkeep.envs.streamed_turn import StreamedTurn
 from turnkeep.envs.turn_journal import TurnJournal
 from turnkeep.envs.turn_progress import ChunkListener, TurnProgress
 from turnkeep.envs.turn_records import TurnRecords
@@ -167,9 +166,7 @@ async def _streamed_turn(call: CompletionRequest, policy: Policy, limits: LoopLi
                          turn_index: int, partial: Segment | None, journal: TurnJournal | None,
                          on_chunk: ChunkListener | None) -> Segment:
     """One turn streamed, its tokens reported (and at the `token` level journaled) in chunks as they come."""
-    turn = StreamedTurn(call, partial)
-    progress = TurnProgress(turn, rollout_id, turn_index, limits.partial_every_tokens, limits.partial_every_s,
-                            journal=journal, on_chunk=on_chunk)
-    turn.on_tokens = progress.tokens_arrived
-    await policy.stream(turn, rollout_id=rollout_id)
-    return turn.segment()
+    progress = TurnProgress(call, partial, rollout_id, turn_index, limits.partial_every_tokens,
+                            limits.partial_every_s, journal=journal, on_chunk=on_chunk)
+    await policy.stream(progress.turn, rollout_id=rollout_id)
+    return progress.turn.segment()

@@ -92,12 +92,8 @@ class EnvServer:
         self._limits: RolloutLimits | None = None
         self.attachment: str | None = None
         self._model_files_dir: Path | None = None
-        self.records = TurnRecords()
-        self.turn_journal = TurnJournal(journal_dir, f"env/{name}") if journal_dir is not None else None
-        self.records.journal = self.turn_journal
-        if self.turn_journal is not None and audit is not None:
-            self.turn_journal.before_sync = self._flush_audit
-            self.turn_journal.tokens_durable = lambda durable: audit_tokens_durable(self._audit, durable)
+        self.turn_journal = self._turn_journal(journal_dir, name, audit)
+        self.records = TurnRecords(self.turn_journal)
         self._journal_flusher: asyncio.Task | None = None
         self.receipts = ReceiptBook()
         self.door = HoldSet("env-door")
@@ -358,6 +354,14 @@ class EnvServer:
 
     def _participant_capabilities(self, name: str) -> Capabilities:
         return env_capabilities(self.environments, name, journals_turns=self.turn_journal is not None)
+
+    def _turn_journal(self, journal_dir: Path | None, name: str, audit) -> TurnJournal | None:
+        if journal_dir is None:
+            return None
+        if audit is None:
+            return TurnJournal(journal_dir, f"env/{name}")
+        return TurnJournal(journal_dir, f"env/{name}", before_sync=self._flush_audit,
+                           tokens_durable=lambda durable: audit_tokens_durable(self._audit, durable))
 
     def _flush_audit(self) -> None:
         try:

@@ -47,7 +47,9 @@ class PartialDurable(NamedTuple):
 
 
 class TurnJournal:
-    def __init__(self, directory: Path, log_id: str, *, segment_bytes: int = 64 << 20) -> None:
+    def __init__(self, directory: Path, log_id: str, *, segment_bytes: int = 64 << 20,
+                 before_sync: Callable[[], None] | None = None,
+                 tokens_durable: Callable[[list[PartialDurable]], None] | None = None) -> None:
         self.directory = Path(directory)
         self.log_id = log_id
         self._log = SegmentLog(self.directory, log_id, segment_bytes=segment_bytes)
@@ -57,9 +59,9 @@ class TurnJournal:
         """Rollout id -> the incarnation that started it (its request's)."""
         self._partials: list[tuple[int, PartialDurable]] = []
         """(seq after, what it makes durable) of the chunks not yet durable."""
-        self.tokens_durable: Callable[[list[PartialDurable]], None] | None = None
+        self.tokens_durable = tokens_durable
         """Told after each sync of the partial turns that became durable."""
-        self.before_sync: Callable[[], None] | None = None
+        self.before_sync = before_sync
         """Runs before every sync (the server's audit-log flush): a turn the journal keeps is then always in the
         audit log too, so the invariant checker can verify every continuation against what was generated."""
 

@@ -13,15 +13,20 @@ from collections.abc import Callable
 
 from turnkeep.envs.streamed_turn import StreamedTurn
 from turnkeep.envs.turn_journal import TurnJournal
+from turnkeep.schemas.policy import CompletionRequest
+from turnkeep.schemas.rollout import Segment
 
 ChunkListener = Callable[[int, int, int], None]
 """Told of each chunk: (turns completed before this one, tokens of this turn so far, newest policy version)."""
 
 
 class TurnProgress:
-    def __init__(self, turn: StreamedTurn, rollout_id: str, after_turn: int, every_tokens: int, every_s: float,
-                 journal: TurnJournal | None = None, on_chunk: ChunkListener | None = None) -> None:
-        self._turn = turn
+    def __init__(self, call: CompletionRequest, partial: Segment | None, rollout_id: str, after_turn: int,
+                 every_tokens: int, every_s: float, journal: TurnJournal | None = None,
+                 on_chunk: ChunkListener | None = None) -> None:
+        """The turn of `call` (continuing `partial`, a crashed turn's tokens), streamed into `self.turn`, which tells
+        this object of each run of tokens."""
+        self.turn = self._turn = StreamedTurn(call, partial, on_tokens=self.tokens_arrived)
         self._rollout_id = rollout_id
         self._after_turn = after_turn
         self._every_tokens = every_tokens
@@ -30,7 +35,7 @@ class TurnProgress:
         self._on_chunk = on_chunk
         self._written = 0
         self._last = time.monotonic()
-        if turn.token_ids:
+        if self.turn.token_ids:
             self.flush()  # a continued turn's carried tokens: its new rollout id keeps them from the start
 
     def tokens_arrived(self, _ids: list[int], _logprobs: list[float], _version: int) -> None:

@@ -16,11 +16,11 @@ if TYPE_CHECKING:
 
 
 class TurnRecords:
-    def __init__(self) -> None:
+    def __init__(self, journal: TurnJournal | None = None) -> None:
         self._latest: dict[str, TurnBoundary] = {}
         self.commits = 0
-        self.journal: TurnJournal | None = None
-        """Set when the server journals its boundaries (`envs.turn_journal`)."""
+        self.journal = journal
+        """The server's turn journal when it journals its boundaries (`envs.turn_journal`)."""
 
     def commit(self, record: TurnBoundary, request: RolloutRequest | None = None, env: Environment | None = None,
                ) -> None:

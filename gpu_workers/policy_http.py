@@ -62,7 +62,7 @@ def build_app(
     app.router.add_post("/v1/completions", _completions)
     app.router.add_get("/health", _health)
     # One fault plan for the participant, whichever way its protocol is called (HTTP or Temporal).
-    server.faults = add_participant_routes(app, server.participant, control, fault_injection=fault_injection)
+    add_participant_routes(app, server.participant, control, fault_injection=fault_injection, faults=server.faults)
     return app
 
 

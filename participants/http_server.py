@@ -95,14 +95,15 @@ class ControlAuth:
 def add_participant_routes(
     app: web.Application, core: ParticipantCore, auth: ControlAuth, *, fault_injection: bool = False,
     restore: Callable[[RestoreRequest], Awaitable[BaseModel]] | None = None,
-    mark: Callable[[str], Awaitable[BaseModel]] | None = None,
+    mark: Callable[[str], Awaitable[BaseModel]] | None = None, faults: FaultInjector | None = None,
 ) -> FaultInjector:
     """Mount `/checkpoint/*` on `app`; returns the fault injector (idle unless enabled).
 
     `restore` serves `POST /checkpoint/restore` (a participant that saves state loads it back); `mark` serves
     `POST /checkpoint/mark` (a participant with a turn journal says where it stands, for a journal snapshot).
+    `faults`: the participant's own injector, when its protocol is also called another way (Temporal).
     """
-    faults = FaultInjector()
+    faults = faults if faults is not None else FaultInjector()
     routes = _Routes(core, faults, restore, mark)
     handlers: dict[str, tuple[str, Handler]] = {
         "capabilities": ("GET", routes.capabilities),

@@ -55,6 +55,15 @@ def test_every_folder_is_under_turnkeep(wheel_names: list[str]) -> None:
     assert {"turnkeep/__init__.py", "turnkeep/__main__.py", "turnkeep/_moved.py"} <= set(wheel_names)
 
 
+def test_the_configs_ride_along_where_the_default_config_is_looked_for(wheel_names: list[str]) -> None:
+    from turnkeep.cli.config_args import DEFAULT_CONFIG
+
+    shipped = {name for name in wheel_names if name.startswith("turnkeep/configs/")}
+    assert f"turnkeep/configs/{DEFAULT_CONFIG.name}" in shipped
+    assert {f"turnkeep/configs/{path.relative_to(REPO / 'configs')}" for path in (REPO / "configs").rglob("*")
+            if path.is_file()} == shipped
+
+
 def test_tests_examples_and_scripts_stay_out(wheel_names: list[str]) -> None:
     leaked = [name for name in wheel_names
               if any(part in ("tests", "examples", "scripts") for part in name.split("/")[:2])]

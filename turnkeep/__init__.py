@@ -12,6 +12,7 @@ as the module it asks for.
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from turnkeep._moved import install_moved_module_finder
@@ -52,3 +53,9 @@ def __dir__() -> list[str]:
 
 
 install_moved_module_finder()
+
+_checkout = Path(__file__).resolve().parent.parent
+if not (Path(__file__).parent / "schemas").is_dir() and (_checkout / "setup.py").is_file():
+    # A source checkout run without an install (a copy of the tree on a GPU machine, `PYTHONPATH=.`): the folders
+    # sit beside this one. Installed (a wheel, or editable), setup.py's mapping finds them instead.
+    __path__.append(str(_checkout))

@@ -79,6 +79,37 @@ class JournalHooks:
 NO_JOURNAL = JournalHooks()
 
 
+class JournalSwitch(JournalHooks):
+    """The journal the data plane, the group ledger and the dataloader are built with: one switch they share, which
+    the controller points at each incarnation's journal (`Controller.start_journal`). Until then it journals nothing;
+    anything else read of it (a cut's position, a checkpoint's base) is the journal's it points at."""
+
+    def __init__(self) -> None:
+        self.current: JournalHooks = NO_JOURNAL
+
+    def switch_to(self, journal: JournalHooks) -> None:
+        self.current = journal
+
+    @property
+    def started(self) -> bool:
+        return self.current.started
+
+    def record(self, kind: str, value: Any) -> int:
+        return self.current.record(kind, value)
+
+    async def durable(self, seq: int) -> None:
+        await self.current.durable(seq)
+
+    async def flush_pending(self) -> None:
+        await self.current.flush_pending()
+
+    def close(self) -> None:
+        self.current.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.current, name)
+
+
 def incarnation_dir(run_dir: Path, incarnation: int) -> Path:
     return Path(run_dir) / JOURNAL_DIR / f"inc-{incarnation:06d}"
 

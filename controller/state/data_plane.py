@@ -25,11 +25,11 @@ from turnkeep.schemas.rollout import RolloutRow
 
 
 class DataPlane:
-    def __init__(self) -> None:
+    def __init__(self, journal: JournalHooks = NO_JOURNAL) -> None:
         self._rows: dict[str, dict[int, RolloutRow]] = {}
         self.barrier = asyncio.Lock()
         self.pending_acks = PendingAcks()
-        self.journal: JournalHooks = NO_JOURNAL
+        self.journal = journal
         self.last_record = 0
         """The journal position after the newest row's record: what an ACK waits to be durable."""
         self._count = 0

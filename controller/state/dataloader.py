@@ -21,7 +21,7 @@ class PromptDataloader:
     """
 
     def __init__(self, source: PromptSource, seed: int, environments: dict[str, EnvironmentSpec] | None = None, *,
-                 shuffle: bool = True) -> None:
+                 shuffle: bool = True, journal: JournalHooks = NO_JOURNAL) -> None:
         self._source = source
         self._seed = seed
         environments = environments or {"calc": EnvironmentSpec()}
@@ -31,7 +31,7 @@ class PromptDataloader:
         self._order: list[int] = []
         self._order_epoch: int | None = None
         self.next_index = 0
-        self.journal: JournalHooks = NO_JOURNAL
+        self.journal = journal
 
     @property
     def epoch(self) -> int:

@@ -68,16 +68,21 @@ class GroupEntry:
 
 
 class GroupLedger:
-    def __init__(self, min_sealed: int = 2) -> None:
+    def __init__(self, min_sealed: int = 2, journal: JournalHooks = NO_JOURNAL) -> None:
         self._groups: dict[str, GroupEntry] = {}
         # Kept as groups come and go, so a cut (under the data-plane barrier) reads them without visiting every group.
         self._digest = IdsDigest()
         self._with_running: dict[str, None] = {}
         """Groups with a running sibling, in the order they got one."""
         self._min_sealed = min_sealed
-        self.journal: JournalHooks = NO_JOURNAL
+        self.journal = journal
         self.incarnation = 0
         """This controller's incarnation, stamped on every attempt it starts (`Controller.start_journal`)."""
+
+
+    def begin_incarnation(self, incarnation: int) -> None:
+        """Stamp every attempt started from now on with this controller's incarnation."""
+        self.incarnation = incarnation
 
     def _changed(self, group_id: str) -> None:
         group = self._groups[group_id]

@@ -271,8 +271,7 @@ async def check_cut_turns_continue_exactly(policy, codec: TurnCodec, question: s
     and continued from the restored turn and its tokens, it is still the same episode, token for token."""
     limits = LoopLimits(max_turns=TURNS + 2, max_tokens_per_turn=12, max_model_len=512, temperature=0.0,
                         stream_turns=True, journal_partial_turns=True, partial_every_tokens=3, partial_every_s=3600)
-    records = TurnRecords()
-    records.journal = TurnJournal(directory, "env/test")
+    records = TurnRecords(TurnJournal(directory, "env/test"))
     req = request("tool_turns", question, 20)
     streamed = await run_agent(req, ToolTurnsEnvironment(req.problem), codec, policy, records, _no_park, limits)
     assert [(s.kind, s.token_ids) for s in streamed.row.segments] == \

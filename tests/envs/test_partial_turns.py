@@ -29,13 +29,10 @@ def stream(turn: StreamedTurn, tokens: list[int], version: int) -> None:
 def journaled_turn(tmp_path, tokens: list[int], version: int = 2, every_tokens: int = 3) -> TurnJournal:
     """g1.0.0 committed two turns of policy 2, then streamed `tokens` of its third."""
     journal = TurnJournal(tmp_path, LOG_ID)
-    records = TurnRecords()
-    records.journal = journal
+    records = TurnRecords(journal)
     commit_turns(records, "g1.0.0", [2, 2])
-    turn = StreamedTurn(CALL)
-    progress = TurnProgress(turn, "g1.0.0", 2, every_tokens=every_tokens, every_s=3600, journal=journal)
-    turn.on_tokens = progress.tokens_arrived
-    stream(turn, tokens, version)
+    progress = TurnProgress(CALL, None, "g1.0.0", 2, every_tokens=every_tokens, every_s=3600, journal=journal)
+    stream(progress.turn, tokens, version)
     asyncio.run(journal.sync())
     return journal
 
@@ -72,8 +69,7 @@ def test_tokens_of_a_rolled_back_policy_or_after_a_newer_boundary_are_not_contin
     assert saved.boundary.turn_index == 2 and saved.partial is None
     assert newest_boundaries(tmp_path, LOG_ID, {"g1.0.0": want(3)}, end)["g1.0.0"].partial.token_ids == [5, 6, 7, 8]
     # A turn 3 of policy 3 committed after them: a restore to policy 2 keeps turn 2, and no tokens of turn 3.
-    records = TurnRecords()
-    records.journal = journal
+    records = TurnRecords(journal)
     records.commit(TurnBoundary(rollout_id="g1.0.0", turn_index=3, segments=conversation([2, 2, 3])),
                    request=request("g1.0.0"), env=None)
     saved = newest_boundaries(tmp_path, LOG_ID, {"g1.0.0": want(2)}, asyncio.run(journal.sync()))["g1.0.0"]

@@ -46,8 +46,7 @@ def commit_turns(records: TurnRecords, rollout_id: str, versions: list[int], don
 
 def test_the_newest_boundary_within_the_restored_policy_is_rebuilt_turn_for_turn(tmp_path):
     journal = TurnJournal(tmp_path, LOG_ID, segment_bytes=512)
-    records = TurnRecords()
-    records.journal = journal
+    records = TurnRecords(journal)
     commit_turns(records, "g1.0.0", [3, 4, 5])  # its third turn came from policy 5
     commit_turns(records, "g1.1.0", [3, 3], done_at_end=True)
     commit_turns(records, "g2.0.1", [4])
@@ -64,8 +63,7 @@ def test_the_newest_boundary_within_the_restored_policy_is_rebuilt_turn_for_turn
 
 def test_a_continuation_starts_a_conversation_of_its_own(tmp_path):
     journal = TurnJournal(tmp_path, LOG_ID)
-    records = TurnRecords()
-    records.journal = journal
+    records = TurnRecords(journal)
     commit_turns(records, "g1.0.0", [1, 1])
     records.forget("g1.0.0")
     # Attempt 1 continues attempt 0's second boundary, then adds a turn.
@@ -84,8 +82,7 @@ def test_a_rollout_id_of_another_lineage_is_never_continued(tmp_path):
     incarnation 2. Policy version 6 means different weights on the two lineages: only incarnation 2's turns count,
     even when incarnation 1's conversation comes later in the journal or is the only one there."""
     journal = TurnJournal(tmp_path, LOG_ID)
-    records = TurnRecords()
-    records.journal = journal
+    records = TurnRecords(journal)
     commit_turns(records, "g5.0.0", [5, 6], incarnation=2)
     records.forget("g5.0.0")
     commit_turns(records, "g5.0.0", [5, 6, 6], incarnation=1)  # an older lineage, read after ours
@@ -110,8 +107,7 @@ from turnkeep.schemas.rollout import TurnBoundary
 
 async def main():
     journal = TurnJournal(Path(sys.argv[1]), LOG_ID, segment_bytes=2048)
-    records = TurnRecords()
-    records.journal = journal
+    records = TurnRecords(journal)
     rng = random.Random(int(sys.argv[2]))
     flusher = asyncio.create_task(journal.flush_forever(0.005))
     turns = {}
@@ -153,15 +149,13 @@ def test_every_boundary_reported_durable_survives_a_kill(tmp_path):
 def test_the_audit_log_is_flushed_before_each_journal_batch_reaches_the_disk(tmp_path):
     """A boundary the journal keeps must be in the audit log too, or the invariant checker cannot verify its
     continuation: the hook runs before the batch is written, every time, the background flusher's too."""
-    journal = TurnJournal(tmp_path, LOG_ID)
-    records = TurnRecords()
-    records.journal = journal
     on_disk_at_hook: list[int] = []
 
     def bytes_on_disk() -> int:
         return sum(path.stat().st_size for path in tmp_path.glob("*.seg"))
 
-    journal.before_sync = lambda: on_disk_at_hook.append(bytes_on_disk())
+    journal = TurnJournal(tmp_path, LOG_ID, before_sync=lambda: on_disk_at_hook.append(bytes_on_disk()))
+    records = TurnRecords(journal)
 
     async def scenario() -> None:
         commit_turns(records, "g1.0.0", [1])

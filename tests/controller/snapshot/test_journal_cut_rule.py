@@ -85,8 +85,7 @@ async def _scenario(tmp_path, seed: int):
     controller = FilledController()
     controller.start_journal(tmp_path)
     turn_journal = TurnJournal(tmp_path / "env_journal", LOG_ID)
-    records = TurnRecords()
-    records.journal = turn_journal
+    records = TurnRecords(turn_journal)
     agents = Agents(controller, records, rng)
     cuts = []
 
