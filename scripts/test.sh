@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install what is missing, then run the whole test suite: the unit tier first, stopping at its first failure (a
-# broken build fails in about 2 minutes), then the integration tier. Arguments go to pytest; one that selects tests
+# broken build fails in about 3 minutes), then the integration tier. Arguments go to pytest; one that selects tests
 # itself (-m, -k, a path) runs that selection alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -12,7 +12,7 @@ as the module it asks for.
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
+import os
 from typing import TYPE_CHECKING, Any
 
 from turnkeep._moved import install_moved_module_finder
@@ -54,8 +54,10 @@ def __dir__() -> list[str]:
 
 install_moved_module_finder()
 
-_checkout = Path(__file__).resolve().parent.parent
-if not (Path(__file__).parent / "schemas").is_dir() and (_checkout / "setup.py").is_file():
+# os.path, not pathlib: the workflows' sandbox imports this package again and refuses Path.resolve at import.
+_here = os.path.dirname(os.path.abspath(__file__))
+_checkout = os.path.dirname(_here)
+if not os.path.isdir(os.path.join(_here, "schemas")) and os.path.isfile(os.path.join(_checkout, "setup.py")):
     # A source checkout run without an install (a copy of the tree on a GPU machine, `PYTHONPATH=.`): the folders
     # sit beside this one. Installed (a wheel, or editable), setup.py's mapping finds them instead.
-    __path__.append(str(_checkout))
+    __path__.append(_checkout)
