@@ -71,8 +71,8 @@ class ParkedGym:
         self._agents.clear()
 
     async def _agent(self, request: RolloutRequest, segments: list[Segment]) -> None:
-        async with self.registry.live(request) as agent:
-            env = agent.env = CalcEnvironment(request.problem)
+        env = CalcEnvironment(request.problem)
+        async with self.registry.live(request, env) as agent:
             for turn, text in enumerate(tool_turns(request.problem), start=1):
                 await env.step(text)
                 # Boundary after turn t: the prompt plus t (policy, tool) pairs.

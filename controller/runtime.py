@@ -8,7 +8,6 @@ work can reach each piece without going through a god class.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
@@ -181,10 +180,8 @@ class Controller:
         self.data_plane.load_state_dict(state["data_plane"])
         self.ledger.load_state_dict(state["group_ledger"])
         self.claims.load_state_dict({"claims": {}})
-        self.training.restore(int(state["step"]), policy_version)
-        if not checkpointed:
-            self.training.checkpointed_step = None
-        self.training.replay_batches = deque(list(batch) for batch in state.get(REPLAY_BATCHES, []))
+        self.training.restore(int(state["step"]), policy_version, checkpointed=checkpointed,
+                              replay_batches=state.get(REPLAY_BATCHES, []))
         self.training.hold_generation_during_replay()
 
     def level_plan(self, group_id: str) -> RolloutLevelPlan:

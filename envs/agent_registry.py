@@ -31,7 +31,7 @@ class AgentPhase(StrEnum):
 class LiveAgent:
     request: RolloutRequest
     phase: AgentPhase
-    env: Environment | None = None
+    env: Environment
 
 
 class AgentRegistry:
@@ -41,9 +41,9 @@ class AgentRegistry:
         self._agents: dict[str, LiveAgent] = {}
 
     @asynccontextmanager
-    async def live(self, request: RolloutRequest) -> AsyncIterator[LiveAgent]:
-        """Wait at the door, then hold the agent as live (mid-turn) until the block exits."""
-        agent = LiveAgent(request, AgentPhase.WAITING)
+    async def live(self, request: RolloutRequest, env: Environment) -> AsyncIterator[LiveAgent]:
+        """Wait at the door, then hold the agent of `env` as live (mid-turn) until the block exits."""
+        agent = LiveAgent(request, AgentPhase.WAITING, env)
         self._agents[request.rollout_id] = agent
         try:
             await self._door.wait_clear()

@@ -110,7 +110,7 @@ class EnvParticipant:
     def _saved(self, agent: LiveAgent) -> SavedAgent:
         rollout_id = agent.request.rollout_id
         boundary = self._records.latest(rollout_id)
-        if boundary is None or agent.env is None:
+        if boundary is None:
             # status_counts reports such an agent as not ready, so commit never gets here.
             raise RuntimeError(f"agent {rollout_id} is parked without a turn boundary")
         return SavedAgent(request=agent.request, boundary=boundary, env_state=agent.env.export_state())

@@ -311,8 +311,7 @@ class EnvServer:
             env = slow_tools(self.factory.make(request.problem), self._faults.tool_delay_s(request.problem.env))
         except ValueError as err:
             return _failed(request, str(err))
-        async with self.agents.live(request) as agent:
-            agent.env = env
+        async with self.agents.live(request, env) as agent:
             try:
                 start = None
                 if saved is not None:

@@ -108,10 +108,13 @@ class TrainPump:
         self.step = step
         self.policy_version = policy_version
 
-    def restore(self, step: int, policy_version: int) -> None:
-        """Continue after a restore at `step`: its checkpoint exists, so none is written for it again."""
+    def restore(self, step: int, policy_version: int, *, checkpointed: bool = True,
+                replay_batches: list[list[str]] | None = None) -> None:
+        """Continue after a restore at `step`. `checkpointed`: its checkpoint exists, so none is written for it
+        again. `replay_batches`: the batches of the steps the restore undid, trained again first."""
         self.continue_from(step, policy_version)
-        self.checkpointed_step = step
+        self.checkpointed_step = step if checkpointed else None
+        self.replay_batches = deque(list(batch) for batch in replay_batches or [])
 
     def has_checkpoint_of_current_step(self) -> bool:
         return self.checkpointed_step == self.step
