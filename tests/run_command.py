@@ -97,6 +97,13 @@ def metrics(run_dir: Path, kind: str) -> list[dict]:
     return [row for row in map(orjson.loads, lines) if row.get("kind") == kind]
 
 
+def ray_worker_logs(run_dir: Path) -> str:
+    """What the run's Ray workers wrote to stderr, from the session's files in the run directory. A line a worker
+    logs just before it exits may never be forwarded to the run's own output (Ray's log monitor forwards by polling,
+    and the worker is gone first); its file has it whatever the moment."""
+    return "\n".join(path.read_text(errors="replace") for path in sorted((run_dir / "ray").rglob("worker-*.err")))
+
+
 def wait_until(predicate, timeout_s: float, what: str, proc: subprocess.Popen | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():

@@ -21,7 +21,15 @@ import time
 import psutil
 import pytest
 
-from tests.run_command import metrics, short_run_dir, small_run_settings, train_steps, turnkeep, wait_until
+from tests.run_command import (
+    metrics,
+    ray_worker_logs,
+    short_run_dir,
+    small_run_settings,
+    train_steps,
+    turnkeep,
+    wait_until,
+)
 from tests.workers.ray_cluster.test_security import assert_every_listening_socket_is_on_loopback
 from tests.workers.test_controller_crash import _kill_controller_alone, _running
 from turnkeep.primitives.pid_files import live_pid, live_pids
@@ -111,7 +119,8 @@ def test_each_process_killed_alone_is_started_again_or_stops_the_run_in_one_line
     rebuilt = [line for line in text.splitlines() if "rebuilding the trainer and restoring into it" in line]
     assert len(rebuilt) == 2 and all("(1 of at most 1 in a row)" in line for line in rebuilt), rebuilt
     assert [m["rebuild_in_a_row"] for m in metrics(run_dir, "trainer_rebuild")] == [1, 1]
-    assert "trainer rank 1 of 2 died" in text and str(rank_killed) not in live_pids(run_dir).values()
+    assert "trainer rank 1 of 2 died" in ray_worker_logs(run_dir)  # forwarded to `text` only when Ray was in time
+    assert str(rank_killed) not in live_pids(run_dir).values()
     stopped = [line for line in text.splitlines() if line.startswith("turnkeep: the run was stopped")]
     assert len(stopped) == 1 and "the trainer process died" in stopped[0], text[-3000:]
     assert "and so did each of the 1 trainer(s) rebuilt in a row before it, before a train step" in stopped[0]
