@@ -82,6 +82,8 @@ class TemporalEndpoint:
     server: ProcessId | None = None
     reused: bool = False
     """Taken over from an earlier controller of the same run directory."""
+    log_start: int = 0
+    """Where this start's lines begin in temporal.log (earlier starts of the run directory come before)."""
 
     @property
     def pid(self) -> int | None:
@@ -160,10 +162,19 @@ async def restart_dev_server(endpoint: TemporalEndpoint, timeout_s: float = 30.0
     stop_dev_server(endpoint, forget=False)  # whatever is left of the old one (normally nothing)
     ip, port = endpoint.address.rsplit(":", 1)
     ui_port = endpoint.args[endpoint.args.index("--ui-port") + 1]
-    check_port(ip, int(port), "temporal.port")
-    check_port(ip, int(ui_port), "temporal.ui_port")
-    _spawn(endpoint)
-    await _wait_until_serving(endpoint, timeout_s)
+    for attempt in range(1, PORT_RACE_TRIES + 1):
+        check_port(ip, int(port), "temporal.port")
+        check_port(ip, int(ui_port), "temporal.ui_port")
+        _spawn(endpoint)
+        try:
+            await _wait_until_serving(endpoint, timeout_s)
+            return
+        except TemporalStartError as err:
+            # The server's internal services take fresh ephemeral ports at each start: one taken meanwhile is
+            # a race worth another start; the run's own ports are checked again first.
+            if ADDRESS_IN_USE not in str(err) or attempt == PORT_RACE_TRIES:
+                raise
+            log.warning("the restarted Temporal dev server lost a port race (%s); starting it again", err)
 
 
 async def _take_over_leftover(cfg: TemporalConfig, run_dir: Path) -> TemporalEndpoint | None:
@@ -239,6 +250,7 @@ async def _health(address: str, namespace: str, deadline: float) -> None:
 def _spawn(endpoint: TemporalEndpoint) -> None:
     assert endpoint.run_dir is not None
     with open(endpoint.run_dir / LOG_FILE, "ab") as log_file:
+        endpoint.log_start = log_file.seek(0, os.SEEK_END)
         process = subprocess.Popen(endpoint.args, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
     endpoint.process = process
     endpoint.server = ProcessId.of(process.pid) or ProcessId(process.pid, -1)
@@ -267,7 +279,7 @@ async def _wait_until_serving(endpoint: TemporalEndpoint, timeout_s: float) -> N
         ended = endpoint.exit_status()
         if ended is not None:
             stop_dev_server(endpoint)
-            raise TemporalStartError(f"the Temporal dev server exited at start ({ended}){_last_log_line(endpoint)}; "
+            raise TemporalStartError(f"the Temporal dev server exited at start ({ended}){_start_failure(endpoint)}; "
                                      f"see {_log_path(endpoint)}")
         try:
             await _health(endpoint.address, endpoint.namespace, deadline)
@@ -287,14 +299,18 @@ def _log_path(endpoint: TemporalEndpoint) -> Path:
     return endpoint.run_dir / LOG_FILE
 
 
-def _last_log_line(endpoint: TemporalEndpoint) -> str:
+def _start_failure(endpoint: TemporalEndpoint) -> str:
+    """The line that says why this start failed: its first error (a port taken under the server's own services
+    is logged as an error, then a panic's stack follows it), else its last line."""
     try:
         with open(_log_path(endpoint), "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            f.seek(endpoint.log_start)
             lines = [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
     except OSError:
         return ""
-    return f": {lines[-1][:200]}" if lines else ""
+    errors = [line for line in lines if "level=ERROR" in line]
+    chosen = errors[0] if errors else (lines[-1] if lines else "")
+    return f": {chosen[:300]}" if chosen else ""
 
 
 def stop_dev_server(endpoint: TemporalEndpoint | None, forget: bool = True) -> None:

@@ -207,6 +207,57 @@ def test_a_port_taken_between_its_choice_and_the_servers_bind_is_chosen_again(tm
         stop_dev_server(endpoint)
 
 
+INTERNAL_PORT_RACE = (  # temporal.log of a CI run: the server's own worker service lost its ephemeral port
+    'time=2026-12-06T19:03:24.230 level=ERROR msg="Failed to start gRPC listener" error="listen tcp '
+    '127.0.0.1:42537: bind: address already in use" service=worker address=127.0.0.1:42537\n'
+    "panic: runtime error: invalid memory address or nil pointer dereference\n"
+    "goroutine 3268 [running]:\n"
+    "go.temporal.io/server/service/worker.(*Service).Start(...)\n"
+)
+
+
+def test_a_start_whose_internal_service_lost_its_port_is_started_again(tmp_path, monkeypatch) -> None:
+    """A CI run: the dev server's worker service found its ephemeral port taken, logged the error, then panicked;
+    the last line (a stack frame) hid the cause and the run stopped. The first start here replays that log."""
+    (tmp_path / "temporal.log").write_text("an earlier start's lines: level=ERROR something else\n")
+    spawn = temporal_server._spawn
+    starts: list[list[str]] = []
+
+    def first_start_loses_the_race(endpoint):
+        starts.append(list(endpoint.args))
+        if len(starts) > 1:
+            return spawn(endpoint)
+        real = endpoint.args
+        endpoint.args = [sys.executable, "-c", f"import sys; sys.stdout.write({INTERNAL_PORT_RACE!r}); sys.exit(2)",
+                         *real]
+        try:
+            spawn(endpoint)
+        finally:
+            endpoint.args = real
+
+    monkeypatch.setattr(temporal_server, "_spawn", first_start_loses_the_race)
+    endpoint = asyncio.run(start_dev_server(TemporalConfig(port=0, ui_port=0), tmp_path))
+    try:
+        assert len(starts) == 2 and _answers(endpoint.address)
+    finally:
+        stop_dev_server(endpoint)
+
+
+def test_a_start_failure_names_its_own_first_error_not_an_earlier_starts_or_a_stack_frame(tmp_path) -> None:
+    log_file = tmp_path / "temporal.log"
+    log_file.write_text("level=ERROR an earlier start's error\n")
+    endpoint = temporal_server.TemporalEndpoint("127.0.0.1:1", None, run_dir=tmp_path,
+                                                log_start=log_file.stat().st_size)
+    with open(log_file, "a") as f:
+        f.write(INTERNAL_PORT_RACE)
+    named = temporal_server._start_failure(endpoint)
+    assert "Failed to start gRPC listener" in named and temporal_server.ADDRESS_IN_USE in named
+    endpoint.log_start = log_file.stat().st_size
+    with open(log_file, "a") as f:
+        f.write("Error: unknown flag --nope\n")
+    assert temporal_server._start_failure(endpoint) == ": Error: unknown flag --nope"
+
+
 def test_a_restart_whose_port_was_taken_meanwhile_is_refused_in_one_line(tmp_path) -> None:
     endpoint = asyncio.run(start_dev_server(TemporalConfig(port=0, ui_port=0), tmp_path))
     port = int(endpoint.address.rsplit(":", 1)[1])
