@@ -77,12 +77,13 @@ def one_round(current: Incarnation, run_dir: Path, target: str, point: str, time
     moment = _wait_for_kill_moment(current, point, timeout_s, rng, max_delay_s)
 
     lost: list[str] = []
+    lost_urls: dict[str, str] = {}
 
     def record(outcome: str, killed: int = 0, reason: str = "", after_kill_s: float | None = None) -> Round:
         current.log.settle()
         return Round(current.number, point, outcome, current.proc.poll(), round(time.monotonic() - started, 2),
                      killed, str(current.log.path), target, reason, after_kill_s,
-                     current.first_step_s if fresh_first_step else None, lost)
+                     current.first_step_s if fresh_first_step else None, lost, lost_urls)
 
     if moment == "exited":
         code = current.proc.wait()
@@ -90,6 +91,7 @@ def one_round(current: Incarnation, run_dir: Path, target: str, point: str, time
     kill = kill_target(target, run_dir, current.proc.pid, rng, cluster)
     killed_at = time.monotonic()
     lost += sorted(kill.lost)
+    lost_urls.update(kill.lost_urls)
     if kill.killed == 0:
         return record("missing", reason=f"no live {target} process was found in {run_dir / 'pids'}")
     if target in ("all", "controller"):

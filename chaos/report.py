@@ -31,6 +31,8 @@ class Round:
     """A fresh start: seconds from the start until its first train step (a restart's recovery included)."""
     lost: list[str] = field(default_factory=list)
     """A `node` kill: the run's processes (pid-file roles) that went with the node."""
+    lost_urls: dict[str, str] = field(default_factory=dict)
+    """Where those of them that served (the engines) answered, by role: on the lost node's address."""
 
     @property
     def label(self) -> str:

@@ -163,7 +163,8 @@ class _KillRounds:
         record = one_round(current, self._run_dir, target, point, phase_timeout_s, rng, max_delay_s, self._cluster)
         self.rounds.append(record)
         node_lost = target == NODE and record.processes_killed > 0
-        lost = f" (lost with it: {', '.join(record.lost) or 'none of the run'})" if node_lost else ""
+        gone = [f"{role} at {record.lost_urls[role]}" if role in record.lost_urls else role for role in record.lost]
+        lost = f" (lost with it: {', '.join(gone) or 'none of the run'})" if node_lost else ""
         print(f"turnkeep chaos: incarnation {record.incarnation}: {record.target} {record.outcome} at "
               f"{record.label} after {record.seconds:.0f}s{f' ({record.reason})' if record.reason else ''}{lost}",
               flush=True)

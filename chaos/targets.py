@@ -30,7 +30,7 @@ from pathlib import Path
 import psutil
 
 from turnkeep.chaos.local_cluster import LocalCluster
-from turnkeep.primitives.pid_files import live_pid, live_pids
+from turnkeep.primitives.pid_files import live_pid, live_pids, live_record
 from turnkeep.primitives.process_tree import kill_tree
 
 TARGETS = ("all", "controller", "trainer", "rank", "policy", "engine", "env", "temporal", "node")
@@ -70,6 +70,8 @@ class Kill:
     """The pid file's role that named it (which engine an `engine` kill picked)."""
     lost: dict[str, int] = field(default_factory=dict)
     """A `node` kill: the run's processes that went with the node, by pid-file role."""
+    lost_urls: dict[str, str] = field(default_factory=dict)
+    """What those of them that serve (the engines) answered at, from their pid files."""
 
 
 def kill_target(target: str, run_dir: Path, root_pid: int, rng: random.Random | None = None,
@@ -97,7 +99,9 @@ def kill_node(run_dir: Path, cluster: LocalCluster | None) -> Kill:
         return Kill(0, None, NODE)
     on_node = cluster.worker_node_pids()
     lost = {role: pid for role, pid in live_pids(run_dir).items() if pid in on_node}
-    return Kill(cluster.lose_worker_node(), cluster.worker.pid if cluster.worker else None, NODE, lost)
+    records = {role: live_record(run_dir, role) or {} for role in lost}
+    urls = {role: record["url"] for role, record in records.items() if "url" in record}
+    return Kill(cluster.lose_worker_node(), cluster.worker.pid if cluster.worker else None, NODE, lost, urls)
 
 
 def pick_live(run_dir: Path, roles: re.Pattern, rng: random.Random) -> str | None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from turnkeep.config.loader import load_config, parse_overrides
 from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.workers.model_source import with_model_resolved
 from turnkeep.workers.startup_checks import check_before_start
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
@@ -18,10 +19,10 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
 
 
 def checked_config(args: argparse.Namespace, **overrides: object) -> TurnkeepConfig:
-    """The config `--config` and `--set` (then `overrides`, where not None) give, checked before anything starts;
-    raises ConfigError with the one-line reason."""
+    """The config `--config` and `--set` (then `overrides`, where not None) give, its hub model resolved to a folder
+    and checked before anything starts; raises ConfigError with the one-line reason."""
     settings = parse_overrides(args.set)
     settings.update({key: value for key, value in overrides.items() if value is not None})
-    cfg = load_config(args.config, settings)
+    cfg = with_model_resolved(load_config(args.config, settings))
     check_before_start(cfg)
     return cfg

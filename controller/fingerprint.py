@@ -16,7 +16,9 @@ from turnkeep.schemas.config import TurnkeepConfig
 
 def fingerprint_fields(cfg: TurnkeepConfig) -> dict:
     return {
-        "model": cfg.model.model_dump(mode="json", exclude={"cache_dir"}),
+        # An unset revision is left out: run directories written before the key existed keep their fingerprint.
+        "model": cfg.model.model_dump(mode="json", exclude={"cache_dir"} | ({"revision"} if cfg.model.revision is None
+                                                                            else set())),
         "task": cfg.task.model_dump(mode="json"),
         "rollout.group_size": cfg.rollout.group_size,
         "rollout.max_turns": cfg.rollout.max_turns,

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from turnkeep.schemas.choices import AgentsMode, Device, EnvironmentKind, RecoveryLevel
-from turnkeep.schemas.config_base import ConfigPath, StrictModel
+from turnkeep.schemas.config_base import ConfigPath, ModelPath, StrictModel
 from turnkeep.schemas.config_services import (
     EnvServerConfig,
     PlacementConfig,
@@ -82,8 +82,13 @@ class TinyModelConfig(StrictModel):
 
 
 class ModelConfig(StrictModel):
-    path: ConfigPath | None = None
-    """A Hugging Face model directory (config.json, safetensors, tokenizer). None: make the tiny model."""
+    path: ModelPath | None = None
+    """A Hugging Face model directory (config.json, safetensors, tokenizer), or a hub id `org/name`: found in (or
+    fetched into) the Hugging Face cache once, before the run starts (HF_HOME, HF_HUB_CACHE, HF_HUB_OFFLINE and the
+    saved token apply), and the run uses that folder. None: make the tiny model."""
+    revision: str | None = None
+    """With a hub id in `path`: the branch, tag or commit to use (None: the repository's default branch). Ignored
+    for a local folder."""
     cache_dir: ConfigPath = Path("~/.cache/turnkeep/models")
     """Where the made-up tiny model is cached, keyed by its settings and seed."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"

@@ -1,5 +1,5 @@
-"""The model a run trains: the configured `model.path`, or the tiny model made (once, cached) from the
-conversations this run's environments hand in.
+"""The model a run trains: the configured `model.path` (a folder, or a hub id's folder in the Hugging Face cache:
+`model_source.py`), or the tiny model made (once, cached) from the conversations this run's environments hand in.
 
 `transcript_source(cfg)` picks them: the default task's transcripts, or, with
 `[model.tiny] demonstrations`, an environment class's demonstrations. The name is an
@@ -17,19 +17,21 @@ from turnkeep.envs.calc_transcripts import CalcTranscripts
 from turnkeep.envs.codec import LINE_TEMPLATE
 from turnkeep.envs.environment import Environment
 from turnkeep.envs.loading import EnvironmentLoadError, load_environment
+from turnkeep.gpu_workers.tiny_model.model_files import check_model_files
 from turnkeep.gpu_workers.tiny_model.recipe import cached_model_dir
 from turnkeep.gpu_workers.tiny_model.transcripts import DemonstrationsError, DemoSource, TranscriptSource
 from turnkeep.schemas.choices import EnvironmentKind
 from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.workers.model_source import with_model_resolved
 
 
 def tiny_model_dir(cfg: TurnkeepConfig, eval_rollouts: int | None = None) -> Path:
     """`model.path`, or the tiny model's cached directory (made first if it is not there yet; `eval_rollouts`
     measure its starting reward, the maker's default when None)."""
-    from turnkeep.gpu_workers.tiny_model.build import ensure_tiny_model  # torch: only where a model is checked or made
+    if cfg.model.path is not None:  # a folder, checked, not made (a tool's hub id is resolved here; a run's was)
+        return check_model_files(Path(with_model_resolved(cfg).model.path).expanduser())
+    from turnkeep.gpu_workers.tiny_model.build import ensure_tiny_model  # torch: only where a model is made
 
-    if cfg.model.path is not None:
-        return ensure_tiny_model(cfg.model, CalcTranscripts(cfg.task), cfg.run.seed)
     measure = {} if eval_rollouts is None else {"eval_rollouts": eval_rollouts}
     return ensure_tiny_model(cfg.model, transcript_source(cfg), cfg.run.seed, **measure)
 

@@ -43,6 +43,7 @@ from turnkeep.schemas.config import TurnkeepConfig
 from turnkeep.schemas.names import ray_namespace
 from turnkeep.schemas.participant import Capabilities
 from turnkeep.schemas.recovery import RecoveryResult, SourceKind
+from turnkeep.workers.model_source import with_model_resolved
 from turnkeep.workers.preemption import PreemptionHandler
 from turnkeep.workers.process_watch import first_death, first_of
 from turnkeep.workers.prompts import prompt_source
@@ -74,6 +75,7 @@ STOP_GRACE_AFTER_DEATH_S = 5.0
 async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary:
     # Participants in other processes get paths from us; they must not depend on our cwd.
     cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"run_dir": cfg.run.run_dir.resolve()})})
+    cfg = with_model_resolved(cfg)  # a hub id becomes its cached folder (`turnkeep run` resolved it already)
     start_count = count_at_start(cfg)  # the engines an operator scaled the run to, if the config is as it was
     cfg, temporal_note = temporal_from_environment(start_count.cfg)
     for note in (start_count.note, temporal_note):

@@ -28,7 +28,7 @@ def check_before_start(cfg: TurnkeepConfig) -> None:
         ray_temp_dir(cfg.run.run_dir)  # Ray's sockets must fit the unix path limit somewhere
         check_local_gpus(cfg.placement, cfg.policy.engines, cfg.train.ranks)
         if cfg.model.path is not None:  # on a cluster, the node that loads it checks it
-            check_model_files(cfg.model.path.expanduser())
+            check_model_files(Path(cfg.model.path).expanduser())
     if cfg.snapshot.enabled and cfg.temporal.address is None:
         free_port(cfg.temporal.ip)  # the embedded server's address, named before Ray starts and leaves a keeper
     check_rollout_levels(cfg)

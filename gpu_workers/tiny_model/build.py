@@ -57,7 +57,7 @@ def ensure_tiny_model(
     cannot be played (`source.episodes` is None).
     """
     if model_cfg.path is not None:
-        return check_model_files(model_cfg.path.expanduser())
+        return check_model_files(Path(model_cfg.path).expanduser())
     recipe = Recipe(model_cfg.tiny, source, seed)
     cache = model_cfg.cache_dir.expanduser()
     final = cache / f"tiny-{recipe.key()}"

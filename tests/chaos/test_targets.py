@@ -40,13 +40,14 @@ def test_a_node_kill_without_a_cluster_finds_nothing(tmp_path: Path):
 
 def test_a_node_kill_names_what_the_run_lost_with_it_and_waits_for_its_replacement(tmp_path: Path):
     node, trainer = _OneProcessNode(), _sleeper()
-    write_pid_file(tmp_path, "policy.1", node.worker.pid)
+    write_pid_file(tmp_path, "policy.1", node.worker.pid, url="http://127.0.0.3:8123")
     write_pid_file(tmp_path, "trainer", trainer.pid)
     replacement = None
     try:
         kill = kill_target(NODE, tmp_path, root_pid=0, cluster=node)
         node.worker.wait(timeout=10)
         assert (kill.killed, kill.role, kill.lost) == (1, NODE, {"policy.1": node.worker.pid})
+        assert kill.lost_urls == {"policy.1": "http://127.0.0.3:8123"}  # where it served, from its pid file
         assert not repaired(tmp_path, kill)  # the engine's pid file names the dead process
         replacement = _sleeper()
         write_pid_file(tmp_path, "policy.1", replacement.pid)

@@ -473,6 +473,7 @@ def _example_env(*first: Path) -> dict[str, str]:
 
 USER_ENV = '''"""A user's own environment in a package of theirs named `envs` (turnkeep claims no such name)."""
 
+import os
 from pathlib import Path
 
 from turnkeep import EnvContext, Problem
@@ -482,12 +483,13 @@ EPISODES = Path(__file__).with_name("episodes.log")
 
 
 class MyLookup(LookupEnvironment):
-    """The example's lookups; each episode's question noted in EPISODES, so the test sees this class trained."""
+    """The example's lookups; each episode's question noted in EPISODES with where it ran (the run's own environment
+    server, or a remote one the user started), so the test sees this class trained in both."""
 
     def __init__(self, problem: Problem, ctx: EnvContext = EnvContext()) -> None:
         super().__init__(problem, ctx)
         with EPISODES.open("a") as episodes:
-            episodes.write(problem.question + "\\n")
+            episodes.write(f"{os.environ.get('LOOKUP_SERVER', 'plugin')} {problem.question}\\n")
 '''
 
 
@@ -498,6 +500,14 @@ def _user_project(root: Path) -> Path:
     (package / "__init__.py").write_text("")
     (package / "my_lookup.py").write_text(USER_ENV)
     return package.parent
+
+
+def _two_environments_prompts(path: Path) -> Path:
+    """The example's prompts, every other one for the remote server's environment, in file order."""
+    lines = (EXAMPLE / "prompts.jsonl").read_text().splitlines()[:40]
+    records = [{**json.loads(line), "env": "lookup" if i % 2 == 0 else "remote_lookup"} for i, line in enumerate(lines)]
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    return path
 
 
 def _run_settings(cache: Path) -> list[str]:
@@ -513,78 +523,70 @@ def example_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ensure_tiny_model(cfg.model, transcript_source(cfg), cfg.run.seed, eval_rollouts=0)
 
 
-@pytest.mark.integration
-def test_the_example_trains_as_a_plugin(example_model: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """From a user's package named `envs` (the example's class subclassed there), run in the user's project folder:
-    turnkeep's own folders are `turnkeep.envs`, ..., so the user's `envs` is the one imported."""
-    from tests.run_command import deep_run_dir, metrics, turnkeep
-
-    project = _user_project(tmp_path)
-    for key, value in _example_env(project).items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.chdir(project)  # as a user runs it; the repository (its folder envs/ among them) is not on the path
-    options = load_config(EXAMPLE / "config.toml").environments["lookup"].options
-    environments = {"lookup": {"kind": "python", "entry": "envs.my_lookup:MyLookup", "options": options}}
-    run_dir = deep_run_dir("tk-example-")  # and from a run directory too deep for Ray's sockets under it
-    log = run_dir.parent / "turnkeep.log"
-    # The demonstrations name the example's class by import path: the same cached model as config.toml's.
-    proc = turnkeep("run", "--config", str(EXAMPLE / "config.toml"), "--run-dir", str(run_dir), "--steps", "3",
-                    *_run_settings(example_model.parent), "--set", f"environments={json.dumps(environments)}",
-                    "--set", f"model.tiny.demonstrations={ENTRY}", "--set", f"data.train={EXAMPLE / 'prompts.jsonl'}",
-                    log=log)
-    try:
-        assert proc.wait(timeout=400) == 0, log.read_text()[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    steps = metrics(run_dir, "train_step")
-    assert [m["step"] for m in steps] == [1, 2, 3] and all(0.0 <= m["reward_mean"] <= 1.0 for m in steps)
-    episodes = (project / "envs" / "episodes.log").read_text().splitlines()
-    assert len(episodes) >= 3 * 4 and all(q.startswith("K ") for q in episodes)  # 3 steps of 4 prompts: MyLookup's
-    assert (run_dir / "ray").is_symlink() and (run_dir / "ray" / "session_latest").exists()
-    # The run made no model of its own: it found the one made from the demonstrations.
-    assert [p.name for p in example_model.parent.iterdir() if p.is_dir()] == [example_model.name]
-
-
-@pytest.mark.integration
-def test_the_example_trains_against_a_remote_server(example_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _start_env_server(project: Path, root: Path):
+    """`turnkeep env-server` serving the user's class from their project folder, as a user starts one; the process,
+    its URL and its token file."""
     import os
-    import signal
     import socket
     import subprocess
 
-    from tests.run_command import metrics, short_run_dir, turnkeep, wait_until
+    from tests.run_command import wait_until
 
-    for key, value in _example_env().items():
-        monkeypatch.setenv(key, value)
-    run_dir = short_run_dir("tk-example-remote-")
-    root = run_dir.parent
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     options = load_config(EXAMPLE / "config.toml").environments["lookup"].options
     server_log = root / "env-server.log"
     server = subprocess.Popen(
-        [sys.executable, "-m", "turnkeep", "env-server", "--entry", ENTRY, "--options", json.dumps(options),
-         "--port", str(port), "--token-file", str(root / "env_token")],
-        stdout=open(server_log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        [sys.executable, "-m", "turnkeep", "env-server", "--entry", "envs.my_lookup:MyLookup",
+         "--options", json.dumps(options), "--port", str(port), "--token-file", str(root / "env_token")],
+        stdout=open(server_log, "ab"), stderr=subprocess.STDOUT, start_new_session=True, cwd=project,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "LOOKUP_SERVER": "remote"},
     )
-    environments = {"lookup": {"kind": "remote", "url": f"http://127.0.0.1:{port}",
-                               "token_file": str(root / "env_token")}}
+    wait_until(lambda: "serving" in server_log.read_text(), 60, "the env-server", server)
+    return server, f"http://127.0.0.1:{port}", root / "env_token"
+
+
+@pytest.mark.integration
+def test_the_example_trains_as_a_plugin_and_against_a_remote_server(
+        example_model: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """From a user's package named `envs` (the example's class subclassed there), run in the user's project folder:
+    turnkeep's own folders are `turnkeep.envs`, ..., so the user's `envs` is the one imported, both by the run's own
+    environment server (a plugin) and by a `turnkeep env-server` the user started (a remote environment)."""
+    import os
+    import signal
+
+    from tests.run_command import deep_run_dir, metrics, turnkeep
+
+    project = _user_project(tmp_path)
+    for key, value in _example_env(project).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(project)  # as a user runs it; the repository (its folder envs/ among them) is not on the path
+    run_dir = deep_run_dir("tk-example-")  # and from a run directory too deep for Ray's sockets under it
+    root = run_dir.parent
+    server, url, token_file = _start_env_server(project, root)
+    options = load_config(EXAMPLE / "config.toml").environments["lookup"].options
+    environments = {"lookup": {"kind": "python", "entry": "envs.my_lookup:MyLookup", "options": options},
+                    "remote_lookup": {"kind": "remote", "url": url, "token_file": str(token_file)}}
     log = root / "turnkeep.log"
     proc = None
     try:
-        wait_until(lambda: "serving" in server_log.read_text(), 60, "the env-server", server)
-        proc = turnkeep("run", "--config", str(EXAMPLE / "remote.toml"), "--run-dir", str(run_dir), "--steps", "3",
-                        *_run_settings(example_model.parent),
-                        "--set", f"environments={json.dumps(environments)}", log=log)
+        # The demonstrations name the example's class by import path: the same cached model as config.toml's.
+        proc = turnkeep("run", "--config", str(EXAMPLE / "config.toml"), "--run-dir", str(run_dir), "--steps", "3",
+                        *_run_settings(example_model.parent), "--set", f"environments={json.dumps(environments)}",
+                        "--set", f"model.tiny.demonstrations={ENTRY}", "--set", "data.shuffle=false",
+                        "--set", f"data.train={_two_environments_prompts(tmp_path / 'prompts.jsonl')}", log=log)
         assert proc.wait(timeout=400) == 0, log.read_text()[-3000:]
     finally:
-        for p in (proc, server):
-            if p is not None and p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
+        for running in (proc, server):
+            if running is not None and running.poll() is None:
+                os.killpg(running.pid, signal.SIGKILL)
     steps = metrics(run_dir, "train_step")
     assert [m["step"] for m in steps] == [1, 2, 3] and all(0.0 <= m["reward_mean"] <= 1.0 for m in steps)
-    # Made from the class named by import path: the same cached model as the plugin's, no second one.
+    episodes = [line.split(" ", 1) for line in (project / "envs" / "episodes.log").read_text().splitlines()]
+    where = {name for name, _ in episodes}
+    assert where == {"plugin", "remote"}, where  # MyLookup ran in both servers
+    assert len(episodes) >= 3 * 4 and all(q.startswith("K ") for _, q in episodes)  # 3 steps of 4 prompts
+    assert (run_dir / "ray").is_symlink() and (run_dir / "ray" / "session_latest").exists()
+    # The run made no model of its own: it found the one made from the demonstrations.
     assert [p.name for p in example_model.parent.iterdir() if p.is_dir()] == [example_model.name]

@@ -6,7 +6,8 @@ replace the whole trainer group and restore into it by itself, keeping the engin
 environment server; a new trainer that dies again before a train step, past
 `train.max_rebuilds`, stops the run with one line naming it, and running the same command
 again recovers; that controller killed alone, with no new one coming back, leaves processes
-that stop by themselves. The processes are found the way
+that stop by themselves. The invariants hold over all of it (the rank deaths' rebuilds included:
+each is an incarnation of its own that restores into a two-rank group and trains). The processes are found the way
 `turnkeep chaos --target` finds them: by the pid files in the run directory. One run of the
 whole stack serves every death (a start costs more than any of them).
 """
@@ -32,6 +33,8 @@ from tests.run_command import (
 )
 from tests.workers.ray_cluster.test_security import assert_every_listening_socket_is_on_loopback
 from tests.workers.test_controller_crash import _kill_controller_alone, _running
+from turnkeep.chaos.verdict import check_run_dir
+from turnkeep.primitives.audit_log import read_audit
 from turnkeep.primitives.pid_files import live_pid, live_pids
 
 pytestmark = pytest.mark.integration
@@ -120,6 +123,12 @@ def test_each_process_killed_alone_is_started_again_or_stops_the_run_in_one_line
     assert len(rebuilt) == 2 and all("(1 of at most 1 in a row)" in line for line in rebuilt), rebuilt
     assert [m["rebuild_in_a_row"] for m in metrics(run_dir, "trainer_rebuild")] == [1, 1]
     assert "trainer rank 1 of 2 died" in ray_worker_logs(run_dir)  # forwarded to `text` only when Ray was in time
+    # The rank's death was repaired by a rebuild that restored into a new two-rank group, which trained on.
+    first_run_steps = metrics(run_dir, "train_step")
+    assert {m["trainer_ranks"] for m in first_run_steps} == {2}
+    rebuilt_restores = [e for e in read_audit(run_dir) if e.event == "restored"]
+    assert rebuilt_restores and all(e.source != "fresh" for e in rebuilt_restores), rebuilt_restores
+    assert first_run_steps[-1]["t"] > rebuilt_restores[0].t
     assert str(rank_killed) not in live_pids(run_dir).values()
     stopped = [line for line in text.splitlines() if line.startswith("turnkeep: the run was stopped")]
     assert len(stopped) == 1 and "the trainer process died" in stopped[0], text[-3000:]
@@ -149,3 +158,5 @@ def test_each_process_killed_alone_is_started_again_or_stops_the_run_in_one_line
     keeper_log = (run_dir / "ray_keeper.log").read_text()
     assert "no new one started within ray.survive_controller_s = 5 s" in keeper_log
     assert survivors["ray"] not in live_pids(run_dir).values()
+    verdict = check_run_dir(run_dir)
+    assert verdict.ok, verdict.format()

@@ -42,7 +42,7 @@ class EngineStarter:
         policy_cfg = self.cfg.policy.model_copy(update={"dtype": self.cfg.policy.dtype or self.cfg.model.dtype})
         url = await actor.start.remote(self.model_dir, policy_cfg.model_dump_json(), self.cfg.run.seed,
                                        self.control_token)
-        write_pid_file(self.cfg.run.run_dir, engine_pid_role(index), await actor.__ray_call__.remote(_pid_of))
+        write_pid_file(self.cfg.run.run_dir, engine_pid_role(index), await actor.__ray_call__.remote(_pid_of), url=url)
         if self.identity is not None:
             await actor.stamp.remote({**self.identity, "model_dir": self.model_dir, "url": url, "engine": index})
         return Engine(index, actor, url, state=EngineState.STARTING, restarts=restarts)
