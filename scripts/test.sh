@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what is missing, then run the whole test suite: the unit tier first, stopping at its first failure (a
-# broken build fails in about 3 minutes), then the integration tier. Arguments go to pytest; one that selects tests
-# itself (-m, -k, a path) runs that selection alone.
+# broken build fails in about 2 minutes), then the integration tier; two pytest workers each (pytest-xdist), the
+# whole runs one after another on one of them (tests/conftest.py: WHOLE_RUN_FIXTURES). Arguments go to pytest; one
+# that selects tests itself (-m, -k, a path) runs that selection alone, in one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
@@ -11,5 +12,5 @@ for arg in "$@"; do
     -m|-k|-m*|-k*|tests*|*.py|*::*) exec .venv/bin/python -m pytest "$@" ;;
   esac
 done
-.venv/bin/python -m pytest -m "not integration" -x "$@"
-exec .venv/bin/python -m pytest -m integration "$@"
+.venv/bin/python -m pytest -m "not integration" -x -n 2 "$@"
+exec .venv/bin/python -m pytest -m integration -n 2 --dist loadgroup "$@"
