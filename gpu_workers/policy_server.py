@@ -253,6 +253,8 @@ class PolicyServer:
         if self._warming is not None:
             await asyncio.shield(self._warming)  # the first request runs on the weights it started with
         async with self._refit_lock:
+            if self._engine is None:
+                raise RuntimeError(f"policy engine {self.engine} is stopped: it cannot load weights")
             if self.warm_up_error is not None:
                 raise RuntimeError(f"policy engine {self.engine} cannot load weights: {self.warm_up_error}")
             if version < self.policy_version and not self._restore_pending:

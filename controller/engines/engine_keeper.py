@@ -97,8 +97,11 @@ class EngineKeeper:
             except (ray.exceptions.RayError, TimeoutError) as err:
                 log.info("retiring engine %d: %s did not finish (%s); stopping it anyway", index, what,
                          type(err).__name__)
-        await _stop_quietly(engine.actor)
-        self._pool.drop(index)
+        # Under the refit lock: a refit that began while the engine was live loads into it first (a stopped engine
+        # has no vLLM to load into, and its failure would stop the run); later refits no longer count it as live.
+        async with self._pool.refit_lock:
+            await _stop_quietly(engine.actor)
+            self._pool.drop(index)
         if (watcher := self._watchers.pop(index, None)) is not None:
             watcher.cancel()
 

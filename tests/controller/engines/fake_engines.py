@@ -24,6 +24,9 @@ class FakeEngineActor:
         self.holders: set[str] = set()
         self.tokens = 0
         self.load_delay_s = 0.0
+        self.stopped = False
+        self.events: list[str] = []
+        """What happened to this engine, in order (`loaded <version>`, `stopped`)."""
 
     def kill(self) -> None:
         self.dead = True
@@ -35,7 +38,8 @@ class FakeEngineActor:
     def __getattr__(self, name: str):
         calls = {
             "__ray_ready__": self._ready, "load_weights": self._load, "close_admission": self._close,
-            "open_admission": self._open, "admission_leases": self._leases,
+            "open_admission": self._open, "admission_leases": self._leases, "drain": self._drain,
+            "stop_temporal_worker": self._nothing, "stop": self._stop,
         }
         if name in calls:
             return _Call(calls[name])
@@ -48,7 +52,10 @@ class FakeEngineActor:
     async def _load(self, blob, version: int) -> dict:
         await self._alive()
         await asyncio.sleep(self.load_delay_s)
+        if self.stopped:  # as the real server: a stopped engine has no vLLM to load into
+            raise RuntimeError(f"policy engine {self.index} is stopped")
         self.loaded.append((blob, version))
+        self.events.append(f"loaded {version}")
         return {"bytes": 10, "engine": self.index, "tokens_generated": self.tokens}
 
     async def _close(self, holder: str) -> bool:
@@ -60,6 +67,16 @@ class FakeEngineActor:
         await self._alive()
         self.holders.discard(holder)
         return True
+
+    async def _drain(self, limit_s: float) -> None:
+        await self._alive()
+
+    async def _nothing(self) -> None:
+        await self._alive()
+
+    async def _stop(self) -> None:
+        self.stopped = True
+        self.events.append("stopped")
 
     async def _leases(self) -> list:
         await self._alive()

@@ -1,5 +1,6 @@
 """A dead engine leaves the routes at once, is replaced on its index, catches up, and is routed to again; no live
-engine for long enough stops the run with one line."""
+engine for long enough stops the run with one line; an engine scaled away while a refit loads into it is stopped
+only after that load."""
 
 from __future__ import annotations
 
@@ -60,3 +61,28 @@ def test_no_live_engine_for_long_enough_stops_the_run(tmp_path, monkeypatch) -> 
     keeper = EngineKeeper(pool, None, None, run_dir=tmp_path, no_engine_stop_s=0.1, restart_pause_s=0)
     reason = asyncio.run(asyncio.wait_for(keeper.none_live(), 5))
     assert reason.startswith("no policy engine has been live for 0.1s") and "run the same command again" in reason
+
+
+def test_an_engine_retired_during_a_refit_is_stopped_after_its_load_and_the_refit_succeeds(tmp_path,
+                                                                                             monkeypatch) -> None:
+    """A CI run: `turnkeep scale --engines 1` stopped engine 1 while a train step's refit was loading into it; the
+    load found no vLLM and the run stopped. The moment is pinned: the retire starts once the slow load has begun."""
+    monkeypatch.setattr(keeper_module.ray, "kill", lambda actor, no_restart=True: None)
+    actors = [FakeEngineActor(0), FakeEngineActor(1)]
+    actors[1].load_delay_s = 0.2
+    pool = EnginePool([Engine(k, a, f"http://e{k}") for k, a in enumerate(actors)])
+
+    async def scenario() -> list[dict]:
+        keeper = EngineKeeper(pool, None, FakeTrainer(version=3), run_dir=tmp_path, no_engine_stop_s=60,
+                              restart_pause_s=0)
+        refit = asyncio.create_task(pool.load_weights("blob-4", 4))
+        await asyncio.sleep(0.05)  # both loads are under way, engine 1's for another 0.15 s
+        await keeper.retire(1, drain_s=0.0)
+        loaded = await refit
+        later = await pool.load_weights("blob-5", 5)
+        return [loaded, later]
+
+    loaded, later = asyncio.run(scenario())
+    assert actors[1].events == ["loaded 4", "stopped"]
+    assert [r["engine"] for r in loaded] == [0, 1] and [r["engine"] for r in later] == [0]
+    assert pool.get(1) is None and actors[0].events == ["loaded 4", "loaded 5"]

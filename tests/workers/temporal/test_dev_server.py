@@ -27,6 +27,7 @@ from turnkeep.workers.temporal.pidfile import (
     ProcessId,
     ServerRecord,
     boot_id,
+    cmdline,
     read_record,
     record_path,
     servers_on,
@@ -165,6 +166,12 @@ def test_a_record_naming_another_runs_server_neither_takes_it_over_nor_stops_it(
         stop_dev_server(other)
 
 
+def _own_name() -> str:
+    """This process's name as another process sees it: its command line's first word (pytest-xdist retitles its
+    workers to the running test, so not always the interpreter's name)."""
+    return Path(cmdline(os.getpid())[0]).name
+
+
 def test_a_port_held_by_another_process_is_replaced_by_a_free_one_and_printed(tmp_path, capsys) -> None:
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
@@ -176,7 +183,7 @@ def test_a_port_held_by_another_process_is_replaced_by_a_free_one_and_printed(tm
             assert chosen != port
             [line] = capsys.readouterr().err.strip().splitlines()
             assert line == (f"turnkeep: temporal.port = {port} on 127.0.0.1 is in use by pid {os.getpid()} "
-                            f"({Path(sys.executable).name}); Temporal of this run is on port {chosen} instead (set "
+                            f"({_own_name()}); Temporal of this run is on port {chosen} instead (set "
                             "temporal.port to choose another)")
         finally:
             stop_dev_server(endpoint)
