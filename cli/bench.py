@@ -35,6 +35,8 @@ BENCHMARKS = {
              "death to the next train step, from a chaos run",
     "restart": "a whole-tree kill a few steps after a snapshot, then the same command: seconds from the command to "
                "each piece being up, the first train step and the first generated turn; CPU seconds by process",
+    "learn": "the tool_chat task on the tiny chat model: reward curve, wall time, tokens/s; the export, and the base "
+             "and trained models' held-out pass@k",
 }
 ORDER = list(BENCHMARKS)
 REPO = Path(__file__).resolve().parents[1]

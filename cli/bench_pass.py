@@ -33,6 +33,7 @@ PASS_ARGS: dict[str, list[str]] = {
     "journal_cost": ["--pairs", "4"],
     "ranks": ["--kills", "2", "--chaos-steps", "60"],
     "restart": ["--restarts", "3"],
+    "learn": ["--steps", "100"],
 }
 """Each benchmark's arguments in a pass (besides `--out`), in the order they run: `lower_bound`, `orchestration` and
 `memory` read the runs `overhead` leaves in `--out`."""
@@ -47,7 +48,7 @@ keeps the previous file's."""
 
 RUN_FOLDERS = {"overhead": "overhead", "wasted": "wasted", "recovery": "chaos", "soak": "soak", "engines": "engines",
                "partial_turns": "partial_turns", "ranks": "ranks",
-               "restart": "restart"}
+               "restart": "restart", "learn": "learn"}
 """The folder of `--out` where each benchmark that starts runs keeps them (it refuses one that is not empty)."""
 
 RunOne = Callable[[list[str]], int]

@@ -9,16 +9,21 @@ import os
 import sys
 from collections.abc import Callable
 
+from turnkeep.cli.version import installed_version
+
 COMMANDS = {
     "run": ("turnkeep.cli.run:add_run_parser", "turnkeep.cli.run:run_run"),
     "chaos": ("turnkeep.cli.chaos:add_chaos_parser", "turnkeep.chaos.runner:run_chaos"),
     "bench": ("turnkeep.cli.bench:add_bench_parser", "turnkeep.cli.bench:run_bench"),
     "env-server": ("turnkeep.cli.env_server:add_env_server_parser", "turnkeep.cli.env_server:run_env_server"),
+    "env": ("turnkeep.cli.env_try:add_env_parser", "turnkeep.cli.env_try:run_env"),
     "status": ("turnkeep.cli.status:add_status_parser", "turnkeep.cli.status:run_status"),
     "scale": ("turnkeep.cli.scale:add_scale_parser", "turnkeep.cli.scale:run_scale"),
     "plot": ("turnkeep.cli.plot:add_plot_parser", "turnkeep.cli.plot:run_plot"),
     "config-docs": ("turnkeep.cli.config_docs:add_config_docs_parser", "turnkeep.cli.config_docs:run_config_docs"),
     "make-model": ("turnkeep.cli.make_model:add_make_model_parser", "turnkeep.cli.make_model:run_make_model"),
+    "eval": ("turnkeep.cli.eval:add_eval_parser", "turnkeep.cli.eval:run_eval"),
+    "export": ("turnkeep.cli.export:add_export_parser", "turnkeep.cli.export:run_export"),
 }
 """Each command's parser and what it runs (given the parsed arguments; `args.argv` is the command line), as
 `module:function`. Named, not imported: a command loads only its own modules, so `turnkeep env-server` starts on a
@@ -37,8 +42,9 @@ def _load(target: str) -> Callable:
 def _build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser of the command `argv` names (every command's when it names none it knows: `turnkeep --help`)."""
     parser = argparse.ArgumentParser(prog="turnkeep", description=__doc__.split(".")[0])
+    parser.add_argument("--version", action="version", version=f"turnkeep {installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    named = [argv[0]] if argv and argv[0] in COMMANDS else list(COMMANDS)
+    named = [argv[0]] if argv and argv[0] in COMMANDS else [] if argv == ["--version"] else list(COMMANDS)
     for command in named:
         _load(COMMANDS[command][0])(sub)
     return parser
@@ -63,8 +69,9 @@ def _missing_extra(command: str, err: ModuleNotFoundError) -> str | None:
     missing = (err.name or "").split(".")[0]
     if missing not in EXTRAS_PACKAGES:
         return None
-    return (f"turnkeep {command}: this install has no {missing} (only `turnkeep env-server` runs without the trainer "
-            "and engines); install them: pip install 'turnkeep[cpu]' ('turnkeep[gpu]' on a GPU machine)")
+    return (f"turnkeep {command}: this install has no {missing} (only `turnkeep env-server` and `turnkeep env try` "
+            "with scripted turns run without the trainer and engines); install them: pip install 'turnkeep[cpu]' "
+            "('turnkeep[gpu]' on a GPU machine)")
 
 
 QUICK_EXIT_COMMANDS = frozenset({"status", "scale"})

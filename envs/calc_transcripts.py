@@ -54,6 +54,7 @@ class CalcTranscripts:
 
     name = "calc"
     chat_template = LINE_TEMPLATE
+    added_tokens: tuple[str, ...] = ()
     error_rate_applies = True
 
     def __init__(self, task: TaskConfig) -> None:

@@ -109,6 +109,11 @@ class Environment(ABC):
     """True when `score_group` decides the rewards of all siblings of a group together."""
     Options: ClassVar[type[BaseModel]] = NoOptions
     """A pydantic model of the class's options; a config whose options it refuses stops the run at start-up."""
+    demonstration_template: ClassVar[str | None] = None
+    """The made-up tiny model's chat template for `demonstrations` (None: the line protocol,
+    `envs.codec.LINE_TEMPLATE`); its lines must be the demonstrations' lines."""
+    demonstration_tokens: ClassVar[tuple[str, ...]] = ()
+    """Strings the tiny model's tokenizer keeps whole (the tags of a tool format, as a real tokenizer has them)."""
 
     @abstractmethod
     def __init__(self, problem: Problem, ctx: EnvContext) -> None: ...

@@ -1,6 +1,6 @@
 """The environment classes a server runs, resolved from the run's `[environments]` table.
 
-A built-in kind (`calc`, `workspace`, `lab`, `judge`) and a `python` entry resolve the
+A built-in kind (`calc`, `workspace`, `lab`, `judge`, `tool_chat`) and a `python` entry resolve the
 same way, to a class of the public API (`envs/environment.py`) and its validated
 options; `remote` environments are served elsewhere (`turnkeep env-server`) and are
 skipped here. The server reports every environment it runs (`GET /environments` via
@@ -14,6 +14,7 @@ from turnkeep.envs.environment import EnvContext, Environment
 from turnkeep.envs.judge_env import JudgeEnvironment
 from turnkeep.envs.lab_env import LabEnvironment
 from turnkeep.envs.loading import LoadedEnvironment, check_options, load_environment
+from turnkeep.envs.tool_chat_env import ToolChatEnvironment
 from turnkeep.envs.workspace_env import WorkspaceEnvironment
 from turnkeep.schemas.choices import EnvironmentKind
 from turnkeep.schemas.config import EnvironmentSpec
@@ -21,7 +22,8 @@ from turnkeep.schemas.environments import EnvironmentCapabilities
 from turnkeep.schemas.rollout import Problem
 
 ENV_KINDS: dict[str, type[Environment]] = {
-    cls.kind: cls for cls in (CalcEnvironment, WorkspaceEnvironment, LabEnvironment, JudgeEnvironment)
+    cls.kind: cls for cls in (CalcEnvironment, WorkspaceEnvironment, LabEnvironment, JudgeEnvironment,
+                              ToolChatEnvironment)
 }
 
 

@@ -59,6 +59,8 @@ class EnvironmentKind(StrEnum):
     WORKSPACE = "workspace"
     LAB = "lab"
     JUDGE = "judge"
+    TOOL_CHAT = "tool_chat"
+    """A task in the model's own tool format (`<tool_call>` JSON), reasoning-gym's or your prompts file's."""
     PYTHON = "python"
     """Your own environment class, loaded by `entry` in the run's environment server."""
     REMOTE = "remote"

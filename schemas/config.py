@@ -126,8 +126,10 @@ class EnvironmentSpec(StrictModel):
     """calc: the stateless calculator task; workspace: a calculator that keeps a tape file in a workspace folder
     (its state is exported and restored); lab: a calculator in a live subprocess whose state cannot be saved
     (restart_only); judge: the calculator scored by a pairwise judge over all siblings of a group (group-scored);
-    python: your own environment class, loaded by `entry` in the run's environment server; remote: an
-    environment server you run yourself (`turnkeep env-server`), reached at `url`."""
+    tool_chat: a task in the model's own tool format (`<tool_call>` JSON through its chat template), from
+    reasoning-gym (`options.reasoning_gym`) or the prompts file, scored by a verifier (state exported); python: your
+    own environment class, loaded by `entry` in the run's environment server; remote: an environment server you run
+    yourself (`turnkeep env-server`), reached at `url`."""
     weight: float = Field(default=1.0, gt=0)
     """Share of prompt groups that go to this environment (relative to the other environments' weights)."""
     group_size: int | None = Field(default=None, ge=2)
@@ -137,7 +139,7 @@ class EnvironmentSpec(StrictModel):
     """python only: `package.module:ClassName` of a `turnkeep.Environment` subclass, importable where the
     environment server runs."""
     options: dict[str, Any] = {}
-    """python only: keyword options handed to the class (checked by its `Options` model at start-up)."""
+    """python and tool_chat: keyword options handed to the class (checked by its `Options` model at start-up)."""
     url: str | None = None
     """remote only: `http://host:port` of a `turnkeep env-server`."""
     token_file: ConfigPath | None = None
@@ -151,8 +153,10 @@ class EnvironmentSpec(StrictModel):
                              f"not '{self.kind}'")
         if self.kind == EnvironmentKind.PYTHON and not self.entry:
             raise ValueError('kind = "python" needs entry = "package.module:ClassName"')
-        if self.kind != EnvironmentKind.PYTHON and (self.entry is not None or self.options):
-            raise ValueError(f"entry and options apply to kind = \"python\", not '{self.kind}'")
+        if self.kind != EnvironmentKind.PYTHON and self.entry is not None:
+            raise ValueError(f"entry applies to kind = \"python\", not '{self.kind}'")
+        if self.kind not in (EnvironmentKind.PYTHON, EnvironmentKind.TOOL_CHAT) and self.options:
+            raise ValueError(f"options apply to kind = \"python\" and \"tool_chat\", not '{self.kind}'")
         if self.kind == EnvironmentKind.REMOTE and (not self.url or self.token_file is None):
             raise ValueError('kind = "remote" needs url = "http://host:port" and token_file = "<the token the '
                              'server was started with>"')

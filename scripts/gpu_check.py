@@ -130,7 +130,7 @@ def _engines(config: Path, sets: list[str], out: Path, gpus_needed: int) -> dict
     if have < gpus_needed:
         return {"skipped": f"a trainer and two engines need {gpus_needed} GPUs; this machine has {have}"}
     command = [sys.executable, "-m", "turnkeep", "bench", "engines", "--config", str(config), "--out", str(out),
-               *[arg for pair in sets for arg in ("--set", pair)]]
+               "--set", "placement.share_gpus=false", *[arg for pair in sets for arg in ("--set", pair)]]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     if done.returncode != 0:
         return {"failed": f"exit {done.returncode}", "output": done.stdout[-2000:] + done.stderr[-2000:]}

@@ -97,6 +97,7 @@ def test_an_env_server_runs_from_an_install_without_the_trainer(tmp_path: Path) 
         code = server.wait(timeout=30)
     assert code == 0, log.read_text()[-3000:]
     _run_names_the_extras(bin_dir / "turnkeep", tmp_path)
+    _env_try_plays_scripted_turns(bin_dir / "turnkeep", tmp_path)
     print(f"install without extras {installed_s:.1f}s, whole test {time.monotonic() - started:.1f}s")
 
 
@@ -107,3 +108,17 @@ def _run_names_the_extras(turnkeep: Path, root: Path) -> None:
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-3000:]
     assert "pip install 'turnkeep[cpu]'" in done.stderr.strip().splitlines()[-1], done.stderr[-3000:]
     assert "Traceback" not in done.stderr
+
+
+def _env_try_plays_scripted_turns(turnkeep: Path, root: Path) -> None:
+    """`turnkeep env try` with scripted turns needs no trainer package either (README, "Install"), and says what a
+    model policy would need."""
+    (root / "turns.txt").write_text("C 89-25\nC 64+53\nA 117\n")
+    prompts = str(REPO / "configs" / "prompts" / "calc_sample.jsonl")
+    args = ["env", "try", "--entry", ENTRY, "--prompts", prompts, "--episodes", "1"]
+    done = subprocess.run([str(turnkeep), *args, "--turns", str(root / "turns.txt")], cwd=root, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and "  reward 1.0\n" in done.stdout, done.stdout[-2000:] + done.stderr[-3000:]
+    model = subprocess.run([str(turnkeep), *args, "--policy", "model"], cwd=root, capture_output=True, text=True,
+                           timeout=120)
+    assert model.returncode == 2 and "this install has no" in model.stderr.strip().splitlines()[-1], model.stderr

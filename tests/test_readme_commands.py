@@ -2,7 +2,9 @@
 accepts as written: its flags parse, and its config with every `--set` loads (inline ones too, where they have
 arguments). The `temporal` commands are run for
 real by tests/test_readme_temporal_commands.py, the Slurm script by tests/docs/test_slurm_example.py, the two
-set-up commands by CI itself."""
+set-up commands by CI itself; `RUN_FOR_REAL` names the test that runs each `turnkeep` command the pages show (a whole
+run or a benchmark is too long for the suite: the tests run them with a small --steps, or parse them as `--help`
+would). The Python and TOML snippets run in tests/test_readme_environment.py."""
 
 from __future__ import annotations
 
@@ -20,6 +22,24 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PREFIXES = {"turnkeep": [], ".venv/bin/turnkeep": [], ".venv-gpu/bin/turnkeep": [], "bash scripts/run.sh": ["run"]}
 SHOWN_TO_FAIL = {"train.lrr=1e-3": "unknown key 'train.lrr'"}
 """A command shown with the refusal it gets: it must still be refused with that message."""
+RUN_FOR_REAL = {
+    "run": ("tests/examples/test_lookup.py", "the shown `--config examples/lookup/config.toml` with --steps 3; the "
+            "other runs are whole runs (minutes to hours): parsed and their configs loaded here, and the default "
+            "config runs with small --steps in tests/workers/test_controller_crash.py"),
+    "env": ("tests/test_readme_environment.py", "the shown `env try` command, for real, on the README's class"),
+    "env-server": ("tests/test_env_server_install.py", "an env-server started from an install without extras"),
+    "status": ("tests/workers/test_controller_crash.py", "`status --json` against a live and a killed run"),
+    "scale": ("tests/workers/test_engines.py", "`scale --run-dir ... --engines N` against a live run"),
+    "plot": ("tests/cli/test_plot.py", "`plot` of a run directory"),
+    "export": ("tests/workers/test_export.py", "`export --run-dir ... --out ...` of one- and two-rank checkpoints, "
+               "and its refusals"),
+    "chaos": ("tests/chaos/test_runner.py", "a chaos run with a few kills and a small --steps; --recheck in "
+              "tests/chaos/test_recheck.py"),
+    "bench": ("tests/cli/test_bench_pass.py", "benchmarks take minutes to hours: parsed here and in that file (as "
+              "`--help` would), each benchmark's pieces run in tests/bench/"),
+    "eval": ("tests/cli/test_eval.py", "`eval` of a tiny model on a prompts file"),
+}
+"""Where each shown command's verb runs as a process or through `main` (beyond the parse here), or why not."""
 
 
 def shown_commands() -> list[tuple[str, str]]:
@@ -63,6 +83,15 @@ def test_the_pages_show_commands() -> None:
     commands = {command for _, command in shown_commands()}
     assert any(c.startswith("bash scripts/run.sh") for c in commands)
     assert any(c.startswith("turnkeep scale") for c in commands) and any("env-server" in c for c in commands)
+
+
+@pytest.mark.parametrize(("page", "command"), shown_commands())
+def test_every_shown_command_says_where_it_runs_for_real(page: str, command: str) -> None:
+    verb = _argv(command)[0]
+    assert verb in RUN_FOR_REAL, f"{page}: `{command}`: say in RUN_FOR_REAL which test runs `turnkeep {verb}`"
+    test_file = ROOT / RUN_FOR_REAL[verb][0]
+    text = test_file.read_text() if test_file.is_file() else ""
+    assert f'"{verb}"' in text or f"turnkeep {verb} " in text, (verb, test_file)
 
 
 @pytest.mark.parametrize(("page", "command"), shown_commands())

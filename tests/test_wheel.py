@@ -36,10 +36,27 @@ def build_wheel(root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def wheel_names(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel built from the working tree."""
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+@pytest.fixture(scope="module")
+def wheel_names(wheel: Path) -> list[str]:
     """Every file name in the wheel built from the working tree."""
-    with zipfile.ZipFile(build_wheel(tmp_path_factory.mktemp("wheel"))) as archive:
+    with zipfile.ZipFile(wheel) as archive:
         return archive.namelist()
+
+
+def test_the_license_ships_in_the_metadata(wheel: Path, wheel_names: list[str]) -> None:
+    """pyproject's `license` (an SPDX expression) and `license-files`: the LICENSE file rides in the dist-info."""
+    (metadata,) = [name for name in wheel_names if name.endswith(".dist-info/METADATA")]
+    (license_file,) = [name for name in wheel_names if name.endswith(".dist-info/licenses/LICENSE")]
+    with zipfile.ZipFile(wheel) as archive:
+        assert "License-Expression: Apache-2.0" in archive.read(metadata).decode()
+        assert archive.read(license_file) == (REPO / "LICENSE").read_bytes()
+    text = (REPO / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text and "the turnkeep authors" in text
 
 
 def test_the_wheel_claims_only_turnkeep(wheel_names: list[str]) -> None:

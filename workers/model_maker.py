@@ -15,7 +15,8 @@ from pathlib import Path
 
 from turnkeep.envs.calc_transcripts import CalcTranscripts
 from turnkeep.envs.codec import LINE_TEMPLATE
-from turnkeep.envs.environment import Environment
+from turnkeep.envs.environment import Environment, NoOptions
+from turnkeep.envs.kinds import ENV_KINDS
 from turnkeep.envs.loading import EnvironmentLoadError, load_environment
 from turnkeep.gpu_workers.tiny_model.model_files import check_model_files
 from turnkeep.gpu_workers.tiny_model.recipe import cached_model_dir
@@ -60,7 +61,8 @@ def transcript_source(cfg: TurnkeepConfig) -> TranscriptSource:
             f"{where}: {entry} offers no demonstrations; implement the classmethod demonstrations(rng, count, "
             "options), or unset model.tiny.demonstrations to warm-start on the calculator"
         )
-    return DemoSource(name, entry, loaded.cls, loaded.options, LINE_TEMPLATE)
+    template = loaded.cls.demonstration_template or LINE_TEMPLATE
+    return DemoSource(name, entry, loaded.cls, loaded.options, template, loaded.cls.demonstration_tokens)
 
 
 def _entry_and_options(cfg: TurnkeepConfig, name: str, where: str) -> tuple[str, dict]:
@@ -70,6 +72,9 @@ def _entry_and_options(cfg: TurnkeepConfig, name: str, where: str) -> tuple[str,
     if spec is None:
         raise DemonstrationsError(f"{where}: there is no [environments.{name}] (configured: "
                                   f"{', '.join(sorted(cfg.environments))}); name one of them")
+    if spec.kind in ENV_KINDS and ENV_KINDS[spec.kind].Options is not NoOptions:  # a built-in kind with options
+        cls = ENV_KINDS[spec.kind]
+        return f"{cls.__module__}:{cls.__qualname__}", spec.options
     if spec.kind != EnvironmentKind.PYTHON or spec.entry is None:
         raise DemonstrationsError(
             f"{where}: [environments.{name}] is kind = '{spec.kind}'; demonstrations come from a class loaded by "

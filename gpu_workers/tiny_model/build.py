@@ -100,7 +100,8 @@ def _make_model_dir(out: Path, recipe: Recipe, eval_rollouts: int) -> None:
     started = time.monotonic()
     source = recipe.source
     log.info("making the tiny model (seed %d) from %s conversations in %s", recipe.seed, source.name, out)
-    tok = train_tokenizer(source.tokenizer_corpus(recipe.seed, TOKENIZER_CORPUS), source.alphabet(recipe.seed))
+    tok = train_tokenizer(source.tokenizer_corpus(recipe.seed, TOKENIZER_CORPUS), source.alphabet(recipe.seed),
+                          getattr(source, "added_tokens", ()))
     model = _init_model(recipe.tiny, tok, recipe.seed)
     warm_start(model, tok, recipe.tiny, source, recipe.seed)
     model.save_pretrained(out)

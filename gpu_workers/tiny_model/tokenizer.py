@@ -40,11 +40,13 @@ VOCAB_LIMIT = 64
 _PIECE = Regex(r"\d|\n|[A-Z]+ ?|[^\dA-Z\n]")
 
 
-def train_tokenizer(texts: Iterable[str], alphabet: str) -> Tokenizer:
+def train_tokenizer(texts: Iterable[str], alphabet: str, added_tokens: tuple[str, ...] = ()) -> Tokenizer:
     """Train the BPE on transcripts; the tokenizers BPE trainer is deterministic.
 
     `alphabet`: the base characters, each its own token (the source's). The
     vocabulary holds VOCAB_LIMIT tokens, or more for a large alphabet (room for its tags).
+    `added_tokens`: strings kept whole (matched before the pre-tokenizer, so encoding stays compositional
+    across lines), given the ids after the BPE's.
     """
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Split(_PIECE, behavior="isolated")
@@ -58,6 +60,8 @@ def train_tokenizer(texts: Iterable[str], alphabet: str) -> Tokenizer:
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
+    if added_tokens:
+        tok.add_tokens(list(added_tokens))
     return tok
 
 

@@ -52,6 +52,8 @@ class TranscriptSource(Protocol):
     """For logs: "calc", or the environment's name."""
     chat_template: str
     """The tokenizer's chat template: how the environment server renders these conversations."""
+    added_tokens: tuple[str, ...]
+    """Strings the tokenizer keeps whole (a tool format's tags); empty for the line protocol."""
     error_rate_applies: bool
     """Whether `[model.tiny] warm_start_error_rate` shapes the conversations (and so the recipe)."""
     episodes: Episodes | None
@@ -86,14 +88,17 @@ class DemoSource:
     error_rate_applies = False
     episodes = None
 
-    def __init__(self, name: str, entry: str, cls: type, options: BaseModel, chat_template: str) -> None:
+    def __init__(self, name: str, entry: str, cls: type, options: BaseModel, chat_template: str,
+                 added_tokens: tuple[str, ...] = ()) -> None:
         """`cls`: an environment class of the public API (`envs.environment.Environment`) that overrides
-        `demonstrations`; `chat_template`: the line protocol's (`envs.codec.LINE_TEMPLATE`)."""
+        `demonstrations`; `chat_template`: the class's `demonstration_template`, else the line protocol's
+        (`envs.codec.LINE_TEMPLATE`); `added_tokens`: its `demonstration_tokens`."""
         self.name = name
         self.entry = entry
         self.cls = cls
         self.options = options
         self.chat_template = chat_template
+        self.added_tokens = tuple(added_tokens)
         self._corpora: dict[int, list[str]] = {}
 
     def tokenizer_corpus(self, seed: int, count: int = TOKENIZER_CORPUS) -> list[str]:
@@ -123,10 +128,13 @@ class DemoSource:
 
     def recipe(self, seed: int) -> dict[str, Any]:
         corpus = self.tokenizer_corpus(seed)
+        own_format = {"template": self.chat_template, "tokens": list(self.added_tokens)} \
+            if getattr(self.cls, "demonstration_template", None) is not None or self.added_tokens else {}
         return {"demonstrations": {
             "entry": self.entry,
             "options": self.options.model_dump(mode="json"),
             "digest": hashlib.sha256(json.dumps(corpus).encode()).hexdigest(),
+            **own_format,
         }}
 
     def check_covered(self, texts: list[str], seed: int) -> None:

@@ -103,9 +103,10 @@ def test_gpu_settings_that_cannot_work_are_refused_with_the_setting_named(settin
         parse_config(settings)
 
 
-def test_the_gpu_config_places_the_trainer_and_vllm_on_their_own_gpus():
+def test_the_gpu_config_shares_one_gpu_between_the_trainer_and_vllm_and_warm_starts():
     cfg = load_config(REPO / "configs" / "gpu.toml")
-    assert (cfg.placement.trainer_gpus, cfg.placement.policy_gpus, cfg.placement.gpus_needed()) == (1, 1, 2)
+    assert (cfg.placement.trainer_gpus, cfg.placement.policy_gpus, cfg.placement.gpus_needed()) == (1, 1, 1)
+    assert cfg.placement.share_gpus and cfg.policy.gpu_memory_utilization < 0.5 and cfg.model.tiny.warm_start_steps > 0
     tiny = cfg.model.tiny
     body = tiny.num_layers * (  # attention (GQA) plus the gated MLP, per layer
         tiny.hidden_size * tiny.head_dim * (2 * tiny.num_heads + 2 * tiny.num_kv_heads)

@@ -53,7 +53,12 @@ def test_a_dry_run_starts_a_ray_node_per_node_and_a_run_the_cli_accepts(tmp_path
     [run] = [line for line in lines if line[0] == "turnkeep"]
     args = _build_parser().parse_args(run[1:])
     cfg = load_config(args.config, parse_overrides(args.set))  # the config and every --set are accepted
-    assert cfg.ray.address == "10.0.0.5:6379" and cfg.policy.engines == 2
+    assert cfg.ray.address == "10.0.0.5:6379" and cfg.policy.engines == 3
+    # The job asks for the GPUs its run places: nodes x gpus-per-node, from the script's own #SBATCH lines.
+    asked = dict(line.removeprefix("#SBATCH --").split("=", 1) for line in SCRIPT.read_text().splitlines()
+                 if line.startswith("#SBATCH --") and "=" in line)
+    assert int(asked["nodes"]) * int(asked["gpus-per-node"]) == cfg.placement.gpus_needed(cfg.policy.engines,
+                                                                                         cfg.train.ranks) == 4
     assert cfg.ray.token_file == tmp_path / "home" / ".turnkeep" / "ray_token"
     assert (tmp_path / "home" / ".turnkeep" / "ray_token").stat().st_mode & 0o777 == 0o600
 
