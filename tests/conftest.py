@@ -38,19 +38,11 @@ def small_config(run_dir: Path, cache_dir: Path) -> TurnkeepConfig:
 SERVER_FIXTURES = frozenset({"stack", "temporal_address", "policy_server", "loop"})
 """Fixtures that start (or hand over) a real server: a test that asks for one is an integration test."""
 
-WHOLE_RUN_FIXTURES = frozenset({"stack_config"})
-"""Tests of a whole run (Ray, vLLM, the trainer, often several starts): each takes both cores of a 2-core machine.
-Under `pytest -n 2 --dist loadgroup` (scripts/test.sh) they run one after another on one worker, the lighter
-integration tests beside them on the other: two whole runs at once would only slow each other down."""
-WHOLE_RUN_GROUP = "whole_run"
-
 
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if SERVER_FIXTURES.intersection(item.fixturenames) and item.get_closest_marker("integration") is None:
             item.add_marker(pytest.mark.integration)
-        if WHOLE_RUN_FIXTURES.intersection(item.fixturenames):
-            item.add_marker(pytest.mark.xdist_group(WHOLE_RUN_GROUP))
 
 
 @pytest.hookimpl(tryfirst=True)

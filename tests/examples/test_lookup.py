@@ -452,11 +452,9 @@ def test_the_small_model_plays_the_environment(demo_model: tuple[Path, DemoSourc
 
 
 @pytest.mark.integration
-def test_the_example_config_starts_rl_often_right_but_not_always(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_the_example_config_starts_rl_often_right_but_not_always(example_model: Path) -> None:
     """The model config.toml makes: it follows the format and is right for some of the prompts (measured)."""
-    cfg = load_config(EXAMPLE / "config.toml", {"model.cache_dir": str(tmp_path_factory.mktemp("cache"))})
-    model_dir = ensure_tiny_model(cfg.model, transcript_source(cfg), cfg.run.seed)
-    reward, texts = sampled_reward(model_dir, LookupEnvironment, _prompt_problems(128))
+    reward, texts = sampled_reward(example_model, LookupEnvironment, _prompt_problems(128))
     assert 0.2 <= reward <= 0.7, (reward, texts[:8])
 
 
