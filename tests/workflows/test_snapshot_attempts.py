@@ -141,9 +141,15 @@ def test_a_step_finishing_during_a_slow_prepare_waits_and_the_attempt_lands(stac
     assert_released(result)
 
 
+async def _first_attempt_ended(snapshots, controller) -> None:
+    """Train until an attempt has ended: a fixed number of steps may all pass before the first checkpoint's attempt
+    ends (a fresh-clone run with another whole run beside it stopped after 2 steps with no attempt line)."""
+    await _until_outcome(snapshots, lambda result: True, timeout_s=240)
+
+
 def test_one_http_500_on_commit_is_retried_and_publishes(stack, stack_config, temporal_address):
     cfg = scenario_config(stack_config)
-    result = asyncio.run(run_scenario(stack, temporal_address, cfg, steps=2,
+    result = asyncio.run(run_scenario(stack, temporal_address, cfg, steps=None, during=_first_attempt_ended,
                                       env_faults=FaultPlan(fail={"commit": 1})))
     assert outcomes(result)[0] == "published"
     assert_released(result)
@@ -151,7 +157,7 @@ def test_one_http_500_on_commit_is_retried_and_publishes(stack, stack_config, te
 
 def test_a_resume_that_fails_once_is_retried(stack, stack_config, temporal_address):
     cfg = scenario_config(stack_config)
-    result = asyncio.run(run_scenario(stack, temporal_address, cfg, steps=2,
+    result = asyncio.run(run_scenario(stack, temporal_address, cfg, steps=None, during=_first_attempt_ended,
                                       policy_faults=FaultPlan(fail={"resume": 1})))
     assert outcomes(result)[0] == "published"
     assert_released(result)
