@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install what is missing, then run the whole test suite: the unit tier first, stopping at its first failure (a
-# broken build fails in about 2 minutes), then the integration tier; two pytest workers each (pytest-xdist), so two
-# whole runs may go side by side (they pass so: every wait in them is for an event, not a time). Arguments go to
-# pytest; one that selects tests itself (-m, -k, a path) runs that selection alone, in one process.
+# broken build fails in about 2 minutes) on two pytest workers (pytest-xdist), then the integration tier in one
+# process: two whole runs side by side can start two Ray instances at once, and one of them once joined the other's
+# GCS (an authentication error at start). Arguments go to pytest; one that selects tests itself (-m, -k, a path)
+# runs that selection alone, in one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
@@ -13,4 +14,4 @@ for arg in "$@"; do
   esac
 done
 .venv/bin/python -m pytest -m "not integration" -x -n 2 "$@"
-exec .venv/bin/python -m pytest -m integration -n 2 "$@"
+exec .venv/bin/python -m pytest -m integration "$@"
