@@ -5,7 +5,8 @@ warm-started on the environment's demonstrations, half of them wrong): its rewar
 the steps; first ten steps against the last ten), wall time, rollout tokens/s and train steps/min. Then the newest
 checkpoint is exported (`turnkeep export`: bytes, seconds) and both the base model and the export are scored on the
 task's held-out problems (`turnkeep eval`: pass@k, mean reward), so the gain is measured on problems it never
-trained on.
+trained on. The run scores the same problems itself too (`[eval]`, before training and every `--eval-every` steps:
+the eval curve), and `bench/eval_cost.py` measures what that takes from training.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from turnkeep.bench.eval_cost import measure_eval_cost
 from turnkeep.bench.report import BenchResult, markdown_table
 from turnkeep.bench.runs import metric_lines, run_turnkeep, throughput
 
@@ -30,14 +32,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=100, help="train steps (default 100)")
     parser.add_argument("--eval-prompts", type=int, default=50, help="held-out problems scored (default 50)")
     parser.add_argument("--samples", type=int, default=4, help="samples per held-out problem (default 4)")
+    parser.add_argument("--eval-every", type=int, default=20, help="in-run evaluation every N train steps "
+                                                                 "(default 20; and once before training)")
+    parser.add_argument("--cost-pairs", type=int, default=2, help="pairs of short runs with and without in-run "
+                                                                  "evaluation, for its cost (default 2; 0: none)")
+    parser.add_argument("--cost-steps", type=int, default=30, help="train steps of each cost run (default 30)")
+    parser.add_argument("--cost-eval-every", type=int, default=5, help="evaluation every N steps in the cost runs "
+                                                                       "(default 5)")
 
 
 def run(args: argparse.Namespace) -> BenchResult:
     base = (args.out / "learn").resolve()
     config = args.config.resolve()
     run_dir = base / "run"
-    wall = run_turnkeep(run_dir, config, args.steps, args.set, base / "run.log")
-    figures = {**throughput(run_dir), "wall_s": round(wall, 1), "curve": _curve(run_dir)}
+    sized = [*args.set, f"eval.prompts_limit={args.eval_prompts}", f"eval.samples={args.samples}"]
+    wall = run_turnkeep(run_dir, config, args.steps, [*sized, f"eval.every_steps={args.eval_every}",
+                                                      "eval.before_training=true"], base / "run.log")
+    figures = {**throughput(run_dir), "wall_s": round(wall, 1), "curve": _curve(run_dir),
+               "eval_curve": [{key: line[key] for key in ("step", "pass@1", "mean_reward", "eval_s",
+                                                          "policy_version_min", "policy_version_max")}
+                              for line in metric_lines(run_dir, "eval")]}
     settings = [arg for pair in args.set for arg in ("--set", pair)]
     base_model = _turnkeep(["make-model", "--config", str(config), *settings], base / "make-model.log").split()[-1]
     exported = base / "export"
@@ -47,6 +61,9 @@ def run(args: argparse.Namespace) -> BenchResult:
                          "bytes": sum(p.stat().st_size for p in exported.rglob("*") if p.is_file())}
     figures["eval"] = {name: _eval(model, config, settings, args, base / f"eval-{name}.json")
                        for name, model in (("base", base_model), ("trained", str(exported)))}
+    if args.cost_pairs:
+        figures["eval_cost"] = measure_eval_cost(config, sized, base, pairs=args.cost_pairs, steps=args.cost_steps,
+                                                 every=args.cost_eval_every)
     return BenchResult("learn", _table(figures), figures, _notes(figures, args))
 
 
@@ -83,6 +100,13 @@ def _table(figures: dict) -> str:
         passes = ", ".join(f"pass@{k} {v:.3f}" for k, v in result["pass_at"].items())
         rows.append([f"held-out, {name} model", f"{result['mean_reward']:.3f}", passes, result["prompts"],
                      round(result["seconds"], 1), "", ""])
+    if figures["eval_curve"]:
+        rows.append(["in-run eval (pass@1 at steps)", "", " ".join(f"{e['step']}:{e['pass@1']:.2f}"
+                                                                   for e in figures["eval_curve"]),
+                     len(figures["eval_curve"]), round(sum(e["eval_s"] for e in figures["eval_curve"]), 1), "", ""])
+    if cost := figures.get("eval_cost"):
+        rows.append([f"eval every {cost['every']} steps vs none", "", f"slowdown {cost['slowdown']:.1%}",
+                     cost["steps"], "", "", f"{cost['steps_per_min_with']} vs {cost['steps_per_min_without']}"])
     return markdown_table(["what", "reward", "curve (tenths) / pass@k", "steps / prompts", "seconds", "tokens/s",
                            "steps/min"], rows)
 
@@ -94,4 +118,8 @@ def _notes(figures: dict, args: argparse.Namespace) -> list[str]:
             f"held-out: {args.eval_prompts} problems the run never trained on, {args.samples} samples each, "
             "temperature 1; a sample is correct at reward 1",
             f"export of the newest checkpoint: {export['bytes']:,} bytes in {export['seconds']} s "
-            f"({export['line']})"]
+            f"({export['line']})",
+            "in-run eval: the same held-out problems scored by the run itself, on its engines beside training, before "
+            "the first step and every --eval-every steps (its seconds overlap training)",
+            "eval cost: train steps/min of the training loop, medians of --cost-pairs alternating runs of "
+            "--cost-steps steps with evaluation every --cost-eval-every steps and without"]

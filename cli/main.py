@@ -74,10 +74,11 @@ def _missing_extra(command: str, err: ModuleNotFoundError) -> str | None:
             "('turnkeep[gpu]' on a GPU machine)")
 
 
-QUICK_EXIT_COMMANDS = frozenset({"status", "scale"})
-"""Short-lived commands that leave without the interpreter's finalization. `status` and `scale` talk to Temporal; a
-call still on the client's Rust threads while Python finalizes makes Python abort the process ("Fatal Python error:
-PyGILState_Release", SIGABRT) after the answer was already printed (seen with `scale` refusing a count)."""
+QUICK_EXIT_COMMANDS = frozenset({"status", "scale", "eval"})
+"""Short-lived commands that leave without the interpreter's finalization. `status`, `scale` and `eval --run-dir`
+talk to Temporal; a call still on the client's Rust threads while Python finalizes makes Python abort the process
+("Fatal Python error: PyGILState_Release", SIGABRT) after the answer was already printed (seen with `scale` refusing
+a count, and with `eval --run-dir` after its signal)."""
 
 
 def entry() -> None:

@@ -1,5 +1,5 @@
 """`turnkeep plot RUN_DIR`: one PNG of a run over wall time: reward and rollout tokens/s, each
-snapshot attempt as a span (admission closed darker, trainer wait as a tick), restores,
+snapshot attempt as a span (admission closed darker, trainer wait as a tick), held-out pass@1 points, restores,
 deaths and the servers the run restarted itself marked. Data from `cli.plot_data`; drawn with matplotlib's file-only backend."""
 
 from __future__ import annotations
@@ -68,6 +68,9 @@ def build_figure(data: PlotData, title: str = ""):
                        label="reward (mean)" if i == 0 else None)
         speed_ax.plot(times, [s for *_, s in segment], color="tab:purple", marker=".", ms=3,
                       label="rollout tokens/s" if i == 0 else None)
+    if data.evals:
+        reward_ax.plot([minutes(t) for t, *_ in data.evals], [p for *_, p in data.evals], color="tab:green",
+                       marker="D", ms=4, label="held-out pass@1 (eval)")
     for ax in (reward_ax, speed_ax):
         _draw_attempts(ax, data, minutes)
         _draw_restores_and_deaths(ax, data, minutes)

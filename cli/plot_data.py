@@ -35,6 +35,8 @@ class PlotData:
     """(time last heard, incarnation)."""
     restarts: list[tuple[float, str]] = field(default_factory=list)
     """(time, process): a process the run started again itself and went on (`env`, `temporal`)."""
+    evals: list[tuple[float, int, float]] = field(default_factory=list)
+    """(time, evaluated step, held-out pass@1)."""
 
 
 def gather_plot_data(run_dir: Path) -> PlotData:
@@ -54,6 +56,8 @@ def gather_plot_data(run_dir: Path) -> PlotData:
             t = line.get("t", when)
             if t is not None:
                 data.steps.append((t, line["step"], line.get("reward_mean", 0.0), line.get("rollout_tokens_per_s", 0.0)))
+        elif line.get("kind") == MetricsKind.EVAL and line.get("t") is not None and "pass@1" in line:
+            data.evals.append((float(line["t"]), line["step"], float(line["pass@1"])))
         elif line.get("kind") in RESTART_KINDS and (t := line.get("t", line.get("unix_s"))) is not None:
             data.restarts.append((float(t), RESTART_KINDS[line["kind"]]))
         elif line.get("kind") == MetricsKind.SNAPSHOT:

@@ -90,7 +90,17 @@ def _snapshot_lines(report: dict) -> list[str]:
     if recovery:
         lines.append(f"  last restore (incarnation {recovery['incarnation']}): from {recovery['source']} "
                      f"(step {recovery['step']}): {recovery['reason']}")
+    if evaluation := report.get("last_eval"):
+        lines.append(_eval_line(evaluation))
     return lines
+
+
+def _eval_line(line: dict) -> str:
+    passes = ", ".join(f"{key} {value:.3f}" for key, value in line.items() if key.startswith("pass@"))
+    failed = f", {line['samples_failed']} failed" if line.get("samples_failed") else ""
+    return (f"  last evaluation: step {line['step']} ({line['trigger']}): mean reward {line['mean_reward']:.3f}, "
+            f"{passes} ({line['prompts']} prompts x {line['samples']} samples{failed}, policy versions "
+            f"{line['policy_version_min']}-{line['policy_version_max']})")
 
 
 def _temporal_lines(report: dict) -> list[str]:

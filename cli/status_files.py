@@ -38,7 +38,8 @@ def gather(run_dir: Path, now: float | None = None) -> dict:
         raise NotARunDir(f"{run_dir} is not a run directory (no run.json); pass the --run-dir of a `turnkeep run`")
     roles = sorted(p.stem for p in (run_dir / PIDS_DIR).glob("*.json")) if (run_dir / PIDS_DIR).is_dir() else []
     processes = {role: live_pid(run_dir, role) for role in roles}
-    last = _last_metrics(run_dir / "metrics.jsonl", (MetricsKind.TRAIN_STEP, MetricsKind.SNAPSHOT, MetricsKind.RECOVERY))
+    last = _last_metrics(run_dir / "metrics.jsonl", (MetricsKind.TRAIN_STEP, MetricsKind.SNAPSHOT, MetricsKind.RECOVERY,
+                                                     MetricsKind.EVAL))
     return {
         "run_id": run.get("run_id"), "incarnation": run.get("incarnation"), "run_dir": str(run_dir),
         "up": processes.get("controller") is not None,
@@ -47,6 +48,7 @@ def gather(run_dir: Path, now: float | None = None) -> dict:
         "training": _training(last.get("train_step"), run_dir / "metrics.jsonl", now),
         "last_attempt": _attempt(last.get("snapshot")),
         "last_recovery": _recovery(last.get("recovery")),
+        "last_eval": last.get("eval"),
         "newest_snapshot": _newest_snapshot(run_dir, now),
         "temporal": _temporal_addresses(run_dir),
     }

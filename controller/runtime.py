@@ -8,6 +8,7 @@ work can reach each piece without going through a god class.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from turnkeep.controller.journal.state_journal import BASE_KEY, JournalRef, Jour
 from turnkeep.controller.processes import EnvServerEndpoint, Processes
 from turnkeep.controller.pumps.env_client import EnvClient
 from turnkeep.controller.pumps.env_router import EnvRouter, EnvServerLink
+from turnkeep.controller.pumps.eval_pump import EvalPump
 from turnkeep.controller.pumps.rollout_pump import RolloutPump
 from turnkeep.controller.pumps.supervision import supervise_pumps
 from turnkeep.controller.pumps.train_pump import StepReport, TrainPump
@@ -31,6 +33,7 @@ from turnkeep.controller.state.claim_ledger import ClaimLedger
 from turnkeep.controller.state.cut_state import capture_cut
 from turnkeep.controller.state.data_plane import DataPlane
 from turnkeep.controller.state.dataloader import PromptDataloader
+from turnkeep.controller.state.eval_journal import EvalJournal
 from turnkeep.controller.state.group_ledger import GroupLedger
 from turnkeep.controller.state.prompt_sources import PromptSource
 from turnkeep.controller.state.run_stats import RunStats
@@ -46,6 +49,9 @@ from turnkeep.primitives.holds import HoldSet
 from turnkeep.schemas.audit import CutTaken, HoldChanged, SnapshotPublished
 from turnkeep.schemas.choices import CutKind
 from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.schemas.rollout import Problem
+
+log = logging.getLogger("turnkeep.run")
 
 
 @dataclass
@@ -66,7 +72,7 @@ class Controller:
         self, cfg: TurnkeepConfig, processes: Processes, session: aiohttp.ClientSession, max_steps: int | None, *,
         prompts: PromptSource, level_plans: dict[str, RolloutLevelPlan], audit: AuditLog | None = None,
         checkpoint_identity: CheckpointIdentity | None = None,
-        checkpoint_announcements: CheckpointAnnouncements | None = None,
+        checkpoint_announcements: CheckpointAnnouncements | None = None, eval_problems: list[Problem] = (),
     ):
         """`prompts`: where the dataloader's prompts come from; `level_plans`: each environment's recovery level,
         from what its server reports (`controller.rollout_levels.plan_levels`); `checkpoint_announcements`: where
@@ -83,6 +89,10 @@ class Controller:
         self.env_client = _env_router(cfg, processes, session)
         self.rollouts = self._rollout_pump(level_plans)
         self.training = self._train_pump()
+        self.evaluations = EvalPump(
+            cfg.eval, list(eval_problems), self.env_client, EvalJournal(cfg.run.run_dir), self.admission,
+            cfg.eval.concurrency(cfg.policy.engines, cfg.policy.max_num_seqs), cfg.rollout.rollout_timeout_s,
+            self.metrics.evaluation, cfg.run.run_dir)
 
     def _build_state(self, prompts: PromptSource, max_steps: int | None) -> None:
         """The holds, the ledgers, the data plane and the dataloader the pumps share (the snapshot work reaches
@@ -137,6 +147,7 @@ class Controller:
 
     def _on_step(self, report: StepReport) -> None:
         self.last_metrics = self.metrics.step(report, epoch=self.dataloader.epoch)
+        self.evaluations.after_step(report.step)
 
     def state_dict(self) -> dict:
         return {
@@ -243,11 +254,23 @@ class Controller:
         train_task = asyncio.create_task(self.training.run(max_steps), name="train-pump")
         stop_task = asyncio.create_task(self._stop_requested.wait(), name="stop-request")
         flush_task = asyncio.create_task(flush_journal_forever(lambda: self.data_plane.journal), name="journal-flush")
+        eval_task = asyncio.create_task(self.evaluations.run(), name="evaluations")
+        eval_task.add_done_callback(_log_crash)
+        self.evaluations.before_training(self.training.step)
         try:
             await supervise_pumps(rollout_task, train_task, stop_task, watch)
+            if not self._stop_requested.is_set() and not eval_task.done():
+                await self.evaluations.finish()
         finally:
             flush_task.cancel()
-            await asyncio.gather(flush_task, return_exceptions=True)
+            eval_task.cancel()
+            await asyncio.gather(flush_task, eval_task, return_exceptions=True)
+
+
+def _log_crash(task: asyncio.Task) -> None:
+    # Evaluation never stops training: a failed one is logged, and the run goes on without it.
+    if not task.cancelled() and task.exception() is not None:
+        log.error("evaluations stopped: %s", task.exception(), exc_info=task.exception())
 
 
 def _env_router(cfg: TurnkeepConfig, processes: Processes, session: aiohttp.ClientSession) -> EnvRouter:

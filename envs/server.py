@@ -2,16 +2,14 @@
 
 Routes: `POST /attach` (the run hands over its policy engines' URLs, limits and tokenizer files), `PUT /engines`
 (the controller's routable policy engines now; agents' calls are routed over them by `envs/engine_router.py`),
-`POST /run` (a RolloutRequest; answers with a RolloutResult whose receipt must be
-ACKed), `POST /ack`, `POST /cancel`, `POST /cancel_all`, `POST /judge`, `GET /health`,
-and the checkpoint participant routes `/checkpoint/*` (see `env_participant` and
-`participants.http_server`). Every route but `/health` needs the bearer token the
-server was started with. The same server runs inside the run (the `env` Ray actor,
-attached in-process) and stand-alone (`turnkeep env-server`, attached over HTTP by
-every run or incarnation that uses it). A
-rollout runs as its own task, so a cancel (or a controller that went away) stops
-exactly that agent; a /run that arrives while a checkpoint holds the door waits in
-that task before it starts, so it can be cancelled too.
+`POST /run` (a RolloutRequest; answers with a RolloutResult whose receipt must be ACKed; an evaluation's
+episode: `envs/eval_agent.py`), `POST /ack`, `POST /cancel`, `POST /cancel_all`, `POST /judge`, `GET /health`,
+and the checkpoint participant routes `/checkpoint/*` (see `env_participant` and `participants.http_server`).
+Every route but `/health` needs the bearer token the server was started with. The same server runs inside the
+run (the `env` Ray actor, attached in-process) and stand-alone (`turnkeep env-server`, attached over HTTP by
+every run or incarnation that uses it). A rollout runs as its own task, so a cancel (or a controller that went
+away) stops exactly that agent; a /run that arrives while a checkpoint holds the door waits in that task before
+it starts, so it can be cancelled too.
 """
 
 from __future__ import annotations
@@ -32,6 +30,7 @@ from turnkeep.envs.codec import TurnCodec
 from turnkeep.envs.engine_router import EngineRouter
 from turnkeep.envs.env_participant import EnvParticipant, env_capabilities
 from turnkeep.envs.environment import Environment
+from turnkeep.envs.eval_agent import run_evaluation
 from turnkeep.envs.journal_restore import hold_from_journal
 from turnkeep.envs.kinds import EnvironmentFactory, capabilities_of
 from turnkeep.envs.policy_client import PolicyCallError
@@ -204,7 +203,9 @@ class EnvServer:
 
     async def serve_rollout(self, request: RolloutRequest) -> RolloutResult:
         """Run one agent as its own task (a cancel stops exactly it) and answer with its result."""
-        task = asyncio.get_running_loop().create_task(self._run(request))
+        work = self._run(request) if request.evaluation_temperature is None else \
+            run_evaluation(request, self.factory, self.codec, self._policy, self._limits)
+        task = asyncio.get_running_loop().create_task(work)
         self.running[request.rollout_id] = task
         try:
             return await asyncio.shield(task)

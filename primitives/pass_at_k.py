@@ -24,3 +24,11 @@ def estimable_ks(samples: int) -> list[int]:
         ks.add(k)
         k *= 2
     return sorted(ks)
+
+
+def summarize(rewards: list[list[float]], samples: int, correct_at: float) -> dict[str, float]:
+    """Mean reward and pass@k (every estimable k) of `samples` rewards per prompt; correct: reward >= correct_at."""
+    correct = [sum(reward >= correct_at for reward in per_prompt) for per_prompt in rewards]
+    mean = sum(map(sum, rewards)) / max(1, sum(map(len, rewards)))
+    return {"mean_reward": round(mean, 4),
+            **{f"pass@{k}": round(pass_at_k(correct, samples, k), 4) for k in estimable_ks(samples)}}

@@ -138,3 +138,5 @@ class MetricsKind(StrEnum):
     """One local activity's own clocks (`turnkeep bench orchestration`)."""
     STARTUP = "startup"
     """Where an incarnation's start went: seconds from its process's start to each piece being up."""
+    EVAL = "eval"
+    """One held-out evaluation's result (`controller/pumps/eval_pump.py`)."""

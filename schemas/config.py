@@ -16,6 +16,7 @@ from pydantic import Field, field_validator, model_validator
 
 from turnkeep.schemas.choices import AgentsMode, Device, EnvironmentKind, RecoveryLevel
 from turnkeep.schemas.config_base import ConfigPath, ModelPath, StrictModel
+from turnkeep.schemas.config_eval import EvalConfig
 from turnkeep.schemas.config_services import (
     EnvServerConfig,
     PlacementConfig,
@@ -301,6 +302,8 @@ class TurnkeepConfig(StrictModel):
     """The stall warning."""
     metrics: MetricsConfig = MetricsConfig()
     """Where metrics go besides metrics.jsonl."""
+    eval: EvalConfig = EvalConfig()
+    """Held-out evaluation during the run."""
 
     @field_validator("environments")
     @classmethod
@@ -323,6 +326,15 @@ class TurnkeepConfig(StrictModel):
         if self.snapshot.agents == AgentsMode.JOURNAL and not self.env.journal_turns:
             raise ValueError('snapshot.agents = "journal" keeps the running agents in the environment servers\' turn '
                              'journals, but env.journal_turns = false; turn it on, or set snapshot.agents = "parked"')
+        return self
+
+    @model_validator(mode="after")
+    def _eval_has_prompts(self) -> "TurnkeepConfig":
+        heldout = any(spec.kind == EnvironmentKind.TOOL_CHAT and spec.options.get("reasoning_gym") is not None
+                      for spec in self.environments.values())
+        if (self.eval.every_steps or self.eval.before_training) and self.eval.prompts is None and not heldout:
+            raise ValueError("[eval] has no held-out prompts: set eval.prompts = \"FILE.jsonl\", or use a tool_chat "
+                             "environment with reasoning_gym tasks (their held-out seeds), or set eval.every_steps = 0")
         return self
 
     @model_validator(mode="after")

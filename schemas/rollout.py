@@ -90,6 +90,9 @@ class RolloutRequest(Wire):
     resume_from: str | None = None
     """Saved attempt (its rollout id) to continue from its saved turn boundary after a restore;
     the environment server must hold it (`/checkpoint/restore`). None starts from scratch."""
+    evaluation_temperature: float | None = Field(default=None, ge=0)
+    """Set for a held-out evaluation's rollout: sampled at this temperature, kept out of the turn journal, the audit
+    and snapshots (the controller journals its reward when it ends), its result needing no ACK."""
 
 
 class RolloutOutcome(StrEnum):

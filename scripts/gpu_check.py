@@ -20,7 +20,10 @@ configured device and prints, then writes to `<out>/gpu_check.json`:
   save and load, each rank's peak memory; two ranks need two GPUs, and where there are fewer the report says so;
 - with `--engines`: `turnkeep bench engines` on the same config (1 and 2 vLLM engines: tokens/s, refit into 1 and
   2 engines against one memory copy, an engine's death to its replacement's first turn), where the machine has
-  vLLM and the GPUs for a trainer and two engines; otherwise the reason it was left out.
+  vLLM and the GPUs for a trainer and two engines; otherwise the reason it was left out;
+- with `--recipe`: `turnkeep run` of a GPU recipe (`--recipe-config`, default `configs/gpu_tool_chat.toml`: a real
+  chat model on the `tool_chat` task with evaluation) for `--recipe-steps` steps (`scripts/recipe_check.py`), where
+  the machine has vLLM, Ray, Temporal's SDK and the GPUs; otherwise what is missing.
 """
 
 from __future__ import annotations
@@ -70,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.engines:
         report["engines"] = _engines(args.config, args.set, args.out / "engines",
                                      cfg.placement.trainer_gpus + 2 * cfg.placement.policy_gpus)
+    if args.recipe:
+        from scripts.recipe_check import check_recipe
+
+        report["recipe"] = check_recipe(load_config(args.recipe_config, parse_overrides(args.set)), args.recipe_config,
+                                        args.set, args.out, args.recipe_steps)
     (args.out / "gpu_check.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
     print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
     return 0 if report["hold_check"]["held"] else 1
@@ -85,6 +93,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     parser.add_argument("--engines", action="store_true", help="also run `turnkeep bench engines` where it can")
     parser.add_argument("--ranks", action="store_true", help="also time a trainer group of 1 and of 2 ranks")
+    parser.add_argument("--recipe", action="store_true", help="also run a GPU recipe for a few steps where it can")
+    parser.add_argument("--recipe-config", type=Path, default=REPO / "configs" / "gpu_tool_chat.toml")
+    parser.add_argument("--recipe-steps", type=int, default=5)
     return parser
 
 

@@ -37,7 +37,8 @@ RUN_FOR_REAL = {
               "tests/chaos/test_recheck.py"),
     "bench": ("tests/cli/test_bench_pass.py", "benchmarks take minutes to hours: parsed here and in that file (as "
               "`--help` would), each benchmark's pieces run in tests/bench/"),
-    "eval": ("tests/cli/test_eval.py", "`eval` of a tiny model on a prompts file"),
+    "eval": ("tests/cli/test_eval.py", "`eval --model` of a tiny model on a prompts file; `eval --run-dir` against a "
+             "live run in tests/workers/test_evaluations.py"),
 }
 """Where each shown command's verb runs as a process or through `main` (beyond the parse here), or why not."""
 

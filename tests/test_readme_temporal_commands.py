@@ -58,6 +58,9 @@ def test_every_operator_command_in_the_readme_works_as_written():
                     if " cancel " in command:
                         while not parts.records:
                             await asyncio.sleep(0.05)
+                    if "evaluate_now" in command:  # the controller is asked for an evaluation, as an operator
+                        while not parts.evaluations:
+                            await asyncio.sleep(0.05)
                 attempt = await client.get_workflow_handle(f"{RUN}.snapshot.4.1").describe()
                 status = await run.query(RunWorkflow.status)
                 await run.signal(RunWorkflow.stop, "test over")
@@ -70,3 +73,4 @@ def test_every_operator_command_in_the_readme_works_as_written():
     assert not status.paused  # paused, then resumed, as written
     assert attempt.status == WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_CANCELED
     assert parts.records[0].result.outcome == "aborted" and "gym.abort" in parts.calls
+    assert parts.evaluations == ["operator"]

@@ -43,6 +43,7 @@ from turnkeep.schemas.config import TurnkeepConfig
 from turnkeep.schemas.names import ray_namespace
 from turnkeep.schemas.participant import Capabilities
 from turnkeep.schemas.recovery import RecoveryResult, SourceKind
+from turnkeep.workers.eval_problems import run_eval_problems
 from turnkeep.workers.model_source import with_model_resolved
 from turnkeep.workers.preemption import PreemptionHandler
 from turnkeep.workers.process_watch import first_death, first_of
@@ -203,7 +204,7 @@ async def _start_controller(
     controller = progress["controller"] = Controller(
         cfg, processes, session, max_steps, audit=audit,
         checkpoint_identity=CheckpointIdentity(identity.run_id, fingerprint_fields(cfg)),
-        prompts=prompt_source(cfg), level_plans=_recovery_plans(cfg, reported),
+        prompts=prompt_source(cfg), level_plans=_recovery_plans(cfg, reported), eval_problems=run_eval_problems(cfg),
     )
     stack.push_async_callback(controller.env_client.close)
     stack.callback(lambda: controller.data_plane.journal.close())

@@ -4,8 +4,9 @@ Attempts start every `attempt_interval_s` (when set), right after each trainer c
 an operator (or the preemption handler) signals `snapshot_now`. It finishes any release
 left pending by an earlier attempt before it starts another, counts consecutive
 failures, and stops the run on `max_consecutive_failures` or on a broken invariant. It
-answers `status` and takes `pause_snapshots` / `resume_snapshots` and the `set_engines` update (the policy
-engines the next attempts fence), and continues as new before its history grows large.
+answers `status` and takes `pause_snapshots` / `resume_snapshots`, the `set_engines` update (the policy
+engines the next attempts fence) and `evaluate_now` (a held-out evaluation), and continues as new before its
+history grows large.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import NamedTuple
 
 from temporalio import workflow
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
-from temporalio.exceptions import ApplicationError, ChildWorkflowError, is_cancelled_exception
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError, is_cancelled_exception
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
@@ -36,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from turnkeep.schemas.choices import Outcome, Trigger
     from turnkeep.schemas.engine_steps import ENGINES_SCALE, ScaleEnginesInput
+    from turnkeep.schemas.eval_steps import EVAL_REQUEST, EvalRequestInput, EvaluateNowSignal
     from turnkeep.schemas.names import (
         ATTEMPT_CANCELLED_SIGNAL,
         WorkflowType,
@@ -43,7 +45,6 @@ with workflow.unsafe.imports_passed_through():
         checkpoint_id,
     )
     from turnkeep.schemas.snapshot import (
-        MAX_ENGINES,
         RunCarryOver,
         RunStatus,
         RunWorkflowInput,
@@ -58,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
     from turnkeep.schemas.steps import Step
 
 from turnkeep.workflows.engine_fanout import fan_out
+from turnkeep.workflows.engine_requests import engines_problem
 from turnkeep.workflows.retry_policies import RUN_QUICK, RUN_UNTIL_IT_WORKS, WORKFLOW_TASK_TIMEOUT
 from turnkeep.workflows.snapshot_attempt import SnapshotAttemptWorkflow
 
@@ -93,19 +95,6 @@ def _more_urgent(a: Trigger, b: Trigger | None) -> Trigger:
 
 SCALE_TIMEOUT_S = 900.0
 """Starting engines takes a vLLM start each (in parallel) and their refit; retiring ones a drain."""
-
-
-def _engines_problem(engines: list[int]) -> str | None:
-    """Why `set_engines` refuses `engines`; None when it takes them."""
-    if not engines:
-        return "no policy engines: a run needs at least one"
-    if len(engines) > MAX_ENGINES:
-        return f"{len(engines)} policy engines: at most {MAX_ENGINES}"
-    twice = sorted({engine for engine in engines if engines.count(engine) > 1})
-    if twice:
-        return f"policy engines named more than once: {twice}"
-    negative = sorted(engine for engine in engines if engine < 0)
-    return f"negative policy engine indices: {negative}" if negative else None
 
 
 @workflow.defn(name=WorkflowType.RUN)
@@ -156,6 +145,17 @@ class RunWorkflow:
         trigger = Trigger.PREEMPTION if signal.preemption else Trigger.OPERATOR
         self._triggers.appendleft(PendingTrigger(trigger, None, signal.reason))
 
+    @workflow.signal
+    async def evaluate_now(self, signal: EvaluateNowSignal | None = None) -> None:
+        """A held-out evaluation of the weights at the controller's current step (`turnkeep eval --run-dir`)."""
+        reason = (signal or EvaluateNowSignal()).reason
+        try:
+            asked = await _controller_call(EVAL_REQUEST, EvalRequestInput(run_id=self._run_id,
+                                                                          incarnation=self._incarnation, reason=reason))
+            workflow.logger.info("evaluation (%s) at step %d: %s", reason, asked.step, asked.note)
+        except ActivityError as err:  # a signal that failed must not fail the run workflow
+            workflow.logger.warning("evaluation (%s) could not be asked for: %s", reason, err.cause or err)
+
     @workflow.update
     async def snapshot_and_wait(self, signal: SnapshotNowSignal) -> SnapshotAttemptResult:
         """Take a snapshot now and answer with its outcome (the preemption handler's final save).
@@ -199,7 +199,7 @@ class RunWorkflow:
     @set_engines.validator
     def _refuse_bad_engines(self, inp: SetEnginesInput) -> None:
         # Refused before it enters history: a bad list never reaches an attempt.
-        problem = _engines_problem(inp.engines)
+        problem = engines_problem(inp.engines)
         if problem is not None:
             raise ValueError(problem)
 

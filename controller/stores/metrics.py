@@ -91,6 +91,16 @@ class MetricsSink:
             self.peak_rss_mib_by_role[role] = max(self.peak_rss_mib_by_role.get(role, 0.0), mib)
         return sum(by_role.values())
 
+    def evaluation(self, line: dict) -> None:
+        """An evaluation's result line, and one line on the console."""
+        append_jsonl(self.path, line, durable=True)
+        passes = " ".join(f"{key} {value:.3f}" for key, value in line.items() if key.startswith("pass@"))
+        failed = f", {line['samples_failed']} samples failed" if line["samples_failed"] else ""
+        self._out.write(f"{chr(13) if self._out.isatty() else ''}eval step {line['step']} ({line['trigger']}): "
+                        f"{line['prompts']} prompts x {line['samples']}: mean reward {line['mean_reward']:.3f} "
+                        f"{passes} in {line['eval_s']:.1f}s{failed}\n")
+        self._out.flush()
+
     def finish(self) -> None:
         """The run's peak memory per process role, as one `"kind": "memory"` line."""
         peaks = {role: round(mib) for role, mib in sorted(self.peak_rss_mib_by_role.items())}

@@ -2,8 +2,8 @@
 
 A mirror, not a second source: it tails `metrics.jsonl` (every line any part of the run
 wrote) and writes each number of each line as a scalar under `<run_dir>/tensorboard/`
-(`train/<key>` at the train step; `snapshot/<key>` at the attempt's anchor step, with
-its outcome and reason as text; a restore's source as text). How far it got is kept in
+(`train/<key>` at the train step; `eval/<key>` at the evaluated step; `snapshot/<key>` at the attempt's anchor
+step, with its outcome and reason as text; a restore's source as text). How far it got is kept in
 `tensorboard/mirrored_offset` (`controller.stores.metrics_tail`), so a restarted run goes on where the last one stopped
 instead of writing every point twice.
 """
@@ -62,6 +62,11 @@ class TensorBoardMirror:
                     self._writer.add_scalar(f"snapshot/{key}", value, step)
             self._writer.add_text("snapshot/outcome", f"{record.get('checkpoint_id')}: {record.get('outcome')} "
                                                       f"({record.get('reason')})", step)
+        elif kind == MetricsKind.EVAL:
+            step = int(record.get("step", 0))
+            for key, value in numbers(record):
+                if key not in NOT_SCALARS:
+                    self._writer.add_scalar(f"eval/{key}", value, step)
         elif kind == MetricsKind.RECOVERY:
             source = record.get("source") or {}
             self._writer.add_text("recovery", f"incarnation {record.get('incarnation')} restored from "

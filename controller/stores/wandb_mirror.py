@@ -83,6 +83,9 @@ def wandb_point(record: dict) -> dict[str, float]:
         point = {f"snapshot/{key}": value for key, value in numbers(record) if key not in NOT_MEASURED}
         point["snapshot/published"] = float(str(record.get("outcome", "")).startswith("published"))
         return point
+    if kind == MetricsKind.EVAL:
+        return {"eval/step": float(record.get("step", 0)),
+                **{f"eval/{key}": value for key, value in numbers(record) if key not in NOT_MEASURED}}
     if kind == MetricsKind.RECOVERY:
         source = record.get("source") or {}
         return {"recovery/step": float(source.get("step") or 0),

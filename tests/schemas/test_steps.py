@@ -11,6 +11,7 @@ from temporalio import activity
 
 from turnkeep.activities.engine_activities import EngineActivities
 from turnkeep.activities.env_server_activities import EnvServerActivities
+from turnkeep.activities.eval_activities import EvalActivities
 from turnkeep.activities.policy_activities import PolicyActivities
 from turnkeep.activities.recovery_activities import RecoveryActivities
 from turnkeep.activities.snapshot_activities import SnapshotActivities
@@ -22,7 +23,7 @@ from turnkeep.schemas.steps import Runs, Step
 
 PROCESS_CLASSES = {
     Runs.CONTROLLER: (EnvServerActivities, SnapshotActivities, RecoveryActivities, EngineActivities),
-    Runs.LOCAL: (EnvServerActivities, SnapshotActivities),
+    Runs.LOCAL: (EnvServerActivities, SnapshotActivities, EvalActivities),
     Runs.TRAINER: (TrainerActivities,),
     Runs.POLICY: (PolicyActivities,),
 }
@@ -35,7 +36,7 @@ def _implemented(classes) -> list[str]:
 
 def test_every_step_is_implemented_exactly_once_where_it_runs():
     steps = declared_steps()
-    assert len(steps) == 25  # every activity a history of this project names
+    assert len(steps) == 26  # every activity a history of this project names
     for runs, classes in PROCESS_CLASSES.items():
         implemented = _implemented(classes)
         wanted = sorted(name for name, step in steps.items() if step.runs is runs)

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_gpu_check_reports_step_checkpoint_refit_and_the_hold(tmp_path):
     done = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--small", "--out", str(tmp_path), "--steps", "1",
-         "--engines", "--ranks"],
+         "--engines", "--ranks", "--recipe"],
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -28,6 +28,9 @@ def test_gpu_check_reports_step_checkpoint_refit_and_the_hold(tmp_path):
     assert report["refit_serialisation"]["one_memory_copy_s"] > 0
     # The engines need vLLM and three GPUs: here the report says which of them is missing instead of failing.
     assert "this machine has 0" in report["engines"]["skipped"] or "no vLLM" in report["engines"]["skipped"]
+    # The recipe (a real chat model on tool_chat, with evaluation) needs a CUDA GPU beside vLLM, Ray and Temporal.
+    assert report["recipe"]["skipped"] in ("the recipe's placement needs 1 CUDA GPU(s); this machine has 0",
+                                           "no vLLM on this machine: pip install -e '.[gpu]'"), report["recipe"]
     hold = report["hold_check"]
     assert hold["held"] and hold["step_waited_s"] >= 1.0 and hold["changed_after_release"]
     # One and two ranks (gloo here), each a process: the same rows split between them train to the same loss.

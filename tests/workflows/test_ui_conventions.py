@@ -44,6 +44,7 @@ from turnkeep.schemas.attempt_steps import (
     TrainerReleaseInput,
     TrainerReleaseResult,
 )
+from turnkeep.schemas.eval_steps import EVAL_REQUEST, EvalRequestInput, EvalRequestResult
 from turnkeep.schemas.names import ErrorType, controller_queue, policy_queue, trainer_queue
 from turnkeep.schemas.recovery import RECOVERY_CANCEL_STALE, CancelStaleResult, RecoveryInput, RecoveryStepInput
 from turnkeep.workflows.recovery_workflow import RecoveryWorkflow
@@ -59,6 +60,7 @@ class Participants:
     def __init__(self) -> None:
         self.calls: list[str] = []
         self.records: list[AttemptRecord] = []
+        self.evaluations: list[str] = []
         self.preparing = asyncio.Event()
 
     @activity.defn(name=ANCHOR)
@@ -108,9 +110,14 @@ class Participants:
         self.records.append(inp)
         return RecordResult()
 
+    @activity.defn(name=EVAL_REQUEST)
+    async def eval_request(self, inp: EvalRequestInput) -> EvalRequestResult:
+        self.evaluations.append(inp.reason)
+        return EvalRequestResult(step=4, note="evaluation of step 4 queued (1 waiting)")
+
     def controller(self) -> list:
         return [self.anchor, self.preflight, self.open_staging, self.gym_prepare, self.gym_abort,
-                self.discard_staging, self.record]
+                self.discard_staging, self.record, self.eval_request]
 
     @contextlib.asynccontextmanager
     async def workers(self, client):

@@ -20,6 +20,7 @@ from temporalio.worker import Worker
 
 from turnkeep.activities.engine_activities import EngineActivities
 from turnkeep.activities.env_server_activities import EnvServerActivities
+from turnkeep.activities.eval_activities import EvalActivities
 from turnkeep.activities.recovery_activities import RecoveryActivities
 from turnkeep.activities.snapshot_activities import SnapshotActivities
 from turnkeep.controller.engines.engine_keeper import EngineKeeper
@@ -156,7 +157,7 @@ def controller_activities(ctx: SnapshotCoordinator, engine_keeper: EngineKeeper 
     """Every attempt and run phase the controller itself carries out (scaling the engines goes to `engine_keeper`;
     None: it is refused)."""
     return step_activities(EnvServerActivities(ctx), SnapshotActivities(ctx), EngineActivities(ctx, engine_keeper),
-                           runs=CONTROLLER_STEPS)
+                           EvalActivities(ctx), runs=CONTROLLER_STEPS)
 
 
 def local_steps() -> list[str]:

@@ -13,6 +13,14 @@ from turnkeep.controller.journal.state_journal import NO_JOURNAL
 from turnkeep.controller.runtime import Controller
 
 
+class NoEvaluations:
+    async def run(self) -> None:
+        await asyncio.Event().wait()
+
+    def before_training(self, step: int) -> None:
+        pass
+
+
 class FailingRollouts:
     async def run(self) -> None:
         await asyncio.sleep(0.05)
@@ -20,6 +28,8 @@ class FailingRollouts:
 
 
 class WaitingTraining:
+    step = 0
+
     def __init__(self) -> None:
         self.cancelled = False
 
@@ -35,7 +45,7 @@ class WaitingTraining:
 def test_a_failed_rollout_pump_stops_the_run_in_one_line_and_cancels_training():
     training = WaitingTraining()
     stand_in = SimpleNamespace(rollouts=FailingRollouts(), training=training,
-                               data_plane=SimpleNamespace(journal=NO_JOURNAL))
+                               data_plane=SimpleNamespace(journal=NO_JOURNAL), evaluations=NoEvaluations())
 
     async def scenario() -> None:
         stand_in._stop_requested = asyncio.Event()
