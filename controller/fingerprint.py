@@ -37,6 +37,7 @@ def config_fingerprint(cfg: TurnkeepConfig) -> str:
 def process_digest(cfg: TurnkeepConfig) -> str:
     """The config the run's processes were started with, as a digest: a restarted controller reuses a surviving
     trainer, policy server or environment server only when it would have started it with the same settings.
-    `run.steps`, `[watchdog]` and `[metrics]` are left out: they change nothing those processes do."""
-    dumped = cfg.model_dump_json(exclude={"run": {"steps"}, "watchdog": True, "metrics": True})
+    `run.steps`, `[watchdog]`, `[metrics]` and `[eval]` (the controller's; an evaluation's temperature travels with
+    each of its requests) are left out: they change nothing those processes do."""
+    dumped = cfg.model_dump_json(exclude={"run": {"steps"}, "watchdog": True, "metrics": True, "eval": True})
     return hashlib.sha256(dumped.encode()).hexdigest()[:16]

@@ -143,6 +143,7 @@ class Controller:
             announce_checkpoint=self.checkpoint_announcements.announce,
             on_step=self._on_step,
             audit=self.audit,
+            drop_zero_signal=self.cfg.algorithm.drop_zero_signal,
         )
 
     def _on_step(self, report: StepReport) -> None:

@@ -1,6 +1,8 @@
 """GRPO math: advantages, the clipped policy loss, and packing rollout rows into tensors.
 
-The algorithm, as the train pump runs it on a batch of complete prompt groups:
+The default algorithm, as the train pump runs it on a batch of complete prompt groups (`[algorithm]` chooses
+other estimators, losses and aggregations: `gpu_workers/advantages.py`, `gpu_workers/policy_loss.py`,
+docs/algorithms.md):
 
 1. **Advantages, leave-one-out per group.** Each prompt has N siblings with rewards
    r_1..r_N. Sibling i's advantage is A_i = r_i - mean_{j != i} r_j (the RLOO
@@ -46,7 +48,12 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from turnkeep.gpu_workers.advantages import row_advantages
+from turnkeep.gpu_workers.policy_loss import PolicyLossStats, policy_loss
+from turnkeep.schemas.config_algorithm import AlgorithmConfig
 from turnkeep.schemas.rollout import RolloutRow
+
+__all__ = ["PolicyLossStats", "build_batch", "clipped_policy_loss", "leave_one_out_advantages", "token_logprobs"]
 
 
 def leave_one_out_advantages(
@@ -80,20 +87,6 @@ def batched_leave_one_out_advantages(
     return leave_one_out_advantages(rewards, scale_by_std=scale_by_std, eps=eps)
 
 
-@dataclass(frozen=True)
-class PolicyLossStats:
-    """Diagnostics of one `clipped_policy_loss` call, over the masked (generated) tokens."""
-
-    clip_fraction: float
-    """Share of tokens whose clipped branch is active (their gradient is zero)."""
-    mean_ratio: float
-    """Mean of exp(logprobs - gen_logprobs)."""
-    approx_kl: float
-    """Mean of gen_logprobs - logprobs: an estimate of KL(generating policy || current)."""
-    num_tokens: int
-    """Number of tokens the loss covers."""
-
-
 def clipped_policy_loss(
     logprobs: torch.Tensor,
     gen_logprobs: torch.Tensor,
@@ -103,7 +96,7 @@ def clipped_policy_loss(
     *,
     num_tokens: float | None = None,
 ) -> tuple[torch.Tensor, PolicyLossStats]:
-    """PPO-style clipped surrogate against the generation logprobs, token-mean.
+    """The default loss of `[algorithm]`: PPO-style clipped surrogate against the generation logprobs, token-mean.
 
     `logprobs` (current policy, with grad), `gen_logprobs` and `mask` are [B, T];
     `advantages` is per row [B] or per token [B, T]. The loss is
@@ -112,37 +105,10 @@ def clipped_policy_loss(
     gradients over micro-batches, so the result is still a token mean) or
     sum(mask) otherwise.
     """
-    if logprobs.shape != gen_logprobs.shape or logprobs.shape != mask.shape:
-        raise ValueError(
-            f"logprobs {tuple(logprobs.shape)}, gen_logprobs {tuple(gen_logprobs.shape)} and "
-            f"mask {tuple(mask.shape)} must have the same shape"
-        )
-    adv = advantages.to(torch.float32)
-    if adv.dim() == logprobs.dim() - 1:
-        adv = adv.unsqueeze(-1)
-    keep = mask.to(torch.bool)
-    # Masked positions get log-ratio 0 before exp: padding may hold any logprob, and
-    # an inf there would turn into NaN gradients even though its weight is zero.
-    log_ratio = torch.where(keep, logprobs.to(torch.float32) - gen_logprobs.to(torch.float32), 0.0)
-    ratio = torch.exp(log_ratio)
-    clipped_ratio = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)
-    surrogate = torch.minimum(ratio * adv, clipped_ratio * adv)
-    weights = keep.to(torch.float32)
-    count = int(keep.sum().item())
-    denominator = float(num_tokens) if num_tokens is not None else float(max(count, 1))
-    loss = -(surrogate * weights).sum() / denominator
-
-    with torch.no_grad():
-        adv_full = adv.expand_as(ratio)
-        clipped = ((adv_full > 0) & (ratio > 1.0 + clip_eps)) | ((adv_full < 0) & (ratio < 1.0 - clip_eps))
-        safe = max(count, 1)
-        stats = PolicyLossStats(
-            clip_fraction=float((clipped & keep).sum().item()) / safe,
-            mean_ratio=float((ratio * weights).sum().item()) / safe if count else 1.0,
-            approx_kl=float((-log_ratio * weights).sum().item()) / safe,
-            num_tokens=count,
-        )
-    return loss, stats
+    algorithm = AlgorithmConfig(clip_low=clip_eps, clip_high=clip_eps)
+    count = int(mask.to(torch.bool).sum().item()) if num_tokens is None else num_tokens
+    weights = mask.to(torch.float32) / float(max(count, 1))
+    return policy_loss(logprobs, gen_logprobs, advantages, mask, weights, algorithm)
 
 
 def token_logprobs(
@@ -182,7 +148,7 @@ class PackedBatch:
     gen_logprobs: torch.Tensor
     """[B, T-1] float32 generation logprob of input_ids[:, t+1] (0 where masked out)."""
     advantages: torch.Tensor
-    """[B] float32 leave-one-out advantage of each row within its group."""
+    """[B] float32 advantage of each row (`gpu_workers/advantages.py`)."""
     rewards: torch.Tensor
     """[B] float32 reward of each row."""
     group_ids: tuple[str, ...]
@@ -240,8 +206,10 @@ def _row_tokens(row: RolloutRow) -> tuple[list[int], list[float], list[int]]:
     return ids, gen, mask
 
 
-def build_batch(rows: Sequence[RolloutRow], pad_id: int, *, scale_by_std: bool = False) -> PackedBatch:
-    """Pack rollout rows into padded tensors with per-row leave-one-out advantages.
+def build_batch(rows: Sequence[RolloutRow], pad_id: int, *, scale_by_std: bool = False,
+                algorithm: AlgorithmConfig | None = None) -> PackedBatch:
+    """Pack rollout rows into padded tensors with per-row advantages (`algorithm`'s estimator; None: leave-one-out,
+    divided by the group's std with `scale_by_std`).
 
     Rows are grouped by `group_id` (a group's rows need not be adjacent); each group
     needs at least two rows and no sibling twice, since the same sibling in a batch
@@ -258,12 +226,11 @@ def build_batch(rows: Sequence[RolloutRow], pad_id: int, *, scale_by_std: bool =
         members.setdefault(row.group_id, []).append(i)
 
     rewards = torch.tensor([row.reward for row in rows], dtype=torch.float32)
-    advantages = torch.zeros(len(rows), dtype=torch.float32)
     for group_id, indices in members.items():
         if len(indices) < 2:
             raise ValueError(f"group {group_id!r} has {len(indices)} row(s); GRPO needs at least 2")
-        index = torch.tensor(indices)
-        advantages[index] = leave_one_out_advantages(rewards[index], scale_by_std=scale_by_std)
+    algorithm = algorithm or AlgorithmConfig(scale_rewards="group" if scale_by_std else "none")
+    advantages = row_advantages(rewards, members, algorithm)
 
     packed = [_row_tokens(row) for row in rows]
     width = max(len(ids) for ids, _, _ in packed)

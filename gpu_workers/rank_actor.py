@@ -31,7 +31,8 @@ class TrainerRankActor:
         await asyncio.to_thread(join_group, address, rank, cfg.train.ranks, device.type,
                                 ray.util.get_node_ip_address())
         self._trainer = await asyncio.to_thread(
-            RankCompute, Path(model_dir), cfg.train, cfg.model.dtype, cfg.run.seed, cfg.rollout.temperature)
+            RankCompute, Path(model_dir), cfg.train, cfg.model.dtype, cfg.run.seed, cfg.rollout.temperature,
+            cfg.algorithm_settings())
         return os.getpid()
 
     async def call(self, method: str, *args):

@@ -34,9 +34,11 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from transformers import AutoModelForCausalLM
 
-from turnkeep.gpu_workers.grpo import PackedBatch, clipped_policy_loss, token_logprobs
+from turnkeep.gpu_workers.grpo import PackedBatch, token_logprobs
+from turnkeep.gpu_workers.policy_loss import policy_loss, token_entropy, token_weights
 from turnkeep.schemas.choices import Device
 from turnkeep.schemas.config import TrainConfig
+from turnkeep.schemas.config_algorithm import AlgorithmConfig
 
 logger = logging.getLogger("turnkeep.trainer")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -64,8 +66,11 @@ def world() -> tuple[int, int]:
 
 
 class RankCompute:
-    def __init__(self, model_dir: Path, cfg: TrainConfig, dtype: str, seed: int, temperature: float) -> None:
+    def __init__(self, model_dir: Path, cfg: TrainConfig, dtype: str, seed: int, temperature: float,
+                 algorithm: AlgorithmConfig | None = None) -> None:
+        """`algorithm`: resolved `[algorithm]` settings (None: the defaults, clipped at train.clip_eps)."""
         self.rank, self.ranks = world()
+        self._algorithm = algorithm or AlgorithmConfig().resolved(cfg.clip_eps, 1)
         # Every rank starts from the same weights (the model directory) but draws its own random numbers.
         torch.manual_seed(seed + self.rank)
         random.seed(seed + self.rank)
@@ -87,12 +92,15 @@ class RankCompute:
         self.pad_id = self.model.config.pad_token_id or 0
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
-    def backward(self, batch: PackedBatch | None, total_tokens: int, micro_batches: int) -> dict:
+    def backward(self, batch: PackedBatch | None, total_tokens: int, micro_batches: int,
+                 total_rows: int | None = None) -> dict:
         """Accumulate this rank's share of the step's gradient in exactly `micro_batches` forward/backward passes
         (the same count on every rank: each pass gathers and reduces shards with the others). The loss is
         normalised by the whole step's token count, over every rank, so the summed gradient is the one-rank one.
-        A rank with fewer rows than passes runs the rest on a masked-out row, contributing nothing."""
+        A rank with fewer rows than passes runs the rest on a masked-out row, contributing nothing. `total_rows`:
+        the step's rows over every rank (the per-sequence aggregations divide by it)."""
         total_tokens = max(total_tokens, 1)
+        total_rows = total_rows or 1
         rows = len(batch.group_ids) if batch is not None else 0
         size = max(math.ceil(rows / micro_batches), 1)
         loss_sum, clipped, kl = 0.0, 0.0, 0.0
@@ -104,10 +112,10 @@ class RankCompute:
             with self._autocast():
                 logits = self.model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits
             logprobs = token_logprobs(logits.float(), micro.input_ids, temperature=self._temperature)
-            loss, stats = clipped_policy_loss(
-                logprobs, micro.gen_logprobs, micro.advantages, micro.loss_mask, self._cfg.clip_eps,
-                num_tokens=total_tokens,
-            )
+            entropy = token_entropy(logits, self._temperature) if self._algorithm.entropy_coef else None
+            weights = token_weights(micro.loss_mask, self._algorithm, total_rows, total_tokens)
+            loss, stats = policy_loss(logprobs, micro.gen_logprobs, micro.advantages, micro.loss_mask, weights,
+                                      self._algorithm, entropy)
             # FSDP2 averages the ranks' gradients; each rank's loss is a share of the step's (normalised by the
             # whole step's token count), so the shares must add up instead: scaled here, since gloo has no
             # pre-multiplied sum for FSDP2's divide factor.

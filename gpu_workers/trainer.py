@@ -33,6 +33,7 @@ from turnkeep.primitives.atomic_files import atomic_write_json, fsync_tree
 from turnkeep.primitives.hold_wait_clock import HoldWaitClock
 from turnkeep.primitives.holds import HoldSet
 from turnkeep.schemas.config import TrainConfig
+from turnkeep.schemas.config_algorithm import AlgorithmConfig
 from turnkeep.schemas.rollout import RolloutRow
 
 __all__ = ["Trainer", "resolve_device"]
@@ -42,11 +43,13 @@ TRAINER_STATE = "trainer_state.json"
 class Trainer:
     def __init__(
         self, model_dir: Path, cfg: TrainConfig, dtype: str, seed: int, temperature: float, hold: HoldSet,
-        followers=(),
+        followers=(), algorithm: AlgorithmConfig | None = None,
     ) -> None:
-        """`followers`: the `TrainerRankActor`s of ranks 1..N-1, already in this process's group (none: one rank)."""
+        """`followers`: the `TrainerRankActor`s of ranks 1..N-1, already in this process's group (none: one rank);
+        `algorithm`: the resolved `[algorithm]` (`TurnkeepConfig.algorithm_settings`; None: the defaults)."""
         self._cfg = cfg
-        self.local = RankCompute(model_dir, cfg, dtype, seed, temperature)
+        self._algorithm = algorithm or AlgorithmConfig().resolved(cfg.clip_eps, 1)
+        self.local = RankCompute(model_dir, cfg, dtype, seed, temperature, self._algorithm)
         self.ranks = RankGroup(self.local, followers)
         self.hold = hold
         self.hold_wait_clock = HoldWaitClock()
@@ -70,10 +73,11 @@ class Trainer:
     async def train_step(self, rows: list[RolloutRow], step: int) -> dict:
         # A group's rows together, so a share of the batch holds whole groups.
         order = {group: i for i, group in enumerate(dict.fromkeys(row.group_id for row in rows))}
-        batch = build_batch(sorted(rows, key=lambda row: order[row.group_id]), self.local.pad_id)
+        batch = build_batch(sorted(rows, key=lambda row: order[row.group_id]), self.local.pad_id,
+                            algorithm=self._algorithm)
         shares = split_by_group(batch, self.ranks.size)
         passes = micro_batch_count(shares, self._cfg.micro_batch_rows)
-        backward_args = [(share, batch.num_loss_tokens, passes) for share in shares]
+        backward_args = [(share, batch.num_loss_tokens, passes, len(batch.group_ids)) for share in shares]
         totals = {"loss": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "grad_norm": 0.0, "hold_wait_s": 0.0}
         skipped = 0
         compute_s = 0.0

@@ -33,7 +33,7 @@ class TrainerActor(RunMember):
         followers = await self._start_ranks(model_dir, cfg, rank_options) if cfg.train.ranks > 1 else []
         self._trainer = await asyncio.to_thread(
             Trainer, Path(model_dir), cfg.train, cfg.model.dtype, cfg.run.seed, cfg.rollout.temperature, self.hold,
-            followers)
+            followers, cfg.algorithm_settings())
         self.rank_pids: list[int] = []
         if followers:
             self.rank_pids = list(await self._follower_setups)

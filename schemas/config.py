@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from turnkeep.schemas.choices import AgentsMode, Device, EnvironmentKind, RecoveryLevel
+from turnkeep.schemas.config_algorithm import AlgorithmConfig
 from turnkeep.schemas.config_base import ConfigPath, ModelPath, StrictModel
 from turnkeep.schemas.config_eval import EvalConfig
 from turnkeep.schemas.config_services import (
@@ -304,6 +305,8 @@ class TurnkeepConfig(StrictModel):
     """Where metrics go besides metrics.jsonl."""
     eval: EvalConfig = EvalConfig()
     """Held-out evaluation during the run."""
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    """The advantage estimator and the policy loss."""
 
     @field_validator("environments")
     @classmethod
@@ -371,6 +374,10 @@ class TurnkeepConfig(StrictModel):
             raise ValueError("placement.share_gpus = true puts the trainer and the policy server on one GPU, half "
                              "each: set placement.trainer_gpus = 1 and placement.policy_gpus = 1, or turn it off")
         return self
+
+    def algorithm_settings(self) -> AlgorithmConfig:
+        """`[algorithm]` with its defaults filled from [train] and [rollout] (what the trainer runs)."""
+        return self.algorithm.resolved(self.train.clip_eps, self.rollout.max_turns * self.rollout.max_tokens_per_turn)
 
     def inflight_group_limit(self) -> int:
         if self.rollout.max_inflight_groups is not None:

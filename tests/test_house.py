@@ -67,15 +67,15 @@ def _layer_ranks() -> dict[str, int]:
     return {name.strip(): len(layers) - i for i, layer in enumerate(layers) for name in layer.split("|")}
 
 
-def _late_imports(path: Path) -> list[tuple[int, list[str]]]:
-    """(line, modules) of each import inside a function body of `path`."""
+def _late_imports(path: Path, root: Path = REPO) -> list[tuple[int, list[str]]]:
+    """(line, modules) of each import inside a function body of `path` (a file of the tree at `root`)."""
     found = []
     for function in ast.walk(ast.parse(path.read_text())):
         if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         for node in ast.walk(function):
             if isinstance(node, ast.ImportFrom):
-                found.append((node.lineno, [f"turnkeep.{path.relative_to(REPO).parts[0]}" if node.level else node.module]))
+                found.append((node.lineno, [f"turnkeep.{path.relative_to(root).parts[0]}" if node.level else node.module]))
             elif isinstance(node, ast.Import):
                 found.append((node.lineno, [alias.name for alias in node.names]))
     return sorted(set((line, tuple(modules)) for line, modules in found))
@@ -92,35 +92,35 @@ def _says_why(lines: list[str], line: int) -> bool:
     return False
 
 
-def test_no_import_inside_a_function_gets_around_a_contract():
+def test_no_import_inside_a_function_gets_around_a_contract(root: Path = REPO):
     """A late import names a module of its own folder or of a lower layer, or says why it must be late (a heavy or
     optional dependency, a process that must not load it): a late import up the house hides an arrow the contracts
     forbid."""
     ranks = _layer_ranks()
     unexplained = []
     for folder in FOLDERS:
-        for path in (REPO / folder).rglob("*.py"):
+        for path in (root / folder).rglob("*.py"):
             lines = path.read_text().splitlines()
-            for line, modules in _late_imports(path):
+            for line, modules in _late_imports(path, root):
                 for module in modules:
                     parts = module.split(".")
                     ours = parts[0] == "turnkeep" and len(parts) > 1
                     if ours and (parts[1] == folder or ranks[parts[1]] < ranks[folder]):
                         continue
                     if not _says_why(lines, line):
-                        unexplained.append(f"{path.relative_to(REPO)}:{line} imports {module}")
+                        unexplained.append(f"{path.relative_to(root)}:{line} imports {module}")
     assert not unexplained, "import at the top, or say on the line why it must be late:\n" + "\n".join(unexplained)
 
 
 def test_the_late_import_finder_sees_one_made_on_purpose(tmp_path):
-    path = REPO / "schemas" / "violates_late.py"  # inside the tree, so its folder is a layer
+    # In a copy of the tree's schemas folder, so its folder is a layer and the tree itself is never written (another
+    # test worker reads it meanwhile).
+    shutil.copytree(REPO / "schemas", tmp_path / "schemas", ignore=shutil.ignore_patterns("__pycache__"))
+    path = tmp_path / "schemas" / "violates_late.py"
     path.write_text("def f():\n    from turnkeep.controller import errors\n    return errors\n")
-    try:
-        assert _late_imports(path) == [(2, ("turnkeep.controller",))]
-        with pytest.raises(AssertionError, match="violates_late.py:2 imports turnkeep.controller"):
-            test_no_import_inside_a_function_gets_around_a_contract()
-    finally:
-        path.unlink()
+    assert _late_imports(path, tmp_path) == [(2, ("turnkeep.controller",))]
+    with pytest.raises(AssertionError, match="violates_late.py:2 imports turnkeep.controller"):
+        test_no_import_inside_a_function_gets_around_a_contract(tmp_path)
 
 
 def _product_files() -> list[Path]:

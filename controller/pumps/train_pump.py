@@ -4,7 +4,8 @@ server -> a trainer checkpoint every `save_period` steps.
 
 Bounded staleness: a complete group is trained only while its oldest turn was generated
 by a policy at most `max_staleness` versions behind the trainer; older groups are
-discarded with the reason `stale` and their slot goes back to the rollout pump. A step
+discarded with the reason `stale` and their slot goes back to the rollout pump (with
+`algorithm.drop_zero_signal`, so are groups whose rewards are all equal: `zero_signal`). A step
 takes the complete groups nearest to that bound first. After a
 restore the undone steps are trained again first; admission stays closed (`REPLAY_HOLDER`)
 while a turn generated with the policy of the moment could not be trained before it went
@@ -68,8 +69,11 @@ class TrainPump:
         announce_checkpoint: Callable[[int, str, bool], Awaitable[None]],
         on_step: Callable[[StepReport], None],
         audit: AuditLog | None = None,
+        drop_zero_signal: bool = False,
     ) -> None:
+        """`drop_zero_signal`: discard complete groups whose rewards are all equal (`algorithm.drop_zero_signal`)."""
         self._cfg = cfg
+        self._drop_zero_signal = drop_zero_signal
         self._ledger = ledger
         self._claims = claims
         self._data_plane = data_plane
@@ -303,10 +307,19 @@ class TrainPump:
         if stale:
             log.info("discarding %d groups older than max_staleness=%d", len(stale), self._cfg.max_staleness)
             await self._discard(stale, "stale")
+        if self._drop_zero_signal and (flat := [gid for gid in oldest if self._no_signal(gid)]):
+            # Dynamic sampling (DAPO): equal rewards give every sibling advantage 0; the step takes other groups.
+            await self._discard(flat, "zero_signal")
+            for gid in flat:
+                del oldest[gid]
         # The nearest to going stale first (stable: admission order among equals). After a restore the ledger holds
         # more complete groups than a step takes, and a group whose turns were continued with an older policy
         # than its neighbours' would otherwise wait behind them until it is too stale to train.
         return sorted(oldest, key=oldest.__getitem__)
+
+    def _no_signal(self, group_id: str) -> bool:
+        rewards = {row.reward for row in self._data_plane.rows(group_id)}
+        return len(rewards) == 1
 
     async def _discard(self, group_ids: list[str], reason: str) -> None:
         async with self._data_plane.barrier:

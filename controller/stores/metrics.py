@@ -61,6 +61,7 @@ class MetricsSink:
                 "rollouts_interrupted_total": self._stats.interrupted,
                 "siblings_dropped_total": dict(self._stats.siblings_dropped),
                 "groups_discarded_total": dict(self._stats.groups_discarded),
+                "groups_zero_signal_total": self._stats.groups_discarded.get("zero_signal", 0),
                 "recovery_by_env_total": {env: dict(c) for env, c in sorted(self._stats.recovery_by_env.items())},
             }),
             "wall_s": round(now - self._started, 2),

@@ -10,7 +10,7 @@ import orjson
 from turnkeep.schemas.choices import MetricsKind
 
 TOTALS = ("rows_sealed_total", "retries_total", "rollouts_interrupted_total", "siblings_dropped_total",
-          "groups_discarded_total", "recovery_by_env_total")
+          "groups_discarded_total", "groups_zero_signal_total", "recovery_by_env_total")
 
 
 def totals_at(path: Path, step: int) -> dict:

@@ -15,6 +15,7 @@ from turnkeep.gpu_workers.tiny_model.build import ensure_tiny_model
 from turnkeep.gpu_workers.trainer import Trainer, resolve_device
 from turnkeep.primitives.holds import HoldSet
 from turnkeep.schemas.config import ModelConfig, TaskConfig, TinyModelConfig, TrainConfig
+from turnkeep.schemas.config_algorithm import AlgorithmConfig
 from turnkeep.schemas.rollout import RolloutRow, Segment
 
 TINY = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32,
@@ -27,8 +28,10 @@ def model_dir(tmp_path_factory):
     return ensure_tiny_model(cfg, CalcTranscripts(TaskConfig()), seed=0, eval_rollouts=0)
 
 
-def _trainer(model_dir, **train) -> Trainer:
-    return Trainer(model_dir, TrainConfig(**train), "float32", seed=0, temperature=1.0, hold=HoldSet("trainer"))
+def _trainer(model_dir, algorithm: dict | None = None, **train) -> Trainer:
+    settings = AlgorithmConfig(**(algorithm or {})).resolved(TrainConfig(**train).clip_eps, 32)
+    return Trainer(model_dir, TrainConfig(**train), "float32", seed=0, temperature=1.0, hold=HoldSet("trainer"),
+                   algorithm=settings)
 
 
 def _rows(count: int = 4, length: int = 24) -> list[RolloutRow]:
@@ -45,17 +48,24 @@ def _rows(count: int = 4, length: int = 24) -> list[RolloutRow]:
 
 
 def _gradients(trainer: Trainer, rows: list[RolloutRow]) -> dict[str, torch.Tensor]:
-    batch = build_batch(rows, 0)
+    batch = build_batch(rows, 0, algorithm=trainer._algorithm)
     passes = -(-len(rows) // trainer._cfg.micro_batch_rows) if trainer._cfg.micro_batch_rows else 1
-    trainer.local.backward(batch, batch.num_loss_tokens, passes)
+    trainer.local.backward(batch, batch.num_loss_tokens, passes, len(rows))
     grads = {name: p.grad.clone() for name, p in trainer.model.named_parameters()}
     trainer.model.zero_grad(set_to_none=True)
     return grads
 
 
-def test_micro_batches_accumulate_to_the_whole_batch_gradient(model_dir):
-    whole = _gradients(_trainer(model_dir), _rows())
-    split = _gradients(_trainer(model_dir, micro_batch_rows=1), _rows())
+@pytest.mark.parametrize("algorithm", [
+    {},
+    {"advantage": "grpo", "scale_rewards": "group", "loss_agg": "seq_mean_token_mean", "clip_high": 0.28},
+    {"policy_loss": "cispo", "importance_level": "sequence", "loss_agg": "constant", "entropy_coef": 0.01},
+    {"advantage": "reinforce_pp", "loss_agg": "seq_mean_token_sum", "dual_clip": 3.0},
+], ids=["default", "grpo-seq-mean", "cispo-gspo-entropy", "reinforce-pp-dual-clip"])
+def test_micro_batches_accumulate_to_the_whole_batch_gradient(model_dir, algorithm):
+    whole = _gradients(_trainer(model_dir, algorithm), _rows())
+    split = _gradients(_trainer(model_dir, algorithm, micro_batch_rows=1), _rows())
+    assert any(grad.abs().sum() > 0 for grad in whole.values())
     for name, grad in whole.items():
         torch.testing.assert_close(split[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 

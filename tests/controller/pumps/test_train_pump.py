@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from turnkeep.controller.journal.records import ROWS_DELETED
 from turnkeep.controller.pumps.train_pump import TrainPump
 from turnkeep.primitives.holds import HoldSet
 from turnkeep.schemas.config import TrainConfig
@@ -223,3 +224,32 @@ def test_a_discard_is_in_the_audit_log_on_disk_before_the_journal_records_it(tmp
     pump.step = 9
     assert asyncio.run(pump._drop_unusable_groups()) == []
     assert '"event":"groups_discarded"' in records.on_disk and '"g1"' in records.on_disk
+
+
+def test_dynamic_sampling_discards_groups_whose_rewards_are_all_equal_once_and_counts_them():
+    from tests.controller.state.test_data_plane import make_row
+    from turnkeep.controller.state.claim_ledger import ClaimLedger
+    from turnkeep.controller.state.data_plane import DataPlane
+    from turnkeep.controller.state.group_ledger import GroupLedger
+    from turnkeep.controller.state.run_stats import RunStats
+    from turnkeep.schemas.rollout import Problem
+
+    ledger, data_plane = GroupLedger(min_sealed=2), DataPlane()
+    data_plane.journal = _Records()
+    for gid, rewards in (("g1", (1.0, 0.0)), ("g2", (1.0, 1.0)), ("g3", (0.0, 0.0)), ("g4", (0.5, 0.0))):
+        ledger.admit(gid, Problem(question="Q 1+1", answer=2), 2)
+        for sibling, reward in enumerate(rewards):
+            ledger.start_attempt(gid, sibling)
+            ledger.seal(gid, sibling)
+            data_plane.put(make_row(gid, sibling, reward=reward, version=5))
+        assert ledger.settle(gid)
+    stats = RunStats()
+    pump = TrainPump(TrainConfig(max_staleness=2), ledger, ClaimLedger(), data_plane, None, None,
+                     HoldSet("admission"), stats, on_groups_finished=lambda: None, write_checkpoint=None,
+                     announce_checkpoint=None, on_step=lambda report: None, drop_zero_signal=True)
+    pump.step = 5
+    assert asyncio.run(pump._drop_unusable_groups()) == ["g1", "g4"]
+    assert stats.groups_discarded == {"zero_signal": 2} and not ledger.has_group("g2") and not ledger.has_group("g3")
+    assert data_plane.rows("g2") == [] and data_plane.journal.kinds.count(ROWS_DELETED) == 1  # journaled: crash-safe
+    assert asyncio.run(pump._drop_unusable_groups()) == ["g1", "g4"]  # ended once: not discarded again
+    assert stats.groups_discarded == {"zero_signal": 2}

@@ -1,0 +1,57 @@
+"""The `[algorithm]` table: the advantage estimator, the policy loss and how it is aggregated (docs/algorithms.md
+gives every formula with its paper)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from turnkeep.schemas.config_base import StrictModel
+
+
+class AlgorithmConfig(StrictModel):
+    advantage: Literal["rloo", "grpo", "reinforce_pp"] = "rloo"
+    """`rloo`: r_i minus the mean of the group's other rewards (leave-one-out); `grpo`: r_i minus the group mean;
+    `reinforce_pp`: r_i minus the batch mean, divided by the batch std (REINFORCE++)."""
+    scale_rewards: Literal["none", "group", "batch"] = "none"
+    """rloo and grpo: divide the advantages by the group's reward std (`group`, GRPO's original), the batch's
+    (`batch`), or not (`none`, Dr. GRPO)."""
+    loss_agg: Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "constant"] = "token_mean"
+    """How the per-token losses become the step's loss: the mean over every generated token of the step
+    (`token_mean`, DAPO); the mean over sequences of each one's token sum or token mean; or the token sum over
+    sequences times a constant normaliser (`constant`, Dr. GRPO: divided by rows x `loss_constant`)."""
+    loss_constant: int | None = Field(default=None, ge=1)
+    """`constant`'s normaliser per sequence (None: rollout.max_turns x rollout.max_tokens_per_turn)."""
+    policy_loss: Literal["ppo_clip", "cispo"] = "ppo_clip"
+    """`ppo_clip`: PPO's clipped surrogate; `cispo`: the importance weight clipped and detached, times the advantage
+    times the token's logprob, so every token keeps a gradient (MiniMax-M1)."""
+    clip_low: float | None = Field(default=None, gt=0, lt=1)
+    """The ratio's lower clip is 1 - clip_low (None: train.clip_eps)."""
+    clip_high: float | None = Field(default=None, gt=0)
+    """The ratio's upper clip is 1 + clip_high (None: clip_low); DAPO's clip-higher uses 0.28 with clip_low 0.2."""
+    dual_clip: float | None = Field(default=None, gt=1)
+    """ppo_clip, negative advantages: the loss is at most -A x dual_clip (dual-clip PPO; None: off)."""
+    importance_level: Literal["token", "sequence"] = "token"
+    """`sequence`: each sequence's ratio is exp(mean of its tokens' log-ratios), for all its tokens (GSPO)."""
+    entropy_coef: float = Field(default=0.0, ge=0)
+    """Entropy bonus: minus this times the mean entropy of the policy over the generated tokens (0: off)."""
+    drop_zero_signal: bool = False
+    """Dynamic sampling (DAPO): a complete group whose rewards are all equal carries no signal; discard it (reason
+    `zero_signal`, counted in metrics.jsonl's `groups_discarded_total`) and fill the step with other groups."""
+
+    @model_validator(mode="after")
+    def _cispo_clips_above_only(self) -> "AlgorithmConfig":
+        if self.policy_loss == "cispo" and self.dual_clip is not None:
+            raise ValueError("algorithm.dual_clip applies to policy_loss = \"ppo_clip\"; CISPO clips the importance "
+                             "weight itself: remove dual_clip or use ppo_clip")
+        if self.advantage == "reinforce_pp" and self.scale_rewards != "none":
+            raise ValueError("algorithm.advantage = \"reinforce_pp\" already normalises over the batch; leave "
+                             "scale_rewards = \"none\"")
+        return self
+
+    def resolved(self, clip_eps: float, max_tokens: int) -> "AlgorithmConfig":
+        """The settings with their defaults filled: clips from train.clip_eps, the constant from the rollout shape."""
+        low = self.clip_low if self.clip_low is not None else clip_eps
+        return self.model_copy(update={"clip_low": low, "clip_high": self.clip_high if self.clip_high is not None
+                                       else low, "loss_constant": self.loss_constant or max_tokens})

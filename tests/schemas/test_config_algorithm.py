@@ -1,0 +1,30 @@
+"""`[algorithm]`: settings that make no sense are refused at start with the reason; defaults fill from [train]."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from turnkeep.schemas.config import TurnkeepConfig
+
+
+@pytest.mark.parametrize(("settings", "reason"), [
+    ({"dual_clip": 0.5}, "greater than 1"),
+    ({"entropy_coef": -0.01}, "greater than or equal to 0"),
+    ({"clip_low": 1.2}, "less than 1"),
+    ({"advantage": "gae"}, "'rloo', 'grpo' or 'reinforce_pp'"),
+    ({"policy_loss": "cispo", "dual_clip": 3.0}, "dual_clip applies to policy_loss = \"ppo_clip\""),
+    ({"advantage": "reinforce_pp", "scale_rewards": "group"}, "already normalises over the batch"),
+])
+def test_a_bad_setting_is_refused_with_the_reason(settings: dict, reason: str) -> None:
+    with pytest.raises(ValidationError) as refused:
+        TurnkeepConfig.model_validate({"algorithm": settings})
+    assert reason in str(refused.value)
+
+
+def test_defaults_come_from_the_train_and_rollout_tables() -> None:
+    cfg = TurnkeepConfig.model_validate({"train": {"clip_eps": 0.1}, "rollout": {"max_turns": 3,
+                                                                                "max_tokens_per_turn": 20},
+                                         "algorithm": {"clip_high": 0.28}})
+    resolved = cfg.algorithm_settings()
+    assert (resolved.clip_low, resolved.clip_high, resolved.loss_constant) == (0.1, 0.28, 60)
