@@ -139,7 +139,7 @@ def test_every_config_file_in_the_repo_loads():
     ("rollout_recovery.overrides.judge.x", "'rollout_recovery.overrides.judge' is a single value",
      "--set rollout_recovery.overrides.judge=VALUE"),
     ("train.lrr", "unknown key 'train.lrr': remove it or use one of: autocast_bf16, clip_eps,", "lr, max_grad_norm"),
-    ("trainer.lr", "unknown key 'trainer': remove it or use one of: data, env, environments,", "train"),
+    ("trainer.lr", "unknown key 'trainer': remove it or use one of: algorithm, data, env, environments, eval,", "train"),
     ("model.tiny.depth.x", "unknown key 'model.tiny.depth': remove it or use one of: demonstrations,", "head_dim"),
     ("env.startup_faults.delay", "unknown key 'env.startup_faults.delay'", "delay_s"),
     ("train..lr", "a key path needs a name between every two dots", "--set train.lr=1e-4"),
