@@ -91,45 +91,85 @@ class RankCompute:
         self.autocast = self.device.type == "cuda" and cfg.autocast_bf16 and DTYPES[dtype] == torch.float32
         self.pad_id = self.model.config.pad_token_id or 0
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self._proximal: list[torch.Tensor] = []
+        """With `algorithm.tis_cap`: each micro-batch's logprobs before the step's update (its first pass)."""
 
     def backward(self, batch: PackedBatch | None, total_tokens: int, micro_batches: int,
-                 total_rows: int | None = None) -> dict:
+                 total_rows: int | None = None, first_pass: bool = True) -> dict:
         """Accumulate this rank's share of the step's gradient in exactly `micro_batches` forward/backward passes
         (the same count on every rank: each pass gathers and reduces shards with the others). The loss is
         normalised by the whole step's token count, over every rank, so the summed gradient is the one-rank one.
         A rank with fewer rows than passes runs the rest on a masked-out row, contributing nothing. `total_rows`:
-        the step's rows over every rank (the per-sequence aggregations divide by it)."""
+        the step's rows over every rank (the per-sequence aggregations divide by it); `first_pass`: the step's
+        first pass over its batch (with `algorithm.tis_cap`, it computes the proximal logprobs the others reuse)."""
         total_tokens = max(total_tokens, 1)
         total_rows = total_rows or 1
         rows = len(batch.group_ids) if batch is not None else 0
         size = max(math.ceil(rows / micro_batches), 1)
-        loss_sum, clipped, kl = 0.0, 0.0, 0.0
+        proximal = self._algorithm.tis_cap is not None
+        if first_pass:
+            self._proximal = []
+        sums = {"loss": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "engine_mismatch_mean": 0.0,
+                "engine_mismatch_max": 0.0}
         for index in range(micro_batches):
             if batch is None or index * size >= rows:
+                if proximal and first_pass:
+                    self._empty_pass(grad=False)
                 self._empty_pass()
                 continue
             micro = batch.rows(index * size, (index + 1) * size).to(self.device)
-            with self._autocast():
-                logits = self.model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits
-            logprobs = token_logprobs(logits.float(), micro.input_ids, temperature=self._temperature)
-            entropy = token_entropy(logits, self._temperature) if self._algorithm.entropy_coef else None
-            weights = token_weights(micro.loss_mask, self._algorithm, total_rows, total_tokens)
-            loss, stats = policy_loss(logprobs, micro.gen_logprobs, micro.advantages, micro.loss_mask, weights,
-                                      self._algorithm, entropy)
+            if proximal and first_pass:
+                self._proximal.append(self._logprobs_without_grad(micro))
+            loss, stats, mismatch = self._micro_loss(micro, self._proximal[index] if proximal else None,
+                                                     total_rows, total_tokens)
             # FSDP2 averages the ranks' gradients; each rank's loss is a share of the step's (normalised by the
             # whole step's token count), so the shares must add up instead: scaled here, since gloo has no
             # pre-multiplied sum for FSDP2's divide factor.
             (loss * self.ranks).backward()
-            loss_sum += loss.item()
-            clipped += stats.clip_fraction * stats.num_tokens / total_tokens
-            kl += stats.approx_kl * stats.num_tokens / total_tokens
-        return {"loss": loss_sum, "clip_frac": clipped, "approx_kl": kl}
+            sums["loss"] += loss.item()
+            sums["clip_frac"] += stats.clip_fraction * stats.num_tokens / total_tokens
+            sums["approx_kl"] += stats.approx_kl * stats.num_tokens / total_tokens
+            if mismatch is not None:
+                sums["engine_mismatch_mean"] += mismatch[0] / total_tokens
+                sums["engine_mismatch_max"] = max(sums["engine_mismatch_max"], mismatch[1])
+        if not proximal:
+            del sums["engine_mismatch_mean"], sums["engine_mismatch_max"]
+        return sums
 
-    def _empty_pass(self) -> None:
-        ids = torch.full((1, 2), self.pad_id, dtype=torch.long, device=self.device)
+    def _logprobs_without_grad(self, micro: PackedBatch) -> torch.Tensor:
+        """The trainer's own logprobs of the micro-batch's tokens before this step's update (the proximal policy)."""
+        with torch.no_grad(), self._autocast():
+            logits = self.model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits
+            return token_logprobs(logits.float(), micro.input_ids, temperature=self._temperature)
+
+    def _micro_loss(self, micro: PackedBatch, proximal: torch.Tensor | None, total_rows: int, total_tokens: int):
+        """(loss, stats, (sum, max) of |trainer - engine| log-ratios or None): the policy loss of one micro-batch;
+        with proximal logprobs the ratio is taken against them and each token is weighted by its truncated
+        importance weight min(pi_proximal / pi_engine, tis_cap)."""
         with self._autocast():
+            logits = self.model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits
+        logprobs = token_logprobs(logits.float(), micro.input_ids, temperature=self._temperature)
+        entropy = token_entropy(logits, self._temperature) if self._algorithm.entropy_coef else None
+        weights = token_weights(micro.loss_mask, self._algorithm, total_rows, total_tokens)
+        if proximal is None:
+            loss, stats = policy_loss(logprobs, micro.gen_logprobs, micro.advantages, micro.loss_mask, weights,
+                                      self._algorithm, entropy)
+            return loss, stats, None
+        keep = micro.loss_mask.to(torch.bool)
+        log_ratio = torch.where(keep, proximal - micro.gen_logprobs, 0.0)
+        weights = weights * log_ratio.exp().clamp(max=self._algorithm.tis_cap)
+        loss, stats = policy_loss(logprobs, proximal, micro.advantages, micro.loss_mask, weights, self._algorithm,
+                                  entropy)
+        gap = log_ratio.abs()
+        return loss, stats, (float(gap.sum().item()), float(gap.max().item()) if keep.any() else 0.0)
+
+    def _empty_pass(self, grad: bool = True) -> None:
+        """A masked-out row: joins the other ranks' collectives (a forward, and with `grad` a backward of zeros)."""
+        ids = torch.full((1, 2), self.pad_id, dtype=torch.long, device=self.device)
+        with torch.set_grad_enabled(grad), self._autocast():
             logits = self.model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
-        (logits.float().sum() * 0.0).backward()  # joins the others' reduce-scatters with zeros
+        if grad:
+            (logits.float().sum() * 0.0).backward()  # joins the others' reduce-scatters with zeros
 
     def _autocast(self):
         if self.autocast:

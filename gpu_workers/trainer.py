@@ -81,10 +81,14 @@ class Trainer:
         totals = {"loss": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "grad_norm": 0.0, "hold_wait_s": 0.0}
         skipped = 0
         compute_s = 0.0
-        for _ in range(self._cfg.passes_per_batch):
+        for index in range(self._cfg.passes_per_batch):
             started = time.monotonic()
-            per_rank = await self.ranks.all("backward", backward_args)
+            per_rank = await self.ranks.all("backward", [(*args, index == 0) for args in backward_args])
             compute_s += time.monotonic() - started
+            if index == 0 and "engine_mismatch_mean" in per_rank[0]:
+                # Each rank's share of the mean is over the whole step's tokens: the shares add up.
+                totals["engine_mismatch_mean"] = sum(stats["engine_mismatch_mean"] for stats in per_rank)
+                totals["engine_mismatch_max"] = max(stats["engine_mismatch_max"] for stats in per_rank)
             waited = time.monotonic()
             if not self.hold.is_clear():
                 self.hold_wait_clock.waiting_since = waited

@@ -36,6 +36,11 @@ class AlgorithmConfig(StrictModel):
     """`sequence`: each sequence's ratio is exp(mean of its tokens' log-ratios), for all its tokens (GSPO)."""
     entropy_coef: float = Field(default=0.0, ge=0)
     """Entropy bonus: minus this times the mean entropy of the policy over the generated tokens (0: off)."""
+    tis_cap: float | None = Field(default=None, ge=1)
+    """Truncated importance sampling for the engine/trainer mismatch (None: off). The ratio is then taken against
+    the trainer's own logprobs before the step's update (one more forward in the step's first pass) instead of the
+    engine's, and each token is weighted by min(pi_trainer / pi_engine, tis_cap). The step line reports the mismatch
+    (`trainer_engine_mismatch_mean`, `_max`: |log pi_trainer - log pi_engine| over the generated tokens)."""
     drop_zero_signal: bool = False
     """Dynamic sampling (DAPO): a complete group whose rewards are all equal carries no signal; discard it (reason
     `zero_signal`, counted in metrics.jsonl's `groups_discarded_total`) and fill the step with other groups."""

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from turnkeep.envs.calc_transcripts import CalcTranscripts
-from turnkeep.gpu_workers.grpo import build_batch
+from turnkeep.gpu_workers.grpo import build_batch, token_logprobs
 from turnkeep.gpu_workers.tiny_model.build import ensure_tiny_model
 from turnkeep.gpu_workers.trainer import Trainer, resolve_device
 from turnkeep.primitives.holds import HoldSet
@@ -61,13 +61,30 @@ def _gradients(trainer: Trainer, rows: list[RolloutRow]) -> dict[str, torch.Tens
     {"advantage": "grpo", "scale_rewards": "group", "loss_agg": "seq_mean_token_mean", "clip_high": 0.28},
     {"policy_loss": "cispo", "importance_level": "sequence", "loss_agg": "constant", "entropy_coef": 0.01},
     {"advantage": "reinforce_pp", "loss_agg": "seq_mean_token_sum", "dual_clip": 3.0},
-], ids=["default", "grpo-seq-mean", "cispo-gspo-entropy", "reinforce-pp-dual-clip"])
+    {"tis_cap": 2.0, "loss_agg": "seq_mean_token_mean"},
+], ids=["default", "grpo-seq-mean", "cispo-gspo-entropy", "reinforce-pp-dual-clip", "tis"])
 def test_micro_batches_accumulate_to_the_whole_batch_gradient(model_dir, algorithm):
     whole = _gradients(_trainer(model_dir, algorithm), _rows())
     split = _gradients(_trainer(model_dir, algorithm, micro_batch_rows=1), _rows())
     assert any(grad.abs().sum() > 0 for grad in whole.values())
     for name, grad in whole.items():
         torch.testing.assert_close(split[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_truncated_importance_sampling_reports_the_engine_trainer_mismatch(model_dir):
+    rows = _rows()
+    plain = asyncio.run(_trainer(model_dir).train_step(rows, 1))
+    assert "engine_mismatch_mean" not in plain
+    stats = asyncio.run(_trainer(model_dir, {"tis_cap": 2.0}, passes_per_batch=2).train_step(rows, 1))
+    # The engine's logprobs here are a made-up -1.5 for every token: the trainer's own differ from them.
+    assert 0 < stats["engine_mismatch_mean"] <= stats["engine_mismatch_max"]
+    trainer = _trainer(model_dir, {"tis_cap": 2.0})
+    batch = build_batch(rows, 0, algorithm=trainer._algorithm)
+    trainer.local.backward(batch, batch.num_loss_tokens, 1, len(rows))
+    with torch.no_grad():
+        logits = trainer.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    expected = token_logprobs(logits, batch.input_ids)  # the proximal logprobs: the trainer's before the update
+    torch.testing.assert_close(trainer.local._proximal[0], expected, rtol=1e-5, atol=1e-5)
 
 
 def test_a_non_finite_gradient_skips_the_optimizer_step_and_leaves_the_weights(model_dir):
