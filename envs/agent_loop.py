@@ -152,6 +152,7 @@ def _result(request: RolloutRequest, env: Environment, segments: list[Segment], 
         segments=segments,
         reward=env.reward(),
         num_turns=sum(seg.kind == "policy" for seg in segments),
+        truncated=outcome is RolloutOutcome.TRUNCATED,
     )
     return RolloutResult(rollout_id=request.rollout_id, outcome=outcome, reason=reason, row=row)
 

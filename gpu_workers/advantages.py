@@ -3,9 +3,12 @@ its prompt groups."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from turnkeep.schemas.config_algorithm import AlgorithmConfig
+from turnkeep.schemas.rollout import RolloutRow
 
 EPS = 1e-6
 
@@ -30,6 +33,20 @@ def row_advantages(rewards: torch.Tensor, groups: dict[str, list[int]], algorith
     if algorithm.scale_rewards == "batch":
         advantages = advantages / (_std(r) + EPS)
     return advantages
+
+
+def overlong_penalties(rows: Sequence[RolloutRow], algorithm: AlgorithmConfig) -> torch.Tensor:
+    """DAPO's soft overlong punishment of each row (0 when off or within L - buffer tokens): minus the penalty times
+    the share of the buffer the row used, L = `algorithm.max_tokens`."""
+    penalties = torch.zeros(len(rows), dtype=torch.float32)
+    buffer, longest = algorithm.overlong_buffer, algorithm.max_tokens
+    if buffer is None or longest is None:
+        return penalties
+    for i, row in enumerate(rows):
+        over = row.generated_tokens() - (longest - buffer)
+        if over > 0:
+            penalties[i] = -algorithm.overlong_penalty * min(over / buffer, 1.0)
+    return penalties
 
 
 def _std(values: torch.Tensor) -> torch.Tensor:

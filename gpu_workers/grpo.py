@@ -48,7 +48,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from turnkeep.gpu_workers.advantages import row_advantages
+from turnkeep.gpu_workers.advantages import overlong_penalties, row_advantages
 from turnkeep.gpu_workers.policy_loss import PolicyLossStats, policy_loss
 from turnkeep.schemas.config_algorithm import AlgorithmConfig
 from turnkeep.schemas.rollout import RolloutRow
@@ -225,12 +225,13 @@ def build_batch(rows: Sequence[RolloutRow], pad_id: int, *, scale_by_std: bool =
         seen.add((row.group_id, row.sibling))
         members.setdefault(row.group_id, []).append(i)
 
+    algorithm = algorithm or AlgorithmConfig(scale_rewards="group" if scale_by_std else "none")
     rewards = torch.tensor([row.reward for row in rows], dtype=torch.float32)
+    shaped = rewards + overlong_penalties(rows, algorithm)
     for group_id, indices in members.items():
         if len(indices) < 2:
             raise ValueError(f"group {group_id!r} has {len(indices)} row(s); GRPO needs at least 2")
-    algorithm = algorithm or AlgorithmConfig(scale_rewards="group" if scale_by_std else "none")
-    advantages = row_advantages(rewards, members, algorithm)
+    advantages = row_advantages(shaped, members, algorithm)
 
     packed = [_row_tokens(row) for row in rows]
     width = max(len(ids) for ids, _, _ in packed)
@@ -244,7 +245,8 @@ def build_batch(rows: Sequence[RolloutRow], pad_id: int, *, scale_by_std: bool =
         attention_mask[b, : len(ids)] = 1
         if gen:
             gen_logprobs[b, : len(gen)] = torch.tensor(gen, dtype=torch.float32)
-            loss_mask[b, : len(mask)] = torch.tensor(mask, dtype=torch.float32)
+            if not (algorithm.mask_truncated and rows[b].truncated):
+                loss_mask[b, : len(mask)] = torch.tensor(mask, dtype=torch.float32)
     return PackedBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,

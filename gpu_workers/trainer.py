@@ -105,7 +105,8 @@ class Trainer:
         self.step = step
         return {**{k: round(v, 5) for k, v in totals.items()}, "compute_s": round(compute_s, 3),
                 "nonfinite_steps_skipped": skipped, "ranks": self.ranks.size,
-                "policy_version": self.policy_version, "tokens": batch.num_loss_tokens}
+                "policy_version": self.policy_version, "tokens": batch.num_loss_tokens,
+                "truncated_rows": sum(row.truncated for row in rows)}
 
     async def weights_blob(self, dtype: str | None = None) -> bytes:
         """The state dict as safetensors bytes, under the names the model directory uses, cast to `dtype`

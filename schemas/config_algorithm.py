@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from turnkeep.schemas.config_base import StrictModel
 
 
 class AlgorithmConfig(StrictModel):
+    _max_tokens: int | None = PrivateAttr(default=None)
+
     advantage: Literal["rloo", "grpo", "reinforce_pp"] = "rloo"
     """`rloo`: r_i minus the mean of the group's other rewards (leave-one-out); `grpo`: r_i minus the group mean;
     `reinforce_pp`: r_i minus the batch mean, divided by the batch std (REINFORCE++)."""
@@ -41,6 +43,15 @@ class AlgorithmConfig(StrictModel):
     the trainer's own logprobs before the step's update (one more forward in the step's first pass) instead of the
     engine's, and each token is weighted by min(pi_trainer / pi_engine, tis_cap). The step line reports the mismatch
     (`trainer_engine_mismatch_mean`, `_max`: |log pi_trainer - log pi_engine| over the generated tokens)."""
+    mask_truncated: bool = False
+    """Leave rows that ended without their final answer (max_turns or max_model_len) out of the loss; their rewards
+    still count in their group's baseline (TRL's mask_truncated_completions)."""
+    overlong_buffer: int | None = Field(default=None, ge=1)
+    """DAPO's soft overlong punishment (None: off): a row that generated more than L - overlong_buffer tokens, L the
+    most a row can generate (rollout.max_turns x rollout.max_tokens_per_turn), loses overlong_penalty x the share of
+    the buffer it used from its reward, before the advantages."""
+    overlong_penalty: float = Field(default=1.0, gt=0)
+    """The most the overlong punishment takes from a reward (at L tokens)."""
     drop_zero_signal: bool = False
     """Dynamic sampling (DAPO): a complete group whose rewards are all equal carries no signal; discard it (reason
     `zero_signal`, counted in metrics.jsonl's `groups_discarded_total`) and fill the step with other groups."""
@@ -56,7 +67,18 @@ class AlgorithmConfig(StrictModel):
         return self
 
     def resolved(self, clip_eps: float, max_tokens: int) -> "AlgorithmConfig":
-        """The settings with their defaults filled: clips from train.clip_eps, the constant from the rollout shape."""
+        """The settings with their defaults filled: clips from train.clip_eps, the constant from the rollout shape
+        (`max_tokens`: the most a row can generate). Raises ValueError for a buffer that does not fit it."""
+        if self.overlong_buffer is not None and self.overlong_buffer >= max_tokens:
+            raise ValueError(f"algorithm.overlong_buffer = {self.overlong_buffer} must be below the {max_tokens} tokens "
+                             "a row can generate (rollout.max_turns x rollout.max_tokens_per_turn); lower it")
         low = self.clip_low if self.clip_low is not None else clip_eps
-        return self.model_copy(update={"clip_low": low, "clip_high": self.clip_high if self.clip_high is not None
-                                       else low, "loss_constant": self.loss_constant or max_tokens})
+        resolved = self.model_copy(update={"clip_low": low, "clip_high": self.clip_high if self.clip_high is not None
+                                           else low, "loss_constant": self.loss_constant or max_tokens})
+        resolved._max_tokens = max_tokens
+        return resolved
+
+    @property
+    def max_tokens(self) -> int | None:
+        """Set by `resolved`: the most a row can generate (the overlong punishment's L)."""
+        return self._max_tokens

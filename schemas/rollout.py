@@ -118,6 +118,9 @@ class RolloutRow(Wire):
     """Verifier reward."""
     num_turns: int
     """Policy turns taken."""
+    truncated: bool = False
+    """The episode ended without its final answer (max_turns or max_model_len reached): `algorithm.mask_truncated`
+    leaves it out of the loss."""
 
     def policy_versions(self) -> list[int]:
         return [v for s in self.segments for v in s.versions()]

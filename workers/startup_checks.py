@@ -32,6 +32,10 @@ def check_before_start(cfg: TurnkeepConfig) -> None:
     if cfg.snapshot.enabled and cfg.temporal.address is None:
         free_port(cfg.temporal.ip)  # the embedded server's address, named before Ray starts and leaves a keeper
     check_rollout_levels(cfg)
+    try:
+        cfg.algorithm_settings()
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     for name, spec in sorted(local_environments(cfg.environments).items()):
         try:
             resolve(name, spec)

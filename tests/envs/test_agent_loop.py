@@ -121,7 +121,7 @@ def test_a_calc_rollout_keeps_the_line_protocols_ids(tmp_path: Path) -> None:
     policy = ScriptedPolicy([encode(tok, line) for line in lines])
     env = CalcEnvironment(request("calc", "Q 37+48-12").problem)
     result = run(request("calc", "Q 37+48-12"), env, codec, policy, LIMITS)
-    assert result.outcome is RolloutOutcome.FINISHED and result.row.reward == 1.0
+    assert result.outcome is RolloutOutcome.FINISHED and result.row.reward == 1.0 and not result.row.truncated
     # Identical to what the loop built before templates: bos + the prompt line, each turn, each reply line.
     assert ids_of(result) == old_concatenation(tok, "Q 37+48-12", [encode(tok, line) for line in lines],
                                                ["R 85\n", "R 73\n", None])
@@ -130,6 +130,15 @@ def test_a_calc_rollout_keeps_the_line_protocols_ids(tmp_path: Path) -> None:
     assert all(r.stop_token_ids == codec.stop_ids for r in policy.requests)
     assert tok.token_to_id("\n") in codec.stop_ids
     assert policy.rollout_ids == ["g.0.0"] * 3  # a router keeps the rollout on its engine
+
+
+def test_a_rollout_out_of_turns_is_a_truncated_row(tmp_path: Path) -> None:
+    tok = tiny_tokenizer()
+    codec = TurnCodec(save_tiny_dir(tmp_path, tok))
+    policy = ScriptedPolicy([encode(tok, "C 1+1\n")] * 2)
+    limits = LoopLimits(max_turns=2, max_tokens_per_turn=16, max_model_len=512, temperature=1.0)
+    result = run(request("calc", "Q 1+1"), CalcEnvironment(request("calc", "Q 1+1").problem), codec, policy, limits)
+    assert result.outcome is RolloutOutcome.TRUNCATED and result.row.truncated and result.row.num_turns == 2
 
 
 def test_a_chat_rollout_is_the_templates_rendering_and_continues_token_for_token(tmp_path: Path) -> None:

@@ -37,3 +37,20 @@ def test_reinforce_pp_whitens_over_the_batch_without_a_group_baseline() -> None:
     mean, std = 2 / 3, math.sqrt((4 / 9 + 2 * 4 / 9) / 5)
     expected = [(r - mean) / std for r in REWARDS.tolist()]
     assert _advantages(advantage="reinforce_pp") == pytest.approx(expected, rel=1e-5)
+
+
+def test_the_overlong_punishment_grows_over_the_buffer_and_stops_at_the_penalty() -> None:
+    from tests.controller.state.test_data_plane import make_row
+    from turnkeep.gpu_workers.advantages import overlong_penalties
+    from turnkeep.schemas.rollout import Segment
+
+    def row(generated: int):
+        return make_row("g", 0).model_copy(update={"segments": [
+            Segment(kind="prompt", token_ids=[1]),
+            Segment(kind="policy", token_ids=[3] * generated, logprobs=[-0.1] * generated, policy_version=0)]})
+
+    algorithm = AlgorithmConfig(overlong_buffer=4, overlong_penalty=0.5).resolved(clip_eps=0.2, max_tokens=16)
+    # L = 16, buffer 4: nothing up to 12 tokens, then 0.5 x (tokens - 12) / 4, at most 0.5.
+    assert overlong_penalties([row(n) for n in (10, 12, 14, 16)], algorithm).tolist() == pytest.approx(
+        [0, 0, -0.25, -0.5])
+    assert overlong_penalties([row(16)], AlgorithmConfig().resolved(0.2, 16)).tolist() == [0.0]  # off by default

@@ -191,3 +191,15 @@ def test_end_to_end_step_on_a_tiny_model_moves_toward_the_rewarded_row() -> None
     optimizer.step()
     after = torch.log_softmax(model(torch.tensor([3])), -1)[0]
     assert after[7] > before[7] and after[8] < before[8]
+
+
+def test_mask_truncated_leaves_a_truncated_row_out_of_the_loss_but_in_its_groups_baseline():
+    from tests.controller.state.test_data_plane import make_row
+    from turnkeep.schemas.config_algorithm import AlgorithmConfig
+
+    rows = [make_row("g", 0, reward=1.0), make_row("g", 1, reward=0.0).model_copy(update={"truncated": True}),
+            make_row("g", 2, reward=0.0)]
+    kept = build_batch(rows, 0, algorithm=AlgorithmConfig())
+    masked = build_batch(rows, 0, algorithm=AlgorithmConfig(mask_truncated=True))
+    assert kept.loss_mask[1].sum() == 2 and masked.loss_mask[1].sum() == 0
+    assert torch.equal(masked.loss_mask[0], kept.loss_mask[0]) and torch.equal(masked.advantages, kept.advantages)

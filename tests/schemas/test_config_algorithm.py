@@ -28,3 +28,16 @@ def test_defaults_come_from_the_train_and_rollout_tables() -> None:
                                          "algorithm": {"clip_high": 0.28}})
     resolved = cfg.algorithm_settings()
     assert (resolved.clip_low, resolved.clip_high, resolved.loss_constant) == (0.1, 0.28, 60)
+
+
+def test_an_overlong_buffer_as_long_as_a_row_can_be_is_refused_before_the_run_starts(tmp_path) -> None:
+    from turnkeep.config.loader import ConfigError
+    from turnkeep.workers.startup_checks import check_before_start
+
+    cfg = TurnkeepConfig.model_validate({"run": {"run_dir": str(tmp_path / "run")}, "model": {"cache_dir": str(
+        tmp_path / "models")}, "rollout": {"max_turns": 2, "max_tokens_per_turn": 8},
+        "algorithm": {"overlong_buffer": 16}, "snapshot": {"enabled": False}})
+    with pytest.raises(ConfigError) as refused:
+        check_before_start(cfg)
+    assert str(refused.value) == ("algorithm.overlong_buffer = 16 must be below the 16 tokens a row can generate "
+                                  "(rollout.max_turns x rollout.max_tokens_per_turn); lower it")
