@@ -13,6 +13,37 @@ from turnkeep.schemas.rollout import RolloutRow
 EPS = 1e-6
 
 
+def leave_one_out_advantages(
+    rewards: torch.Tensor, *, scale_by_std: bool = False, eps: float = 1e-6
+) -> torch.Tensor:
+    """Leave-one-out advantages along the last dim: A_i = r_i - mean_{j != i} r_j.
+
+    `rewards` is one group of shape [N] (or any [..., N], each last-dim slice a
+    group). With `scale_by_std`, advantages are divided by the group's reward std
+    plus `eps` (off by default; see gpu_workers/grpo.py's docstring).
+    """
+    if rewards.dim() == 0:
+        raise ValueError("rewards must have a group dimension, got a scalar")
+    n = rewards.shape[-1]
+    if n < 2:
+        raise ValueError(f"a leave-one-out baseline needs at least 2 rewards per group, got {n}")
+    r = rewards.to(torch.float32) if not rewards.is_floating_point() else rewards
+    others_mean = (r.sum(dim=-1, keepdim=True) - r) / (n - 1)
+    advantages = r - others_mean
+    if scale_by_std:
+        advantages = advantages / (r.std(dim=-1, keepdim=True) + eps)
+    return advantages
+
+
+def batched_leave_one_out_advantages(
+    rewards: torch.Tensor, *, scale_by_std: bool = False, eps: float = 1e-6
+) -> torch.Tensor:
+    """Leave-one-out advantages for G groups of N rewards each: [G, N] -> [G, N]."""
+    if rewards.dim() != 2:
+        raise ValueError(f"expected rewards of shape [G, N], got {tuple(rewards.shape)}")
+    return leave_one_out_advantages(rewards, scale_by_std=scale_by_std, eps=eps)
+
+
 def row_advantages(rewards: torch.Tensor, groups: dict[str, list[int]], algorithm: AlgorithmConfig) -> torch.Tensor:
     """`rewards` [B]; `groups`: each group's row indices (at least two each)."""
     r = rewards.to(torch.float32)
@@ -23,12 +54,12 @@ def row_advantages(rewards: torch.Tensor, groups: dict[str, list[int]], algorith
     for indices in groups.values():
         index = torch.tensor(indices)
         group = r[index]
+        by_group_std = algorithm.scale_rewards == "group"
         if algorithm.advantage == "rloo":
-            baseline = (group.sum() - group) / (len(indices) - 1)
-        else:
-            baseline = group.mean()
-        advantages[index] = group - baseline
-        if algorithm.scale_rewards == "group":
+            advantages[index] = leave_one_out_advantages(group, scale_by_std=by_group_std, eps=EPS)
+            continue
+        advantages[index] = group - group.mean()
+        if by_group_std:
             advantages[index] = advantages[index] / (_std(group) + EPS)
     if algorithm.scale_rewards == "batch":
         advantages = advantages / (_std(r) + EPS)

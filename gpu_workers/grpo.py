@@ -48,43 +48,18 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from turnkeep.gpu_workers.advantages import overlong_penalties, row_advantages
+from turnkeep.gpu_workers.advantages import (
+    batched_leave_one_out_advantages,
+    leave_one_out_advantages,
+    overlong_penalties,
+    row_advantages,
+)
 from turnkeep.gpu_workers.policy_loss import PolicyLossStats, policy_loss
 from turnkeep.schemas.config_algorithm import AlgorithmConfig
 from turnkeep.schemas.rollout import RolloutRow
 
-__all__ = ["PolicyLossStats", "build_batch", "clipped_policy_loss", "leave_one_out_advantages", "token_logprobs"]
-
-
-def leave_one_out_advantages(
-    rewards: torch.Tensor, *, scale_by_std: bool = False, eps: float = 1e-6
-) -> torch.Tensor:
-    """Leave-one-out advantages along the last dim: A_i = r_i - mean_{j != i} r_j.
-
-    `rewards` is one group of shape [N] (or any [..., N], each last-dim slice a
-    group). With `scale_by_std`, advantages are divided by the group's reward std
-    plus `eps` (off by default; see the module docstring).
-    """
-    if rewards.dim() == 0:
-        raise ValueError("rewards must have a group dimension, got a scalar")
-    n = rewards.shape[-1]
-    if n < 2:
-        raise ValueError(f"a leave-one-out baseline needs at least 2 rewards per group, got {n}")
-    r = rewards.to(torch.float32) if not rewards.is_floating_point() else rewards
-    others_mean = (r.sum(dim=-1, keepdim=True) - r) / (n - 1)
-    advantages = r - others_mean
-    if scale_by_std:
-        advantages = advantages / (r.std(dim=-1, keepdim=True) + eps)
-    return advantages
-
-
-def batched_leave_one_out_advantages(
-    rewards: torch.Tensor, *, scale_by_std: bool = False, eps: float = 1e-6
-) -> torch.Tensor:
-    """Leave-one-out advantages for G groups of N rewards each: [G, N] -> [G, N]."""
-    if rewards.dim() != 2:
-        raise ValueError(f"expected rewards of shape [G, N], got {tuple(rewards.shape)}")
-    return leave_one_out_advantages(rewards, scale_by_std=scale_by_std, eps=eps)
+__all__ = ["PolicyLossStats", "batched_leave_one_out_advantages", "build_batch", "clipped_policy_loss",
+           "leave_one_out_advantages", "token_logprobs"]
 
 
 def clipped_policy_loss(

@@ -26,9 +26,14 @@ def estimable_ks(samples: int) -> list[int]:
     return sorted(ks)
 
 
+def correct_counts(rewards: list[list[float]], correct_at: float) -> list[int]:
+    """Per prompt, how many of its samples' rewards are at least `correct_at`."""
+    return [sum(reward >= correct_at for reward in per_prompt) for per_prompt in rewards]
+
+
 def summarize(rewards: list[list[float]], samples: int, correct_at: float) -> dict[str, float]:
     """Mean reward and pass@k (every estimable k) of `samples` rewards per prompt; correct: reward >= correct_at."""
-    correct = [sum(reward >= correct_at for reward in per_prompt) for per_prompt in rewards]
+    correct = correct_counts(rewards, correct_at)
     mean = sum(map(sum, rewards)) / max(1, sum(map(len, rewards)))
     return {"mean_reward": round(mean, 4),
             **{f"pass@{k}": round(pass_at_k(correct, samples, k), 4) for k in estimable_ks(samples)}}

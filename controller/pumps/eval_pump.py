@@ -6,8 +6,9 @@ Its episodes go to the environment servers as rollouts marked for evaluation (`e
 `eval.engine_share` of the engines' slots at once, so training's rollouts keep the rest and training never waits.
 Each finished sample is journaled (`controller/state/eval_journal.py`) before it counts: an evaluation cut by a
 crash goes on after the restart with the samples still to play, never scoring one twice, and writes its one line
-(`"kind": "eval"`) to metrics.jsonl. Evaluations run one at a time, oldest first; one asked while another waits
-replaces it (the replaced step is named in the line), so a slow evaluation never builds a backlog.
+(`"kind": "eval"`) to metrics.jsonl before the journal's `done`. Evaluations run one at a time, oldest first; one
+asked while another waits replaces it (the replaced step is named in the line), so a slow evaluation never builds a
+backlog.
 """
 
 from __future__ import annotations
@@ -105,7 +106,6 @@ class EvalPump:
         return f"evaluation of step {step} queued ({len(self._queue)} waiting)"
 
     async def run(self) -> None:
-        self._write_missing_lines()
         while True:
             if not self._queue:
                 self._idle.set()
@@ -138,9 +138,12 @@ class EvalPump:
         plays = evaluation.to_play()
         await asyncio.gather(*(self._sample(evaluation, prompt, sample) for prompt, sample in plays))
         result = self._result(evaluation, time.monotonic() - started)
+        # The line first (fsynced), then `done`: only an evaluation every sample of which was scored before a crash
+        # can have its line written already (the crash came between the two), and only then is metrics.jsonl read.
+        if plays or not self._line_written(evaluation):
+            self._write_line(result)
         await self._journal.done(evaluation, result)
         evaluation.result, evaluation.scored = result, {}
-        self._write_line(result)
 
     async def _sample(self, evaluation: Evaluation, prompt: int, sample: int) -> None:
         async with self._gate:
@@ -197,16 +200,10 @@ class EvalPump:
             "eval_s": round(seconds, 2), "replaced_steps": self._replaced.pop(evaluation.step, []),
         }
 
-    def _write_missing_lines(self) -> None:
-        """A crash between the journal's `done` and the metrics line: write the line now (once)."""
-        done = {key: e.result for key, e in self._evaluations.items() if e.result is not None}
+    def _line_written(self, evaluation: Evaluation) -> bool:
         path = self._run_dir / "metrics.jsonl"
-        if not done or not path.exists():
-            return
-        written = {(line.get("step"), line.get("trigger")) for line in read_jsonl(path)
-                   if line.get("kind") == MetricsKind.EVAL}
-        for key in sorted(set(done) - written):
-            self._write_line(done[key])
+        return path.exists() and any(line.get("kind") == MetricsKind.EVAL and (line.get("step"), line.get("trigger"))
+                                     == evaluation.key for line in read_jsonl(path))
 
 
 def _id_safe(trigger: str) -> str:

@@ -2,7 +2,7 @@
 
 Each line is fsynced before the evaluation counts it, so a restart knows exactly which samples of an unfinished
 evaluation are scored (they are not played again) and which evaluations finished (their result line is in
-metrics.jsonl, written again if a crash came between the two). A crash can tear only the last line, which is
+metrics.jsonl: it is written before `done`). A crash can tear only the last line, which is
 skipped: its sample is played again, once.
 """
 

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from tests.gpu_workers.synthetic_rows import synthetic_rows
 from turnkeep.envs.calc_transcripts import CalcTranscripts
 from turnkeep.gpu_workers.grpo import build_batch, token_logprobs
 from turnkeep.gpu_workers.tiny_model.build import ensure_tiny_model
@@ -16,7 +17,7 @@ from turnkeep.gpu_workers.trainer import Trainer, resolve_device
 from turnkeep.primitives.holds import HoldSet
 from turnkeep.schemas.config import ModelConfig, TaskConfig, TinyModelConfig, TrainConfig
 from turnkeep.schemas.config_algorithm import AlgorithmConfig
-from turnkeep.schemas.rollout import RolloutRow, Segment
+from turnkeep.schemas.rollout import RolloutRow
 
 TINY = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32,
                        intermediate_size=128, max_position_embeddings=64, warm_start_steps=0)
@@ -35,16 +36,8 @@ def _trainer(model_dir, algorithm: dict | None = None, **train) -> Trainer:
 
 
 def _rows(count: int = 4, length: int = 24) -> list[RolloutRow]:
-    rows = []
-    for i in range(count):
-        width = length - 3 * (i % 3)  # unequal lengths: the batch is padded, micro-batches are cut
-        rows.append(RolloutRow(
-            group_id=f"g{i // 2}", sibling=i % 2, attempt=0, reward=float(i % 2), num_turns=1,
-            segments=[Segment(kind="prompt", token_ids=[1] + [3 + (i + t) % 20 for t in range(7)]),
-                      Segment(kind="policy", token_ids=[3 + (i * t) % 20 for t in range(width - 8)],
-                              logprobs=[-1.5] * (width - 8), policy_version=0)],
-        ))
-    return rows
+    # Unequal lengths: the batch is padded, micro-batches are cut.
+    return synthetic_rows([length - 3 * (i % 3) for i in range(count)])
 
 
 def _gradients(trainer: Trainer, rows: list[RolloutRow]) -> dict[str, torch.Tensor]:

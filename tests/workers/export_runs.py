@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from tests.gpu_workers.synthetic_rows import synthetic_rows
 from turnkeep.controller.fingerprint import fingerprint_fields
 from turnkeep.controller.stores.trainer_checkpoint import CheckpointIdentity, write_trainer_checkpoint
 from turnkeep.envs.calc_transcripts import CalcTranscripts
@@ -21,7 +22,7 @@ from turnkeep.gpu_workers.grpo import build_batch, token_logprobs
 from turnkeep.gpu_workers.tiny_model.build import ensure_tiny_model
 from turnkeep.primitives.atomic_files import atomic_write_json
 from turnkeep.schemas.config import TinyModelConfig, TurnkeepConfig
-from turnkeep.schemas.rollout import RolloutRow, Segment
+from turnkeep.schemas.rollout import RolloutRow
 
 TINY = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32,
                        intermediate_size=128, max_position_embeddings=64, warm_start_steps=0)
@@ -78,16 +79,7 @@ def model_logprobs(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
 
 def rows() -> list[RolloutRow]:
     """Four groups of two rows, whole groups to each rank."""
-    made = []
-    for i in range(8):
-        width = 20 + i % 5
-        made.append(RolloutRow(
-            group_id=f"g{i // 2}", sibling=i % 2, attempt=0, reward=float(i % 2), num_turns=1,
-            segments=[Segment(kind="prompt", token_ids=[1] + [3 + (i + t) % 20 for t in range(7)]),
-                      Segment(kind="policy", token_ids=[3 + (i * t) % 20 for t in range(width - 8)],
-                              logprobs=[-1.5] * (width - 8), policy_version=0)],
-        ))
-    return made
+    return synthetic_rows([20 + i % 5 for i in range(8)])
 
 
 class _Remote:

@@ -124,9 +124,19 @@ def test_after_a_crash_only_the_samples_left_are_played_and_the_line_is_written_
     replayed = {tuple(map(int, rid.split(".")[1:3])) for rid in servers.played}
     assert replayed.isdisjoint(scored_before) and len(replayed) == 12 - len(scored_before)
 
-    # A crash after the journal's `done` and before the metrics line: the next start writes the line, once.
-    (tmp_path / "metrics.jsonl").write_bytes(b"")
+    # A crash after the metrics line and before the journal's `done`: the next start writes no second line.
+    journal_path = tmp_path / "eval" / "evaluations.jsonl"
+    journal_path.write_bytes(b"".join(raw + b"\n" for raw in journal_path.read_bytes().splitlines()
+                                      if b'"kind":"done"' not in raw))
     lines.clear()
+    asyncio.run(_evaluate(_pump(tmp_path, servers, lines)))
+    asyncio.run(_evaluate(_pump(tmp_path, servers, lines)))
+    assert [line["step"] for line in lines] == []
+    assert [line["step"] for line in map(orjson.loads, (tmp_path / "metrics.jsonl").read_bytes().splitlines())] == [6]
+    # The same crash before the line was written: the next start writes it, once.
+    (tmp_path / "metrics.jsonl").write_bytes(b"")
+    journal_path.write_bytes(b"".join(raw + b"\n" for raw in journal_path.read_bytes().splitlines()
+                                      if b'"kind":"done"' not in raw))
     asyncio.run(_evaluate(_pump(tmp_path, servers, lines)))
     asyncio.run(_evaluate(_pump(tmp_path, servers, lines)))
     assert [line["step"] for line in lines] == [6]
