@@ -37,6 +37,12 @@ BENCHMARKS = {
                "each piece being up, the first train step and the first generated turn; CPU seconds by process",
     "learn": "the tool_chat task on the tiny chat model: reward curve, wall time, tokens/s; the export, and the base "
              "and trained models' held-out pass@k",
+    "lora": "full fine-tuning against LoRA refit as merged weights and as adapters alone, alternating: refit bytes "
+            "and seconds, trainer compute, steps/min, checkpoint size, memory",
+    "variants": "grpo, dr_grpo, dapo (clip-higher + dynamic sampling), rloo and grpo with KL on the tool_chat task: "
+                "reward curves, held-out pass@1, steps/min",
+    "peers": "turnkeep against TRL's GRPOTrainer on one tiny chat model and single-turn task: time to a reward, "
+             "tokens/s, steps/min, memory; each killed halfway and resumed: steps lost, restart to next step",
 }
 ORDER = list(BENCHMARKS)
 REPO = Path(__file__).resolve().parents[1]
@@ -51,7 +57,7 @@ def add_bench_parser(subparsers) -> None:
         parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                             help="config override for the runs it starts")
         importlib.import_module(f"turnkeep.bench.{name}").add_arguments(parser)
-    about = "every benchmark, sized for about 90 minutes on 2 cores, into one --out; then BENCHMARKS.md from it"
+    about = "every benchmark, sized for about two hours on 2 cores, into one --out; then BENCHMARKS.md from it"
     every = names.add_parser("all", help=about, description=about)
     every.add_argument("--out", type=Path, default=Path("runs/bench"), help="where runs and results go")
     every.add_argument("--file", type=Path, default=REPO / "BENCHMARKS.md", help="the markdown file to write")

@@ -2,7 +2,7 @@
 alone, so every figure in it comes from one pass on one machine at one commit.
 
 Each benchmark runs as its own `turnkeep bench <name>` process (its result records that exact command; one that
-fails does not stop the others). The pass is sized for 2 cores: about 90 minutes, most of it in the chaos runs of
+fails does not stop the others). The pass is sized for 2 cores: about two hours, most of it in the chaos runs of
 `recovery`, `partial_turns` and `ranks`; a benchmark's own defaults measure longer (`turnkeep bench <name>`).
 """
 
@@ -34,6 +34,9 @@ PASS_ARGS: dict[str, list[str]] = {
     "ranks": ["--kills", "2", "--chaos-steps", "60"],
     "restart": ["--restarts", "3"],
     "learn": ["--steps", "100"],
+    "lora": ["--rounds", "1", "--steps", "20"],
+    "variants": ["--steps", "40"],
+    "peers": ["--steps", "30"],
 }
 """Each benchmark's arguments in a pass (besides `--out`), in the order they run: `lower_bound`, `orchestration` and
 `memory` read the runs `overhead` leaves in `--out`."""
@@ -48,7 +51,7 @@ keeps the previous file's."""
 
 RUN_FOLDERS = {"overhead": "overhead", "wasted": "wasted", "recovery": "chaos", "soak": "soak", "engines": "engines",
                "partial_turns": "partial_turns", "ranks": "ranks",
-               "restart": "restart", "learn": "learn"}
+               "restart": "restart", "learn": "learn", "lora": "lora", "variants": "variants", "peers": "peers"}
 """The folder of `--out` where each benchmark that starts runs keeps them (it refuses one that is not empty)."""
 
 RunOne = Callable[[list[str]], int]

@@ -39,29 +39,31 @@ DEMO_SEED_SALT = 7 * 10 ** 11
 
 def demonstrations(rng: random.Random, count: int, options: BaseModel) -> list[str]:
     """`count` conversations in the template's lines: the question, a python call of the task's expression, its
-    result, the answer; `options.demo_error_rate` of them answer wrong."""
+    result, the answer (without tools, `options.tools` empty or `max_tool_calls` 0: the question and the answer);
+    `options.demo_error_rate` of them answer wrong."""
     tasks = getattr(options, "reasoning_gym", None)
     if tasks is None:
         raise ValueError("tool_chat makes demonstrations from options.reasoning_gym tasks; set them, or train a real "
                          "chat model (model.path) that needs none")
+    calls = bool(getattr(options, "tools", True)) and getattr(options, "max_tool_calls", 1) > 0
     conversations = []
     for _ in range(count):
         name = rng.choice(tasks.tasks)
         entry = draw(tasks, name, "train", DEMO_SEED_SALT, rng.randrange(10 ** 7))
-        conversations.append(_conversation(entry, rng, rng.random() < options.demo_error_rate))
+        conversations.append(_conversation(entry, rng, rng.random() < options.demo_error_rate, calls))
     return conversations
 
 
-def _conversation(entry: dict, rng: random.Random, wrong: bool) -> str:
-    """The task's expression computed with the tool, then the task's answer (for countdown the expression itself);
-    a wrong one answers off by a little, half of those without calling the tool."""
+def _conversation(entry: dict, rng: random.Random, wrong: bool, calls: bool = True) -> str:
+    """The task's expression computed with the tool (`calls`), then the task's answer (for countdown the expression
+    itself); a wrong one answers off by a little, half of those without calling the tool."""
     question = _line(entry["question"])
     code = entry.get("metadata", {}).get("expression")
     result = _evaluated(code) if isinstance(code, str) else None
     answer = _line(str(entry["answer"]))
     if wrong:
         answer = _off_by_a_little(answer, rng)
-    if result is None or (wrong and rng.random() < 0.5):  # nothing to compute, or a guess
+    if result is None or (wrong and rng.random() < 0.5) or not calls:  # nothing to compute, a guess, or no tool
         return f"{question}\n<answer>{answer}</answer>\n"
     call = f"{CALL_PREFIX}{json.dumps(_line(code))}{CALL_SUFFIX}"
     return f"{question}\n{call}\n<tool_response>{result}</tool_response>\n<answer>{answer}</answer>\n"

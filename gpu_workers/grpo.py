@@ -182,9 +182,10 @@ def _row_tokens(row: RolloutRow) -> tuple[list[int], list[float], list[int]]:
 
 
 def build_batch(rows: Sequence[RolloutRow], pad_id: int, *, scale_by_std: bool = False,
-                algorithm: AlgorithmConfig | None = None) -> PackedBatch:
+                algorithm: AlgorithmConfig | None = None, reward_shaping: Sequence[float] | None = None) -> PackedBatch:
     """Pack rollout rows into padded tensors with per-row advantages (`algorithm`'s estimator; None: leave-one-out,
-    divided by the group's std with `scale_by_std`).
+    divided by the group's std with `scale_by_std`), computed from the rewards plus `reward_shaping` (per row; the
+    KL penalty of `kl_in = "reward"`) and the overlong punishment.
 
     Rows are grouped by `group_id` (a group's rows need not be adjacent); each group
     needs at least two rows and no sibling twice, since the same sibling in a batch
@@ -203,6 +204,8 @@ def build_batch(rows: Sequence[RolloutRow], pad_id: int, *, scale_by_std: bool =
     algorithm = algorithm or AlgorithmConfig(scale_rewards="group" if scale_by_std else "none")
     rewards = torch.tensor([row.reward for row in rows], dtype=torch.float32)
     shaped = rewards + overlong_penalties(rows, algorithm)
+    if reward_shaping is not None:
+        shaped = shaped + torch.tensor(list(reward_shaping), dtype=torch.float32)
     for group_id, indices in members.items():
         if len(indices) < 2:
             raise ValueError(f"group {group_id!r} has {len(indices)} row(s); GRPO needs at least 2")

@@ -15,6 +15,7 @@ import ray
 
 from turnkeep.primitives.run_member import RunMember
 from turnkeep.schemas.config_services import PolicyServerConfig
+from turnkeep.schemas.config_train import LoraConfig
 
 
 @ray.remote
@@ -38,13 +39,16 @@ class PolicyActor(RunMember):
         self._server = PolicyServer(engine)
         self._worker = None
 
-    async def start(self, model_dir: str, cfg_json: str, seed: int = 0, control_token: str | None = None) -> str:
+    async def start(self, model_dir: str, cfg_json: str, seed: int = 0, control_token: str | None = None,
+                    lora_json: str | None = None) -> str:
         """Start engine and endpoint; return the base URL agents call.
 
-        `control_token` guards the checkpoint routes (None: they refuse every call).
+        `control_token` guards the checkpoint routes (None: they refuse every call); `lora_json`: `[train.lora]`
+        when the policy is served as LoRA adapters (refits carry them alone).
         """
         cfg = PolicyServerConfig.model_validate_json(cfg_json)
-        return await self._server.start(model_dir, cfg, seed=seed, control_token=control_token)
+        lora = LoraConfig.model_validate_json(lora_json) if lora_json else None
+        return await self._server.start(model_dir, cfg, seed=seed, control_token=control_token, lora=lora)
 
     async def load_weights(self, blob: bytes, version: int) -> dict[str, float]:
         """Load safetensors bytes as `version`; the seconds admission was closed, the bytes loaded, and this engine's

@@ -23,6 +23,8 @@ class PolicyLossStats:
     """Mean of gen_logprobs - logprobs: an estimate of KL(generating policy || current)."""
     num_tokens: int
     """Number of tokens the loss covers."""
+    kl_reference: float = 0.0
+    """Mean per-token KL estimate of the current policy against the reference (0 without one)."""
 
 
 def token_weights(mask: torch.Tensor, algorithm: AlgorithmConfig, total_rows: int, total_tokens: int) -> torch.Tensor:
@@ -43,12 +45,14 @@ def token_weights(mask: torch.Tensor, algorithm: AlgorithmConfig, total_rows: in
 
 
 def policy_loss(logprobs: torch.Tensor, gen_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                weights: torch.Tensor, algorithm: AlgorithmConfig,
-                entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, PolicyLossStats]:
-    """sum(weights x per-token loss) - entropy_coef x sum(weights x entropy).
+                weights: torch.Tensor, algorithm: AlgorithmConfig, entropy: torch.Tensor | None = None,
+                reference: torch.Tensor | None = None) -> tuple[torch.Tensor, PolicyLossStats]:
+    """sum(weights x (per-token loss + kl_coef x KL estimate against `reference`)) - entropy_coef x
+    sum(weights x entropy).
 
-    `logprobs` (current policy, with grad), `gen_logprobs`, `mask`, `weights` and `entropy` are [B, T];
-    `advantages` is per row [B] or per token [B, T]. `algorithm` must be `resolved` (its clips set)."""
+    `logprobs` (current policy, with grad), `gen_logprobs`, `mask`, `weights`, `entropy` and `reference` (the
+    reference policy's logprobs; None: no KL term) are [B, T]; `advantages` is per row [B] or per token [B, T].
+    `algorithm` must be `resolved` (its clips set)."""
     if logprobs.shape != gen_logprobs.shape or logprobs.shape != mask.shape:
         raise ValueError(f"logprobs {tuple(logprobs.shape)}, gen_logprobs {tuple(gen_logprobs.shape)} and mask "
                          f"{tuple(mask.shape)} must have the same shape")
@@ -63,6 +67,10 @@ def policy_loss(logprobs: torch.Tensor, gen_logprobs: torch.Tensor, advantages: 
     ratio = torch.exp(_importance_log_ratio(log_ratio, keep, algorithm.importance_level))
     adv = adv.expand_as(ratio)
     per_token, clipped = _per_token_loss(ratio, adv, torch.where(keep, current, 0.0), algorithm)
+    kl = None
+    if reference is not None:
+        kl = kl_estimate(torch.where(keep, current - reference.to(torch.float32), 0.0), algorithm.kl_estimator)
+        per_token = per_token + algorithm.kl_coef * kl
     loss = (per_token * weights).sum()
     if entropy is not None and algorithm.entropy_coef:
         loss = loss - algorithm.entropy_coef * (entropy.to(torch.float32) * weights).sum()
@@ -75,8 +83,22 @@ def policy_loss(logprobs: torch.Tensor, gen_logprobs: torch.Tensor, advantages: 
             mean_ratio=float((ratio * m).sum().item()) / safe if count else 1.0,
             approx_kl=float((-log_ratio * m).sum().item()) / safe,
             num_tokens=count,
+            kl_reference=float((kl * m).sum().item()) / safe if kl is not None else 0.0,
         )
     return loss, stats
+
+
+def kl_estimate(log_ratio: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from log_ratio = log pi - log pi_ref at tokens sampled from pi
+    (Schulman, "Approximating KL divergence", 2020): k1 is unbiased but can be negative, k2 and k3 are not negative
+    and k3 is unbiased."""
+    if estimator == "k1":
+        return log_ratio
+    if estimator == "k2":
+        return 0.5 * log_ratio.square()
+    if estimator == "k3":
+        return torch.exp(-log_ratio) + log_ratio - 1.0
+    raise ValueError(f"unknown kl_estimator {estimator!r}")
 
 
 def _importance_log_ratio(log_ratio: torch.Tensor, keep: torch.Tensor, level: str) -> torch.Tensor:

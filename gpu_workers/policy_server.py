@@ -14,6 +14,8 @@ import asyncio
 import contextlib
 import gc
 import logging
+import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -27,6 +29,7 @@ from turnkeep.gpu_workers.policy_errors import RequestError, WeightsUnavailable
 from turnkeep.gpu_workers.policy_http import build_app
 from turnkeep.gpu_workers.policy_participant import PolicyParticipant, policy_capabilities
 from turnkeep.gpu_workers.vllm_engine import build_engine, generate, stream_sample
+from turnkeep.gpu_workers.vllm_lora import adapter_shapes, engine_lora_args, refit_adapter
 from turnkeep.gpu_workers.vllm_refit import refit_engine
 from turnkeep.gpu_workers.weights_blob import Shapes, check_blob, checkpoint_shapes
 from turnkeep.participants.core import ParticipantCore
@@ -34,6 +37,7 @@ from turnkeep.participants.faults import FaultInjector
 from turnkeep.participants.http_server import ControlAuth
 from turnkeep.primitives.node_address import advertised_host, listen_host
 from turnkeep.schemas.config_services import PolicyServerConfig
+from turnkeep.schemas.config_train import LoraConfig
 from turnkeep.schemas.names import REFIT_HOLDER
 from turnkeep.schemas.policy import (
     CompletionChoice,
@@ -77,18 +81,30 @@ class PolicyServer:
         self.url = ""
         self.tokens_generated = 0
         """Completion tokens this engine generated since it started."""
+        self._lora: LoraConfig | None = None
+        """With `[train.lora] refit = "adapters"`: the policy's adapters, which every refit carries."""
+        self._lora_request: Any = None
+        """The loaded adapters every request names (None: none loaded yet; the base model is the policy)."""
+        self._adapter_dir: Path | None = None
 
     async def start(
-        self, model_dir: str | Path, cfg: PolicyServerConfig, seed: int = 0, control_token: str | None = None
+        self, model_dir: str | Path, cfg: PolicyServerConfig, seed: int = 0, control_token: str | None = None,
+        lora: LoraConfig | None = None,
     ) -> str:
         """Start the engine and the endpoint; return the base URL (http://host:port).
 
-        `control_token` guards the checkpoint routes (None: they refuse every call).
+        `control_token` guards the checkpoint routes (None: they refuse every call). `lora`: serve the policy as
+        these LoRA adapters on the base model, which refits then carry alone (`gpu_workers.vllm_lora`).
         """
         self._cfg = cfg
         self.weight_shapes = checkpoint_shapes(model_dir)
+        lora_args = None
+        if lora is not None:
+            self._lora, lora_args = lora, engine_lora_args(lora)
+            self.weight_shapes = adapter_shapes(self.weight_shapes, lora)
+            self._adapter_dir = Path(tempfile.mkdtemp(prefix="turnkeep-lora-"))
         # Engine start blocks for ~20 s; a thread keeps this loop (Ray, Temporal) live.
-        self._engine = await asyncio.to_thread(build_engine, model_dir, cfg, seed)
+        self._engine = await asyncio.to_thread(build_engine, model_dir, cfg, seed, lora_args=lora_args)
         self._vocab_size = self._engine.model_config.get_vocab_size()
         # The first request pays the engine's lazy setup (its output handler, first batch shapes; on a GPU, more).
         # It runs while the run goes on starting (the environment server, a restore); a weight load waits for it,
@@ -129,6 +145,8 @@ class PolicyServer:
             # are alive, or its __del__ re-runs shutdown at interpreter exit and fails.
             del engine
             gc.collect()
+        if self._adapter_dir is not None:
+            shutil.rmtree(self._adapter_dir, ignore_errors=True)
 
     # -- admission ---------------------------------------------------------------
 
@@ -172,9 +190,8 @@ class PolicyServer:
             if not self.weights_ok:
                 raise WeightsUnavailable(self._unavailable())
             version = self.policy_version
-            sample = await generate(
-                self._engine, req.prompt, req.max_tokens, req.temperature, req.stop_token_ids, req.seed
-            )
+            sample = await generate(self._engine, req.prompt, req.max_tokens, req.temperature, req.stop_token_ids,
+                                    req.seed, lora_request=self._lora_request)
             if self.policy_version != version:
                 # Cannot happen while refits drain first; refuse rather than mislabel.
                 raise RuntimeError(f"policy version moved from {version} to {self.policy_version} mid-call")
@@ -205,7 +222,8 @@ class PolicyServer:
         # vLLM reports every few tokens, never more than the line needs; `stream_chunk_s` is checked at each report.
         every = min(req.stream_chunk_tokens, STREAM_STEPS_MAX)
         async for sample in stream_sample(self._engine, req.prompt, req.max_tokens, req.temperature,
-                                          req.stop_token_ids, req.seed, every_tokens=every):
+                                          req.stop_token_ids, req.seed, every_tokens=every,
+                                          lora_request=self._lora_request):
             finish_reason = sample.finish_reason or finish_reason
             self.tokens_generated += len(sample.token_ids)
             token_ids += sample.token_ids
@@ -265,7 +283,10 @@ class PolicyServer:
             try:
                 await self.gate.drain(drain_timeout_s)
                 try:
-                    await refit_engine(self._engine, blob)
+                    if self._lora is None:
+                        await refit_engine(self._engine, blob)
+                    else:
+                        self._lora_request = await refit_adapter(self._engine, self._adapter_dir, blob, self._lora)
                 except BaseException:
                     # The gate still reopens (no hold outlives its owner), but calls
                     # get 503 until a load succeeds instead of mislabelled tokens.

@@ -35,7 +35,10 @@ from torch.distributed.checkpoint.state_dict import (
 from transformers import AutoModelForCausalLM
 
 from turnkeep.gpu_workers.grpo import PackedBatch, token_logprobs
+from turnkeep.gpu_workers.lora import adapter_state, merged_state, scaling, with_lora
 from turnkeep.gpu_workers.policy_loss import policy_loss, token_entropy, token_weights
+from turnkeep.gpu_workers.reference_policy import ReferencePolicy
+from turnkeep.gpu_workers.sharding import shard_model
 from turnkeep.schemas.choices import Device
 from turnkeep.schemas.config import TrainConfig
 from turnkeep.schemas.config_algorithm import AlgorithmConfig
@@ -82,17 +85,32 @@ class RankCompute:
         if self.device.type == "cuda" and self.ranks > 1:
             torch.cuda.set_device(self.device)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype]).to(self.device)
+        self.lora = cfg.lora if cfg.lora.rank else None
+        if self.lora:
+            self.model = with_lora(self.model, self.lora)
+        # With LoRA, checkpoints hold the adapters and their optimizer state; the frozen base is the model folder's.
+        self._state_options = StateDictOptions(ignore_frozen_params=self.lora is not None)
         if cfg.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
             self.model.config.use_cache = False
+            if self.lora:
+                self.model.enable_input_require_grads()  # the frozen embeddings' output must carry a gradient
         if self.ranks > 1:
-            _shard(self.model, self.device.type, self.ranks)
+            shard_model(self.model, self.device.type, self.ranks)
         self.model.train()
         self.autocast = self.device.type == "cuda" and cfg.autocast_bf16 and DTYPES[dtype] == torch.float32
         self.pad_id = self.model.config.pad_token_id or 0
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        trained = [parameter for parameter in self.model.parameters() if parameter.requires_grad]
+        self.optimizer = torch.optim.AdamW(trained, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self._proximal: list[torch.Tensor] = []
         """With `algorithm.tis_cap`: each micro-batch's logprobs before the step's update (its first pass)."""
+        self.reference = None
+        if self._algorithm.kl_coef:
+            self.reference = ReferencePolicy(Path(self._algorithm.reference_path or model_dir), DTYPES[dtype],
+                                             self.device, self.ranks, temperature, self._autocast)
+        self._reference_in_loss = self.reference is not None and self._algorithm.kl_in == "loss"
+        self._reference_lps: list[torch.Tensor] = []
+        """With the KL in the loss: each micro-batch's reference logprobs (computed in the step's first pass)."""
 
     def backward(self, batch: PackedBatch | None, total_tokens: int, micro_batches: int,
                  total_rows: int | None = None, first_pass: bool = True) -> dict:
@@ -108,19 +126,20 @@ class RankCompute:
         size = max(math.ceil(rows / micro_batches), 1)
         proximal = self._algorithm.tis_cap is not None
         if first_pass:
-            self._proximal = []
+            self._proximal, self._reference_lps = [], []
         sums = {"loss": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "engine_mismatch_mean": 0.0,
-                "engine_mismatch_max": 0.0}
+                "engine_mismatch_max": 0.0, "kl_reference": 0.0}
         for index in range(micro_batches):
             if batch is None or index * size >= rows:
-                if proximal and first_pass:
-                    self._empty_pass(grad=False)
+                if first_pass:
+                    self._join_before_update()
                 self._empty_pass()
                 continue
             micro = batch.rows(index * size, (index + 1) * size).to(self.device)
-            if proximal and first_pass:
-                self._proximal.append(self._logprobs_without_grad(micro))
-            loss, stats, mismatch = self._micro_loss(micro, self._proximal[index] if proximal else None,
+            if first_pass:
+                self._remember_before_update(micro)
+            reference = self._reference_lps[index] if self._reference_in_loss else None
+            loss, stats, mismatch = self._micro_loss(micro, self._proximal[index] if proximal else None, reference,
                                                      total_rows, total_tokens)
             # FSDP2 averages the ranks' gradients; each rank's loss is a share of the step's (normalised by the
             # whole step's token count), so the shares must add up instead: scaled here, since gloo has no
@@ -129,12 +148,34 @@ class RankCompute:
             sums["loss"] += loss.item()
             sums["clip_frac"] += stats.clip_fraction * stats.num_tokens / total_tokens
             sums["approx_kl"] += stats.approx_kl * stats.num_tokens / total_tokens
+            sums["kl_reference"] += stats.kl_reference * stats.num_tokens / total_tokens
             if mismatch is not None:
                 sums["engine_mismatch_mean"] += mismatch[0] / total_tokens
                 sums["engine_mismatch_max"] = max(sums["engine_mismatch_max"], mismatch[1])
         if not proximal:
             del sums["engine_mismatch_mean"], sums["engine_mismatch_max"]
+        if not self._reference_in_loss:
+            del sums["kl_reference"]
         return sums
+
+    def _remember_before_update(self, micro: PackedBatch) -> None:
+        """What the step's later passes reuse, computed before its update: the proximal and reference logprobs."""
+        if self._algorithm.tis_cap is not None:
+            self._proximal.append(self._logprobs_without_grad(micro))
+        if self._reference_in_loss:
+            self._reference_lps.append(self.reference.logprobs(micro))
+
+    def _join_before_update(self) -> None:
+        """`_remember_before_update`'s forwards on no rows, joining the other ranks' collectives."""
+        if self._algorithm.tis_cap is not None:
+            self._empty_pass(grad=False)
+        if self._reference_in_loss:
+            self.reference.join()
+
+    def reference_kl(self, batch: PackedBatch | None, micro_batches: int) -> tuple[list[float], int]:
+        """With the KL in the reward: per row of this rank's share, its summed KL estimate against the reference,
+        and the tokens counted (`ReferencePolicy.row_kl`)."""
+        return self.reference.row_kl(batch, micro_batches, self._algorithm.kl_estimator)
 
     def _logprobs_without_grad(self, micro: PackedBatch) -> torch.Tensor:
         """The trainer's own logprobs of the micro-batch's tokens before this step's update (the proximal policy)."""
@@ -142,7 +183,8 @@ class RankCompute:
             logits = self.model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits
             return token_logprobs(logits.float(), micro.input_ids, temperature=self._temperature)
 
-    def _micro_loss(self, micro: PackedBatch, proximal: torch.Tensor | None, total_rows: int, total_tokens: int):
+    def _micro_loss(self, micro: PackedBatch, proximal: torch.Tensor | None, reference: torch.Tensor | None,
+                    total_rows: int, total_tokens: int):
         """(loss, stats, (sum, max) of |trainer - engine| log-ratios or None): the policy loss of one micro-batch;
         with proximal logprobs the ratio is taken against them and each token is weighted by its truncated
         importance weight min(pi_proximal / pi_engine, tis_cap)."""
@@ -153,13 +195,13 @@ class RankCompute:
         weights = token_weights(micro.loss_mask, self._algorithm, total_rows, total_tokens)
         if proximal is None:
             loss, stats = policy_loss(logprobs, micro.gen_logprobs, micro.advantages, micro.loss_mask, weights,
-                                      self._algorithm, entropy)
+                                      self._algorithm, entropy, reference)
             return loss, stats, None
         keep = micro.loss_mask.to(torch.bool)
         log_ratio = torch.where(keep, proximal - micro.gen_logprobs, 0.0)
         weights = weights * log_ratio.exp().clamp(max=self._algorithm.tis_cap)
         loss, stats = policy_loss(logprobs, proximal, micro.advantages, micro.loss_mask, weights, self._algorithm,
-                                  entropy)
+                                  entropy, reference)
         gap = log_ratio.abs()
         return loss, stats, (float(gap.sum().item()), float(gap.max().item()) if keep.any() else 0.0)
 
@@ -188,17 +230,22 @@ class RankCompute:
         self.optimizer.zero_grad(set_to_none=True)
         return (norm if stepped else 0.0), stepped
 
-    def full_state(self) -> dict[str, torch.Tensor]:
+    def full_state(self, adapters_only: bool = False) -> dict[str, torch.Tensor]:
         """The whole model's state dict on rank 0 (every other rank returns an empty one): one parameter at a time
-        is gathered to rank 0's host memory, so no rank ever holds a full copy on its device."""
+        is gathered to rank 0's host memory, so no rank ever holds a full copy on its device. With LoRA, the base
+        model's weights with the adapters merged in, or with `adapters_only` the adapters under peft's names."""
         if self.ranks == 1:
-            return self.model.state_dict()
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_model_state_dict(self.model, options=options)
+            state = self.model.state_dict()
+        else:
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=adapters_only)
+            state = get_model_state_dict(self.model, options=options)
+        if self.lora is None or not state:
+            return state
+        return adapter_state(state) if adapters_only else merged_state(state, scaling(self.lora))
 
     def save(self, directory: Path) -> None:
         """This rank's shard of the weights and AdamW state into `directory/shards` (DCP), and its RNG state."""
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        model_state, optim_state = get_state_dict(self.model, self.optimizer, options=self._state_options)
         with _one_process_is_meant():
             dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(directory / SHARDS))
         rng = {"torch": torch.get_rng_state(), "python": random.getstate(),
@@ -209,11 +256,14 @@ class RankCompute:
     def load(self, directory: Path) -> None:
         """Weights and AdamW state from a DCP folder written by any number of ranks; the RNG of the same rank when
         the checkpoint has one (a rank the writer did not have keeps its seeded RNG)."""
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        model_state, optim_state = get_state_dict(self.model, self.optimizer, options=self._state_options)
         state = {"model": model_state, "optim": optim_state}
         with _one_process_is_meant():
             dcp.load(state, checkpoint_id=str(directory / SHARDS))
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        # With LoRA the frozen base is not in the checkpoint (dcp.load above already refused a missing adapter).
+        options = StateDictOptions(ignore_frozen_params=self.lora is not None, strict=self.lora is None)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=options)
         rng_path = directory / RNG / f"rank_{self.rank}.pt"
         if rng_path.is_file():
             rng = torch.load(rng_path, weights_only=True)
@@ -229,22 +279,3 @@ def _one_process_is_meant():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield
-
-
-def _shard(model: torch.nn.Module, device_type: str, ranks: int) -> None:
-    # only a group of ranks shards: a single rank never loads FSDP
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = init_device_mesh(device_type, (ranks,))
-    for layer in _decoder_layers(model):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-
-
-def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The transformer blocks FSDP2 shards one by one (Hugging Face causal LMs keep them in `model.layers`);
-    a model without them is sharded as one unit."""
-    inner = getattr(model, "model", None)
-    layers = getattr(inner, "layers", None)
-    return list(layers) if isinstance(layers, torch.nn.ModuleList) else []

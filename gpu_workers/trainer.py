@@ -73,12 +73,15 @@ class Trainer:
     async def train_step(self, rows: list[RolloutRow], step: int) -> dict:
         # A group's rows together, so a share of the batch holds whole groups.
         order = {group: i for i, group in enumerate(dict.fromkeys(row.group_id for row in rows))}
-        batch = build_batch(sorted(rows, key=lambda row: order[row.group_id]), self.local.pad_id,
-                            algorithm=self._algorithm)
+        rows = sorted(rows, key=lambda row: order[row.group_id])
+        batch = build_batch(rows, self.local.pad_id, algorithm=self._algorithm)
         shares = split_by_group(batch, self.ranks.size)
         passes = micro_batch_count(shares, self._cfg.micro_batch_rows)
-        backward_args = [(share, batch.num_loss_tokens, passes, len(batch.group_ids)) for share in shares]
         totals = {"loss": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "grad_norm": 0.0, "hold_wait_s": 0.0}
+        if self._algorithm.kl_coef and self._algorithm.kl_in == "reward":
+            batch, totals["kl_reference"] = await self._with_kl_in_rewards(rows, shares, passes)
+            shares = split_by_group(batch, self.ranks.size)
+        backward_args = [(share, batch.num_loss_tokens, passes, len(batch.group_ids)) for share in shares]
         skipped = 0
         compute_s = 0.0
         for index in range(self._cfg.passes_per_batch):
@@ -98,9 +101,10 @@ class Trainer:
             norm, stepped = (await self.ranks.all("optimizer_step"))[0]
             skipped += not stepped
             totals["grad_norm"] += norm / self._cfg.passes_per_batch
-            for key in ("loss", "clip_frac", "approx_kl"):
+            for key in ("loss", "clip_frac", "approx_kl", "kl_reference"):
                 # Each rank's share is already normalised by the whole step's token count: the shares add up.
-                totals[key] += sum(stats[key] for stats in per_rank) / self._cfg.passes_per_batch
+                if key in per_rank[0]:
+                    totals[key] = totals.get(key, 0.0) + sum(s[key] for s in per_rank) / self._cfg.passes_per_batch
         self.policy_version += 1
         self.step = step
         return {**{k: round(v, 5) for k, v in totals.items()}, "compute_s": round(compute_s, 3),
@@ -108,17 +112,41 @@ class Trainer:
                 "policy_version": self.policy_version, "tokens": batch.num_loss_tokens,
                 "truncated_rows": sum(row.truncated for row in rows)}
 
+    async def _with_kl_in_rewards(self, rows: list[RolloutRow], shares, passes: int) -> tuple:
+        """(the batch again, each row's reward less kl_coef x its summed KL estimate against the reference; the
+        mean estimate per token): the ranks compute the rows' KL on their shares first, as the advantages need it."""
+        per_rank = await self.ranks.all("reference_kl", [(share, passes) for share in shares])
+        sums = [value for rank_sums, _ in per_rank for value in rank_sums]
+        tokens = sum(count for _, count in per_rank)
+        penalties = [-self._algorithm.kl_coef * value for value in sums]
+        batch = build_batch(rows, self.local.pad_id, algorithm=self._algorithm, reward_shaping=penalties)
+        return batch, sum(sums) / max(tokens, 1)
+
+    def _lora_identity(self) -> dict | None:
+        """What a checkpoint records of `[train.lora]`: what its adapters are (None: full weights). An export
+        merges them with its alpha / rank."""
+        lora = self.local.lora
+        return None if lora is None else {"rank": lora.rank, "alpha": lora.alpha,
+                                          "target_modules": list(lora.target_modules)}
+
     async def weights_blob(self, dtype: str | None = None) -> bytes:
-        """The state dict as safetensors bytes, under the names the model directory uses, cast to `dtype`
-        (the policy server's). With one rank it is cast on the device before it is copied to host memory; with
+        """The state dict as safetensors bytes, under the names the model directory uses (with LoRA, the adapters
+        merged in; or, with `train.lora.refit = "adapters"`, the adapters alone), cast to `dtype` (the policy
+        server's). With one rank it is cast on the device before it is copied to host memory; with
         several, rank 0 gathers it one parameter at a time into host memory."""
-        state = (await self.ranks.all("full_state"))[0]
+        adapters_only = self._cfg.lora.rank is not None and self._cfg.lora.refit == "adapters"
+        state = (await self.ranks.all("full_state", [(adapters_only,)] * self.ranks.size))[0]
         return await asyncio.to_thread(pack_state_dict, state, DTYPES[dtype] if dtype else None)
 
     async def load_checkpoint(self, directory: Path, step: int) -> int:
         """Continue at train step `step` from `save_checkpoint`'s output, written by any number of ranks: weights,
         optimizer moments, RNG and version; returns the version."""
         state = orjson.loads((directory / TRAINER_STATE).read_bytes())
+        written, ours = state.get("lora"), self._lora_identity()
+        if written != ours:
+            raise ValueError(f"the trainer checkpoint {directory} was written with {_lora_words(written)} and this "
+                             f"run has {_lora_words(ours)}; a checkpoint loads only into the same [train.lora]: set "
+                             "it as the run that wrote it did")
         await self.ranks.all("load", [(directory,)] * self.ranks.size)
         self.policy_version = int(state["policy_version"])
         self.step = step
@@ -129,5 +157,12 @@ class Trainer:
         directory.mkdir(parents=True, exist_ok=True)
         await self.ranks.all("save", [(directory,)] * self.ranks.size)
         atomic_write_json(directory / TRAINER_STATE, {"policy_version": self.policy_version,
-                                                      "ranks": self.ranks.size})
+                                                      "ranks": self.ranks.size, "lora": self._lora_identity()})
         await asyncio.to_thread(fsync_tree, directory)
+
+
+def _lora_words(lora: dict | None) -> str:
+    if lora is None:
+        return "full weights (no train.lora.rank)"
+    return (f"LoRA adapters (train.lora rank {lora['rank']}, alpha {lora['alpha']}, target_modules "
+            f"{lora['target_modules']})")

@@ -51,7 +51,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -120,8 +120,10 @@ def _patched_env(values: dict[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def build_engine(model_dir: str | Path, cfg: PolicyServerConfig, seed: int = 0, dtype: str = "float32") -> AsyncLLM:
-    """Start an `AsyncLLM` for the model directory (about 20 s on 2 cores).
+def build_engine(model_dir: str | Path, cfg: PolicyServerConfig, seed: int = 0, dtype: str = "float32",
+                 lora_args: dict | None = None) -> AsyncLLM:
+    """Start an `AsyncLLM` for the model directory (about 20 s on 2 cores); `lora_args`: room for the policy's
+    LoRA adapter (`vllm_lora.engine_lora_args`).
 
     On a GPU, `gpu_memory_utilization` (when set) sizes the KV cache from the device's
     free memory; otherwise `kv_cache_memory_bytes` does, as on the CPU backend.
@@ -146,6 +148,7 @@ def build_engine(model_dir: str | Path, cfg: PolicyServerConfig, seed: int = 0, 
         enable_prefix_caching=True,
         disable_log_stats=True,
         **({"distributed_executor_backend": "uni"} if one_process_executor(cfg) else {}),
+        **(lora_args or {}),
     )
     with _patched_env(engine_env(cfg)):
         return AsyncLLM.from_engine_args(args)
@@ -186,11 +189,14 @@ async def generate(
     temperature: float,
     stop_token_ids: list[int],
     seed: int | None,
+    lora_request: Any = None,
 ) -> Sample:
-    """Sample one completion with the sampled tokens' logprobs (FINAL_ONLY: one output per request)."""
+    """Sample one completion with the sampled tokens' logprobs (FINAL_ONLY: one output per request); with
+    `lora_request`, from the policy's LoRA adapter."""
     params = _sampling(max_tokens, temperature, stop_token_ids, seed, RequestOutputKind.FINAL_ONLY)
     final = None
-    async for out in engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, uuid.uuid4().hex):
+    async for out in engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, uuid.uuid4().hex,
+                                     lora_request=lora_request):
         final = out
     if final is None:
         raise RuntimeError("vLLM returned no output")
@@ -207,6 +213,7 @@ async def stream_sample(
     stop_token_ids: list[int],
     seed: int | None,
     every_tokens: int = 1,
+    lora_request: Any = None,
 ) -> AsyncIterator[Sample]:
     """Sample one completion as it is generated: each item holds only the new tokens (DELTA outputs) of at least
     `every_tokens` steps (the first token and the last ones come at once), the last item its finish reason (the
@@ -215,7 +222,8 @@ async def stream_sample(
     # step: with 64 turns streaming, per-step outputs cost the policy server's process half again its CPU.
     params = _sampling(max_tokens, temperature, stop_token_ids, seed, RequestOutputKind.DELTA,
                        stream_interval=every_tokens)
-    async for out in engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, uuid.uuid4().hex):
+    async for out in engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, uuid.uuid4().hex,
+                                     lora_request=lora_request):
         choice = out.outputs[0]
         token_ids, logprobs = _tokens_and_logprobs(choice)
         yield Sample(token_ids, logprobs, (choice.finish_reason or "length") if out.finished else "", choice.text)

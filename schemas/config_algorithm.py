@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, PrivateAttr, model_validator
 
-from turnkeep.schemas.config_base import StrictModel
+from turnkeep.schemas.config_base import ModelPath, StrictModel
 
 
 class AlgorithmConfig(StrictModel):
@@ -56,6 +56,22 @@ class AlgorithmConfig(StrictModel):
     """Dynamic sampling (DAPO): a complete group whose rewards are all equal carries no signal; discard it (reason
     `zero_signal`, counted in metrics.jsonl's `groups_discarded_total`) and fill the step with other groups."""
 
+    kl_coef: float = Field(default=0.0, ge=0)
+    """KL to a frozen reference policy (0: off, and no reference is loaded): the reference's logprobs are computed
+    in the trainer, on every rank, sharded like the policy. Checkpoints leave it out; it is loaded again from its
+    folder."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """Per-token estimate of KL(pi || pi_ref) from d = log pi - log pi_ref: `k1` = d, `k2` = d^2 / 2, `k3` =
+    exp(-d) + d - 1 (Schulman's estimators; k3 is GRPO's and TRL's)."""
+    kl_in: Literal["loss", "reward"] = "loss"
+    """`loss`: kl_coef x the estimate of the current policy against the reference, per token, added to the policy
+    loss (GRPO, TRL's beta); `reward`: kl_coef x the sum of the estimate over a row's tokens, of the policy that
+    generated it against the reference, taken from its reward before the advantages (PPO-RLHF, verl's
+    use_kl_in_reward)."""
+    reference_path: ModelPath | None = None
+    """The reference model: a folder or a hub id with the policy's tokenizer (None: the run's starting weights,
+    model.path or the tiny model)."""
+
     @model_validator(mode="after")
     def _cispo_clips_above_only(self) -> "AlgorithmConfig":
         if self.policy_loss == "cispo" and self.dual_clip is not None:
@@ -64,6 +80,9 @@ class AlgorithmConfig(StrictModel):
         if self.advantage == "reinforce_pp" and self.scale_rewards != "none":
             raise ValueError("algorithm.advantage = \"reinforce_pp\" already normalises over the batch; leave "
                              "scale_rewards = \"none\"")
+        if self.reference_path is not None and not self.kl_coef:
+            raise ValueError("algorithm.reference_path is set but algorithm.kl_coef = 0, so no reference is used: "
+                             "set kl_coef > 0, or remove reference_path")
         return self
 
     def resolved(self, clip_eps: float, max_tokens: int) -> "AlgorithmConfig":

@@ -3,10 +3,29 @@ trainer computes."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from turnkeep.schemas.choices import Device
 from turnkeep.schemas.config_base import StrictModel
+
+
+class LoraConfig(StrictModel):
+    rank: int | None = Field(default=None, ge=1)
+    """LoRA's rank r (None: train every weight). With a rank the trainer trains low-rank adapters only (`peft`):
+    checkpoints hold the adapters and their optimizer state, the base weights are reloaded from the model folder,
+    and an export merges the adapters into them."""
+    alpha: float = Field(default=16.0, gt=0)
+    """LoRA's alpha: an adapter's update is scaled by alpha / rank."""
+    target_modules: list[str] = Field(default=["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1)
+    """The linear layers that get adapters, by their name in the model (checked against the model's weights at
+    start)."""
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    """Dropout on the adapters' input during training."""
+    refit: Literal["merged", "adapters"] = "merged"
+    """What a refit sends the policy engines: the weights with the adapters merged in (`merged`: the engines run
+    the plain model), or the adapters alone (`adapters`: the engines serve them as a vLLM LoRA)."""
 
 
 class TrainConfig(StrictModel):
@@ -44,6 +63,8 @@ class TrainConfig(StrictModel):
     """Trainer processes in one torch.distributed group (gloo on the CPU, NCCL on CUDA), placed by Ray: the model,
     its gradients and AdamW state are sharded across them with FSDP2 and each step's groups are split between them.
     A checkpoint written with one rank count restores with any other."""
+    lora: LoraConfig = LoraConfig()
+    """`[train.lora]`: train low-rank adapters instead of every weight (off unless `rank` is set)."""
     max_rebuilds: int = Field(default=3, ge=0)
     """A trainer (any of its ranks) that dies is replaced, and the run restores into the new one by itself, keeping
     its policy engines and environment servers. The run stops with one line only when this many rebuilds in a row

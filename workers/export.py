@@ -1,6 +1,6 @@
 """`turnkeep export`: a trainer checkpoint of a run directory as a Hugging Face model folder that transformers'
-`from_pretrained` and vLLM load: the checkpoint's weights (`gpu_workers.hf_export`) in the run's `model.dtype`,
-beside the config, tokenizer files, chat template and generation config of the model folder the run trained from.
+`from_pretrained` and vLLM load: the checkpoint's weights (`gpu_workers.hf_export`) in the run's `model.dtype`
+(a LoRA run's adapters merged into the base model's weights), beside the config, tokenizer files, chat template and generation config of the model folder the run trained from.
 
 Nothing is ever half-written: the folder is built in a staging folder beside `--out` and renamed to it only when
 complete (fsynced first); a failure or an interrupt removes the staging folder. `--out` must not exist yet, or be
@@ -15,6 +15,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
+from safetensors.torch import load_file
+
 from turnkeep.gpu_workers.hf_export import (
     DEFAULT_SHARD_SIZE,
     CheckpointUnreadable,
@@ -26,8 +29,10 @@ from turnkeep.gpu_workers.hf_export import (
     weight_shapes,
     write_weights,
 )
+from turnkeep.gpu_workers.lora import is_adapter_key, merge_into
 from turnkeep.gpu_workers.rank_compute import SHARDS
 from turnkeep.gpu_workers.tiny_model.recipe import RECIPE_FILE
+from turnkeep.gpu_workers.trainer import TRAINER_STATE
 from turnkeep.primitives.atomic_files import publish_dir, staging_dir
 from turnkeep.workers.export_source import ExportRefused, ExportSource, export_source, other_steps
 
@@ -101,6 +106,8 @@ def _copy_model_files(model_dir: Path, staging: Path) -> None:
 def _write_weights(source: ExportSource, staging: Path, max_shard_size: int | str) -> None:
     try:
         state = read_model_state(source.checkpoint / "trainer" / SHARDS)
+        if any(is_adapter_key(name) for name in state):
+            state = _adapters_merged(source, state)
         weights = fit_to_model(state, weight_shapes(source.model_dir), source.dtype, source.model_dir)
     except CheckpointUnreadable as err:
         raise ExportRefused(f"trainer checkpoint {source.checkpoint} cannot be read: {err}. "
@@ -110,6 +117,22 @@ def _write_weights(source: ExportSource, staging: Path, max_shard_size: int | st
                             f"{other_steps(source.checkpoint.parents[1], source.step)}") from None
     del state
     write_weights(weights, staging, max_shard_size)
+
+
+def _adapters_merged(source: ExportSource, adapters: dict) -> dict:
+    """A LoRA checkpoint's adapters merged into the weights of the model folder the run trained from."""
+    lora = orjson.loads((source.checkpoint / "trainer" / TRAINER_STATE).read_bytes()).get("lora")
+    if not lora:
+        raise ExportRefused(f"trainer checkpoint {source.checkpoint} holds LoRA adapters but its {TRAINER_STATE} "
+                            "names no rank and alpha to merge them with. "
+                            f"{other_steps(source.checkpoint.parents[1], source.step)}")
+    base: dict = {}
+    for file in sorted(source.model_dir.glob("*.safetensors")):
+        base.update(load_file(file))
+    try:
+        return merge_into(base, adapters, lora["alpha"] / lora["rank"])
+    except KeyError as err:
+        raise ForeignWeights(f"it holds {err.args[0]} at {source.model_dir}") from None
 
 
 def _publish(staging: Path, out: Path) -> None:

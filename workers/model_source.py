@@ -25,16 +25,22 @@ TRUE_VALUES = {"1", "ON", "YES", "TRUE"}
 
 
 def with_model_resolved(cfg: TurnkeepConfig) -> TurnkeepConfig:
-    """`cfg` with a hub id in `model.path` replaced by its folder in the Hugging Face cache; unchanged when
-    `model.path` is a folder or unset. Raises ConfigError (one line) when the hub id cannot be had."""
-    if not isinstance(cfg.model.path, str):
-        return cfg
-    folder = hub_folder(cfg.model.path, cfg.model.revision)
-    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": folder})})
+    """`cfg` with a hub id in `model.path` (and in `algorithm.reference_path`) replaced by its folder in the Hugging
+    Face cache; unchanged when each is a folder or unset. Raises ConfigError (one line) when a hub id cannot be
+    had."""
+    if isinstance(cfg.model.path, str):
+        folder = hub_folder(cfg.model.path, cfg.model.revision)
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": folder})})
+    reference = cfg.algorithm.reference_path
+    if isinstance(reference, str):
+        folder = hub_folder(reference, None, "algorithm.reference_path")
+        cfg = cfg.model_copy(update={"algorithm": cfg.algorithm.model_copy(update={"reference_path": folder})})
+    return cfg
 
 
-def hub_folder(repo_id: str, revision: str | None) -> Path:
-    """The cached snapshot folder of `repo_id` at `revision` (fetched first when online and missing)."""
+def hub_folder(repo_id: str, revision: str | None, key: str = "model.path") -> Path:
+    """The cached snapshot folder of `repo_id` at `revision` (fetched first when online and missing); errors name
+    the config `key` that gave it."""
     try:
         # A late import: huggingface_hub comes with the trainer's extra, and only a hub id needs it.
         from huggingface_hub import snapshot_download
@@ -47,16 +53,16 @@ def hub_folder(repo_id: str, revision: str | None) -> Path:
             RevisionNotFoundError,
         )
     except ImportError:
-        raise ConfigError(f"model.path = {repo_id!r} is a Hugging Face hub id, and huggingface_hub is not installed; "
-                          "install turnkeep[cpu] or turnkeep[gpu], or set model.path to a local folder") from None
+        raise ConfigError(f"{key} = {repo_id!r} is a Hugging Face hub id, and huggingface_hub is not installed; "
+                          f"install turnkeep[cpu] or turnkeep[gpu], or set {key} to a local folder") from None
     cache, offline = hub_cache_dir(), hub_offline()
-    fix = f"fetch it with `{fetch_command(repo_id, revision)}`, or set model.path to a local folder"
-    named = f"model.path = {repo_id!r}" + ("" if revision is None else f" (model.revision = {revision!r})")
+    fix = f"fetch it with `{fetch_command(repo_id, revision)}`, or set {key} to a local folder"
+    named = f"{key} = {repo_id!r}" + ("" if revision is None else f" (model.revision = {revision!r})")
     try:
         return Path(snapshot_download(repo_id, revision=revision, cache_dir=cache, local_files_only=offline,
                                       allow_patterns=MODEL_FILES))
     except HFValidationError:
-        raise ConfigError(f"{named} is not a valid Hugging Face hub id (org/name); set model.path to a local "
+        raise ConfigError(f"{named} is not a valid Hugging Face hub id (org/name); set {key} to a local "
                           "folder or a hub id") from None
     except RevisionNotFoundError:
         raise ConfigError(f"{named}: the hub has no revision {revision!r} of {repo_id}; set model.revision to a "

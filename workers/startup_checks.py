@@ -11,9 +11,10 @@ from turnkeep.controller.state.prompt_files import check_prompt_file
 from turnkeep.controller.stores.wandb_mirror import WandbUnavailable, check_wandb_installed
 from turnkeep.envs.kinds import local_environments, resolve
 from turnkeep.envs.loading import EnvironmentLoadError
-from turnkeep.gpu_workers.tiny_model.model_files import check_model_files
+from turnkeep.gpu_workers.tiny_model.model_files import check_model_files, unknown_layers, weight_names
 from turnkeep.gpu_workers.tiny_model.transcripts import DemonstrationsError
 from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.schemas.config_train import LoraConfig
 from turnkeep.workers.model_maker import transcript_source
 from turnkeep.workers.ray_cluster.gpu_placement import check_local_gpus
 from turnkeep.workers.ray_cluster.temp_dir import ray_temp_dir
@@ -29,6 +30,10 @@ def check_before_start(cfg: TurnkeepConfig) -> None:
         check_local_gpus(cfg.placement, cfg.policy.engines, cfg.train.ranks)
         if cfg.model.path is not None:  # on a cluster, the node that loads it checks it
             check_model_files(Path(cfg.model.path).expanduser())
+        if cfg.algorithm.reference_path is not None:
+            check_model_files(Path(cfg.algorithm.reference_path).expanduser(), "algorithm.reference_path")
+        if cfg.train.lora.rank and cfg.model.path is not None:
+            check_lora_targets(Path(cfg.model.path).expanduser(), cfg.train.lora)
     if cfg.snapshot.enabled and cfg.temporal.address is None:
         free_port(cfg.temporal.ip)  # the embedded server's address, named before Ray starts and leaves a keeper
     check_rollout_levels(cfg)
@@ -67,3 +72,13 @@ def check_writable_dir(path: Path, setting: str) -> None:
     except OSError as err:
         raise ConfigError(f"{setting} = {path}: cannot write there ({err.strerror}); pick a directory you can write "
                           "to") from None
+
+
+def check_lora_targets(model_dir: Path, lora: LoraConfig) -> None:
+    """Every `train.lora.target_modules` names a layer of the model (read from its weight files' headers)."""
+    names = weight_names(model_dir)
+    missing = unknown_layers(names, list(lora.target_modules))
+    if names and missing:
+        layers = sorted({name.rsplit(".", 2)[-2] for name in names if name.count(".") >= 2})
+        raise ConfigError(f"train.lora.target_modules {missing} name no layer of the model at {model_dir} (its "
+                          f"layers: {', '.join(layers)}); name layers it has")

@@ -74,3 +74,8 @@ def test_only_runs_the_named_benchmarks_in_the_pass_order(tmp_path):
     benchmarks = StandInBenchmarks()
     assert bench_pass(parsed.out, tmp_path / "B.md", parsed.only, run_one=benchmarks) == 0
     assert benchmarks.ran == ["overhead", "ranks", "markdown"]
+
+
+def test_every_benchmark_has_its_row_in_the_docs_table():
+    page = (Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md").read_text()
+    assert [name for name in BENCHMARKS if f"| `{name}` |" not in page] == []

@@ -72,3 +72,15 @@ def _tool_replies(policy: list[str]) -> list[str]:
 def test_demonstrations_need_tasks() -> None:
     with pytest.raises(ValueError, match="makes demonstrations from options.reasoning_gym tasks"):
         demonstrations(random.Random(0), 1, ToolChatOptions())
+
+
+@pytest.mark.parametrize("no_tools", [{"tools": []}, {"max_tool_calls": 0}])
+def test_without_tools_the_demonstrations_answer_directly_and_the_default_ones_are_unchanged(no_tools) -> None:
+    direct = demonstrations(random.Random(0), 200, OPTIONS.model_copy(update=no_tools))
+    assert not any("<tool_call>" in conversation for conversation in direct)
+    assert all(conversation.count("\n") == 2 and "<answer>" in conversation for conversation in direct)
+    with_tools = demonstrations(random.Random(0), 200, OPTIONS)
+    assert sum("<tool_call>" in conversation for conversation in with_tools) > 100
+    # Same draws (the same random numbers taken in the same order): only the tool call is left out.
+    assert [c.split("\n")[0] for c in direct] == [c.split("\n")[0] for c in with_tools]
+    assert [c.rsplit("<answer>", 1)[1] for c in direct] == [c.rsplit("<answer>", 1)[1] for c in with_tools]

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from turnkeep.gpu_workers.policy_loss import policy_loss, token_entropy, token_weights
+from turnkeep.gpu_workers.policy_loss import kl_estimate, policy_loss, token_entropy, token_weights
 from turnkeep.schemas.config_algorithm import AlgorithmConfig
 
 
@@ -83,3 +83,23 @@ def test_the_entropy_bonus_lowers_the_loss_by_coef_times_the_mean_entropy() -> N
     with_bonus = policy_loss(zeros, zeros, torch.tensor([1.0]), mask, weights, algorithm, entropy)[0].item()
     without = policy_loss(zeros, zeros, torch.tensor([1.0]), mask, weights, algorithm)[0].item()
     assert with_bonus == pytest.approx(without - 0.1 * math.log(4))
+
+
+def test_kl_estimators_by_hand_and_the_kl_term_added_to_each_tokens_loss() -> None:
+    d = torch.tensor([0.5, -0.5, 0.0])  # log pi - log pi_ref
+    assert kl_estimate(d, "k1").tolist() == pytest.approx([0.5, -0.5, 0.0])
+    assert kl_estimate(d, "k2").tolist() == pytest.approx([0.125, 0.125, 0.0])
+    assert kl_estimate(d, "k3").tolist() == pytest.approx([math.exp(-0.5) - 0.5, math.exp(0.5) - 1.5, 0.0])
+    algorithm = AlgorithmConfig(kl_coef=0.1).resolved(clip_eps=0.2, max_tokens=16)
+    logprobs = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    mask = torch.ones_like(logprobs)
+    weights = token_weights(mask, algorithm, total_rows=1, total_tokens=2)
+    reference = torch.tensor([[-1.5, -1.5]])
+    loss, stats = policy_loss(logprobs, logprobs.detach(), torch.tensor([1.0]), mask, weights, algorithm,
+                              reference=reference)
+    kl = [math.exp(-0.5) + 0.5 - 1, math.exp(0.5) - 0.5 - 1]
+    assert loss.item() == pytest.approx(-1.0 + 0.1 * sum(kl) / 2)  # ratio 1: -A per token, plus beta x k3
+    assert stats.kl_reference == pytest.approx(sum(kl) / 2)
+    loss.backward()  # d k3 / d log pi = 1 - exp(-d)
+    assert logprobs.grad[0].tolist() == pytest.approx([(-1 + 0.1 * (1 - math.exp(-0.5))) / 2,
+                                                       (-1 + 0.1 * (1 - math.exp(0.5))) / 2])

@@ -55,7 +55,8 @@ def _gradients(trainer: Trainer, rows: list[RolloutRow]) -> dict[str, torch.Tens
     {"policy_loss": "cispo", "importance_level": "sequence", "loss_agg": "constant", "entropy_coef": 0.01},
     {"advantage": "reinforce_pp", "loss_agg": "seq_mean_token_sum", "dual_clip": 3.0},
     {"tis_cap": 2.0, "loss_agg": "seq_mean_token_mean"},
-], ids=["default", "grpo-seq-mean", "cispo-gspo-entropy", "reinforce-pp-dual-clip", "tis"])
+    {"kl_coef": 0.5, "kl_estimator": "k2", "loss_agg": "seq_mean_token_sum"},
+], ids=["default", "grpo-seq-mean", "cispo-gspo-entropy", "reinforce-pp-dual-clip", "tis", "kl-loss"])
 def test_micro_batches_accumulate_to_the_whole_batch_gradient(model_dir, algorithm):
     whole = _gradients(_trainer(model_dir, algorithm), _rows())
     split = _gradients(_trainer(model_dir, algorithm, micro_batch_rows=1), _rows())
@@ -78,6 +79,50 @@ def test_truncated_importance_sampling_reports_the_engine_trainer_mismatch(model
         logits = trainer.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     expected = token_logprobs(logits, batch.input_ids)  # the proximal logprobs: the trainer's before the update
     torch.testing.assert_close(trainer.local._proximal[0], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_reference_starts_as_the_policy_is_reloaded_not_checkpointed_and_gives_the_same_loss(model_dir, tmp_path):
+    rows = _rows()
+    trainer = _trainer(model_dir, {"kl_coef": 0.1}, passes_per_batch=1)
+    batch = build_batch(rows, 0, algorithm=trainer._algorithm)
+    with torch.no_grad():
+        logits = trainer.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    torch.testing.assert_close(trainer.local.reference.logprobs(batch), token_logprobs(logits, batch.input_ids))
+    first = asyncio.run(trainer.train_step(rows, 1))
+    assert first["kl_reference"] == pytest.approx(0.0, abs=1e-6)  # step 0's policy is the reference: KL 0
+    assert asyncio.run(trainer.train_step(rows, 2))["kl_reference"] > 0
+    asyncio.run(trainer.save_checkpoint(tmp_path / "kl"))
+    plain = _trainer(model_dir)
+    asyncio.run(plain.save_checkpoint(tmp_path / "plain"))
+    assert _checkpoint_keys(tmp_path / "kl") == _checkpoint_keys(tmp_path / "plain")  # no reference tensor in it
+
+    restored = _trainer(model_dir, {"kl_coef": 0.1})
+    asyncio.run(restored.load_checkpoint(tmp_path / "kl", step=2))
+    losses = [t.local.backward(batch, batch.num_loss_tokens, 1, len(rows)) for t in (trainer, restored)]
+    assert losses[0]["kl_reference"] > 0
+    assert losses[1] == pytest.approx(losses[0], rel=1e-6)
+
+
+def test_kl_in_the_reward_takes_each_rows_kl_from_its_reward_before_the_advantages(model_dir):
+    rows = _rows()
+    trainer = _trainer(model_dir, {"kl_coef": 0.5, "kl_in": "reward", "kl_estimator": "k1"})
+    batch = build_batch(rows, 0, algorithm=trainer._algorithm)
+    sums, tokens = trainer.local.reference_kl(batch, 2)
+    # k1 of the made-up engine logprobs (-1.5) against the reference's, over each row's generated tokens
+    assert len(sums) == len(rows) and tokens == batch.num_loss_tokens and len(set(sums)) > 1
+    shaped = build_batch(rows, 0, algorithm=trainer._algorithm, reward_shaping=[-0.5 * kl for kl in sums])
+    stats = asyncio.run(trainer.train_step(rows, 1))
+    assert stats["kl_reference"] == pytest.approx(sum(sums) / tokens, rel=1e-5)
+    assert not torch.allclose(shaped.advantages, batch.advantages)
+    plain = build_batch(rows, 0, algorithm=AlgorithmConfig())
+    sibling_kl = torch.tensor([sums[i ^ 1] for i in range(len(sums))])  # groups of two: the leave-one-out baseline
+    expected = plain.advantages - 0.5 * (torch.tensor(sums) - sibling_kl)
+    torch.testing.assert_close(shaped.advantages, expected, rtol=1e-5, atol=1e-5)
+
+
+def _checkpoint_keys(directory) -> set[str]:
+    import torch.distributed.checkpoint as dcp  # late: only these tests read a checkpoint's metadata
+    return set(dcp.FileSystemReader(str(directory / "shards")).read_metadata().state_dict_metadata)
 
 
 def test_a_non_finite_gradient_skips_the_optimizer_step_and_leaves_the_weights(model_dir):

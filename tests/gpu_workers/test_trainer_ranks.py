@@ -1,6 +1,7 @@
 """Two trainer ranks in real processes (the trainer's and a `TrainerRankActor`, a gloo group on the CPU, the model
 sharded with FSDP2) train as one rank does; their sharded checkpoints restore at the other size; a hold keeps
-every rank from stepping; a damaged shard is named and its checkpoint skipped.
+every rank from stepping; a damaged shard is named and its checkpoint skipped. Both trainers have a KL term against a
+reference (`algorithm.kl_coef`), sharded over the two ranks like the policy and reloaded, not restored.
 
 Tolerance: the two ranks' gradients are summed by a reduce-scatter, the one rank's in one backward pass: the same
 float32 terms added in another order, about 1e-7 apart relative to the terms. AdamW moves each weight by about
@@ -45,7 +46,8 @@ def trainers(stack, stack_config):
 
     actors = {}
     for ranks in (1, 2):
-        cfg = stack_config.model_copy(update={"train": stack_config.train.model_copy(update={"ranks": ranks})})
+        cfg = stack_config.model_copy(update={"train": stack_config.train.model_copy(update={"ranks": ranks}),
+                                              "algorithm": stack_config.algorithm.model_copy(update={"kl_coef": 0.05})})
         actor = TrainerActor.options(num_gpus=0).remote()
         ray.get(actor.setup.remote(str(stack.model_dir), cfg.model_dump_json()))
         actors[ranks] = actor
@@ -86,8 +88,9 @@ def test_two_ranks_train_as_one_and_restore_each_others_checkpoints(trainers, tm
     assert ray.get(one.load_checkpoint.remote(str(tmp_path / "by_two"), 2)) == 2
     assert_weights(weights(two), weights(one), atol=0)
     third = _rows(3)
-    step(one, third), step(two, third)  # the AdamW moments came along: the next step agrees too
+    by_one, by_two = step(one, third), step(two, third)  # the AdamW moments came along: the next step agrees too
     assert_weights(weights(one), weights(two), ATOL)
+    assert by_one["kl_reference"] > 0 and by_two["kl_reference"] == pytest.approx(by_one["kl_reference"], rel=1e-4)
 
     # 1 -> 2: now the one rank goes ahead, and the two ranks load its checkpoint.
     step(one, _rows(4))

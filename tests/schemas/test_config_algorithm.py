@@ -15,6 +15,8 @@ from turnkeep.schemas.config import TurnkeepConfig
     ({"advantage": "gae"}, "'rloo', 'grpo' or 'reinforce_pp'"),
     ({"policy_loss": "cispo", "dual_clip": 3.0}, "dual_clip applies to policy_loss = \"ppo_clip\""),
     ({"advantage": "reinforce_pp", "scale_rewards": "group"}, "already normalises over the batch"),
+    ({"reference_path": "/models/base"}, "reference_path is set but algorithm.kl_coef = 0"),
+    ({"kl_coef": 0.1, "kl_estimator": "k4"}, "'k1', 'k2' or 'k3'"),
 ])
 def test_a_bad_setting_is_refused_with_the_reason(settings: dict, reason: str) -> None:
     with pytest.raises(ValidationError) as refused:

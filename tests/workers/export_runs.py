@@ -42,22 +42,26 @@ class MadeRun:
     """The trainer's logprobs of `prompt_ids[1:]` with the checkpoint's weights."""
 
 
-def run_config(root: Path, model_path: Path | None = None, dtype: str = "float32") -> TurnkeepConfig:
+def run_config(root: Path, model_path: Path | None = None, dtype: str = "float32",
+               lora: dict | None = None) -> TurnkeepConfig:
     model = {"cache_dir": str(root / "models"), "tiny": TINY.model_dump(), "dtype": dtype}
     if model_path is not None:
         model["path"] = str(model_path)
-    return TurnkeepConfig.model_validate({"run": {"run_dir": str(root / "run"), "seed": 0}, "model": model})
+    return TurnkeepConfig.model_validate({"run": {"run_dir": str(root / "run"), "seed": 0}, "model": model,
+                                          "train": {"lr": LR, "lora": lora or {}}})
 
 
-def make_run(root: Path, ranks: int = 1, model_path: Path | None = None, dtype: str = "float32") -> MadeRun:
-    cfg = run_config(root, model_path, dtype)
+def make_run(root: Path, ranks: int = 1, model_path: Path | None = None, dtype: str = "float32",
+             lora: dict | None = None) -> MadeRun:
+    """`lora`: `[train.lora]` of the run (one rank)."""
+    cfg = run_config(root, model_path, dtype, lora)
     model_dir = model_path or ensure_tiny_model(cfg.model, CalcTranscripts(cfg.task), seed=0, eval_rollouts=0)
     run_dir = cfg.run.run_dir
     run_dir.mkdir(parents=True)
     atomic_write_json(run_dir / "config.json", cfg.model_dump(mode="json"))
     atomic_write_json(run_dir / "run.json", {"run_id": RUN_ID, "incarnation": 1})
     ids = prompt_ids(model_dir)
-    writer = OneRank(model_dir, ids, dtype) if ranks == 1 else SpawnedRanks(model_dir, ids, ranks)
+    writer = OneRank(model_dir, ids, dtype, cfg.train) if ranks == 1 else SpawnedRanks(model_dir, ids, ranks)
     identity = CheckpointIdentity(RUN_ID, fingerprint_fields(cfg))
     asyncio.run(write_trainer_checkpoint(run_dir, 1, writer, {"step": 1}, 3, identity=identity))
     return MadeRun(run_dir, model_dir, 1, ids, writer.logprobs)
@@ -90,13 +94,11 @@ class _Remote:
 
 
 class OneRank:
-    def __init__(self, model_dir: Path, ids: list[int], dtype: str) -> None:
+    def __init__(self, model_dir: Path, ids: list[int], dtype: str, train) -> None:
         from turnkeep.gpu_workers.trainer import Trainer
         from turnkeep.primitives.holds import HoldSet
-        from turnkeep.schemas.config import TrainConfig
 
-        self.trainer = Trainer(model_dir, TrainConfig(lr=LR), dtype, seed=0, temperature=1.0,
-                               hold=HoldSet("trainer"))
+        self.trainer = Trainer(model_dir, train, dtype, seed=0, temperature=1.0, hold=HoldSet("trainer"))
         self.ids = ids
         self.logprobs: torch.Tensor | None = None
         self.save_checkpoint = _Remote(self._train_and_save)

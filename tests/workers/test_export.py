@@ -91,6 +91,20 @@ def test_a_one_rank_checkpoint_exports_to_a_folder_transformers_loads_with_the_t
     assert_trainers_logprobs(out, one_rank, torch.float32, "one rank, float32")
 
 
+def test_a_lora_checkpoint_holds_only_adapters_and_exports_them_merged_into_the_base_weights(tmp_path, capsys):
+    run = make_run(tmp_path / "lora", lora={"rank": 4, "alpha": 32.0})
+    capsys.readouterr()  # transformers' loading bars, while the run's trainer started
+    shards = run.run_dir / "checkpoints" / "step_1" / "trainer" / "shards"
+    from turnkeep.gpu_workers.hf_export import read_model_state
+
+    saved = read_model_state(shards)
+    assert saved and all(".lora_A." in name or ".lora_B." in name for name in saved)
+    out = tmp_path / "hf"
+    code, stdout, errors = export(capsys, run.run_dir, out)
+    assert code == 0 and not errors, errors
+    assert_trainers_logprobs(out, run, torch.float32, "LoRA rank 4, merged")
+
+
 def test_the_export_keeps_the_runs_dtype(tmp_path, capsys):
     run = make_run(tmp_path / "bf16", dtype="bfloat16")
     out = tmp_path / "hf"

@@ -102,6 +102,21 @@ def test_make_model_prints_the_snapshot_folder_of_a_hub_id_from_set_or_the_confi
     assert capsys.readouterr().out.strip() == str(snapshot)
 
 
+def test_the_kl_reference_by_hub_id_is_resolved_and_its_errors_name_its_key(tmp_path, hf_home) -> None:
+    snapshot = _cache_model(hf_home / "hub", "org/reference").resolve()
+    cfg = load_config(TINY_TOML, {"run.run_dir": str(tmp_path / "run"), "algorithm.kl_coef": "0.05",
+                                  "algorithm.reference_path": "org/reference"})
+    resolved = with_model_resolved(cfg)
+    assert resolved.algorithm.reference_path == snapshot and resolved.model.path == cfg.model.path
+    check_before_start(resolved)
+    missing = load_config(TINY_TOML, {"run.run_dir": str(tmp_path / "run"), "algorithm.kl_coef": "0.05",
+                                      "algorithm.reference_path": "org/gone"})
+    with pytest.raises(ConfigError) as err:
+        with_model_resolved(missing)
+    assert str(err.value).startswith("algorithm.reference_path = 'org/gone' is not in the Hugging Face cache")
+    assert str(err.value).endswith("or set algorithm.reference_path to a local folder")
+
+
 @pytest.mark.parametrize("revision", [None, "v1.0"])
 def test_a_hub_id_not_cached_offline_is_one_line_naming_it_and_the_command_that_fetches_it(
         tmp_path, hf_home, revision) -> None:

@@ -40,8 +40,10 @@ class EngineStarter:
     async def begin(self, index: int, actor, restarts: int = 0) -> Engine:
         """Start the created actor's engine and endpoint; it takes no turns until it is live."""
         policy_cfg = self.cfg.policy.model_copy(update={"dtype": self.cfg.policy.dtype or self.cfg.model.dtype})
+        lora = self.cfg.train.lora
+        served = lora.model_dump_json() if lora.rank and lora.refit == "adapters" else None
         url = await actor.start.remote(self.model_dir, policy_cfg.model_dump_json(), self.cfg.run.seed,
-                                       self.control_token)
+                                       self.control_token, served)
         write_pid_file(self.cfg.run.run_dir, engine_pid_role(index), await actor.__ray_call__.remote(_pid_of), url=url)
         if self.identity is not None:
             await actor.stamp.remote({**self.identity, "model_dir": self.model_dir, "url": url, "engine": index})
