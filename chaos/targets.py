@@ -9,6 +9,9 @@
 - `env`, `temporal`: that process alone; the run starts it again and goes on, no restart.
 - `policy` (engine 0), `engine` (one engine of the run's, picked at random): the run routes
   its turns to the other engines, starts a replacement, refits it and goes on, no restart.
+- `freeze-engine`: one engine's vLLM engine core (of an engine picked at random) SIGSTOPped, not killed: its front
+  end still answers HTTP while no token comes. The run's liveness probe (`policy.hang_s`) must notice it, kill the
+  engine's processes and replace it, no restart.
 - `node`: the second node of the chaos run's own two-node Ray cluster (`chaos.local_cluster`), every process
   on it; the run replaces what it lost there (engines) on the node that is left and goes on, no restart. The
   chaos run then starts the node again, so the next `node` kill has one to take.
@@ -33,13 +36,14 @@ from turnkeep.chaos.local_cluster import LocalCluster
 from turnkeep.primitives.pid_files import live_pid, live_pids, live_record
 from turnkeep.primitives.process_tree import kill_tree
 
-TARGETS = ("all", "controller", "trainer", "rank", "policy", "engine", "env", "temporal", "node")
+FREEZE_ENGINE = "freeze-engine"
+TARGETS = ("all", "controller", "trainer", "rank", "policy", "engine", "env", "temporal", FREEZE_ENGINE, "node")
 EVERY = "every"
 NAMED_ONLY = ("rank",)
 """Not in `every`: a `rank` kill needs a run with `train.ranks` > 1, so it is asked for by name."""
 NODE = "node"
 """The one target that needs a cluster of more than one node: a chaos run with it starts its own."""
-REPAIRED_BY_THE_RUN = ("env", "temporal", "policy", "engine", "trainer", "rank", NODE)
+REPAIRED_BY_THE_RUN = ("env", "temporal", "policy", "engine", "trainer", "rank", FREEZE_ENGINE, NODE)
 """Targets the run starts again by itself: no restart follows their kill."""
 STOP_LINE = "turnkeep: the run was stopped"
 
@@ -81,6 +85,8 @@ def kill_target(target: str, run_dir: Path, root_pid: int, rng: random.Random | 
         return Kill(kill_everything(run_dir, root_pid), root_pid)
     if target == NODE:
         return kill_node(run_dir, cluster)
+    if target == FREEZE_ENGINE:
+        return freeze_engine_core(run_dir, rng or random.Random())
     picks = {"engine": ENGINE_ROLE, "rank": RANK_ROLE}
     role = pick_live(run_dir, picks[target], rng or random.Random()) if target in picks else target
     pid = root_pid if target == "controller" else (live_pid(run_dir, role) if role else None)
@@ -91,6 +97,23 @@ def kill_target(target: str, run_dir: Path, root_pid: int, rng: random.Random | 
     except ProcessLookupError:
         return Kill(0, pid, role)
     return Kill(1, pid, role)
+
+
+def freeze_engine_core(run_dir: Path, rng: random.Random) -> Kill:
+    """SIGSTOP the engine core of one engine picked at random; the Kill names the engine's actor (its pid file),
+    whose replacement is the repair."""
+    role = pick_live(run_dir, ENGINE_ROLE, rng)
+    actor = live_pid(run_dir, role) if role else None
+    if actor is None:
+        return Kill(0, None, role)
+    try:
+        cores = [p for p in psutil.Process(actor).children(recursive=True)
+                 if "VLLM::EngineCore" in " ".join(p.cmdline())]
+        for core in cores:
+            core.send_signal(signal.SIGSTOP)
+    except psutil.Error:
+        return Kill(0, actor, role)
+    return Kill(len(cores), actor, role)
 
 
 def kill_node(run_dir: Path, cluster: LocalCluster | None) -> Kill:

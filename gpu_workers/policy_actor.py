@@ -9,6 +9,7 @@ The config travels as JSON so the actor needs no pickled pydantic objects.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import ray
@@ -59,6 +60,17 @@ class PolicyActor(RunMember):
 
     async def health(self) -> dict[str, Any]:
         return self._server.health()
+
+    async def liveness(self, timeout_s: float) -> float | None:
+        """The engine core's answer time to a one-token probe (`PolicyServer.engine_answers`)."""
+        return await self._server.engine_answers(timeout_s)
+
+    async def kill_engine_processes(self) -> int:
+        """SIGKILL every process this actor started (vLLM's engine core and its fork server): a hung engine core
+        cannot be stopped by asking it. Returns how many were killed."""
+        from turnkeep.primitives.process_tree import kill_children  # late: only a hang needs it
+
+        return kill_children(os.getpid())
 
     async def close_admission(self, holder: str, lease_s: float | None = None) -> bool:
         return self._server.close_admission(holder, lease_s=lease_s)

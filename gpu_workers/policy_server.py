@@ -86,6 +86,8 @@ class PolicyServer:
         self._lora_request: Any = None
         """The loaded adapters every request names (None: none loaded yet; the base model is the policy)."""
         self._adapter_dir: Path | None = None
+        self._loading = False
+        """The engine is paused for a weight load (the drain before it is not: in-flight calls still generate)."""
 
     async def start(
         self, model_dir: str | Path, cfg: PolicyServerConfig, seed: int = 0, control_token: str | None = None,
@@ -177,6 +179,21 @@ class PolicyServer:
             "engine": self.engine,
             "tokens_generated": self.tokens_generated,
         }
+
+    async def engine_answers(self, timeout_s: float) -> float | None:
+        """Seconds the engine core took to generate one token for a probe request outside the admission gate (its
+        step progress, not the HTTP front end's): None while it is not asked (stopped, starting, or paused by
+        design to load weights; a refit's drain is asked: a hung core never drains); `timeout_s` or more when it did
+        not answer in time."""
+        if self._engine is None or self._loading or (self._warming is not None and not self._warming.done()):
+            return None
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(generate(self._engine, [0], 1, 1.0, [], 0, lora_request=self._lora_request),
+                                   timeout_s)
+        except TimeoutError:
+            return max(time.monotonic() - started, timeout_s)
+        return time.monotonic() - started
 
     # -- completions ---------------------------------------------------------------
 
@@ -283,6 +300,7 @@ class PolicyServer:
             try:
                 await self.gate.drain(drain_timeout_s)
                 try:
+                    self._loading = True
                     if self._lora is None:
                         await refit_engine(self._engine, blob)
                     else:
@@ -292,6 +310,8 @@ class PolicyServer:
                     # get 503 until a load succeeds instead of mislabelled tokens.
                     self.weights_ok = False
                     raise
+                finally:
+                    self._loading = False
                 self.policy_version = version
                 self.weights_ok = True
                 self._restore_pending = False

@@ -29,7 +29,7 @@ class TrainerRankActor:
         cfg = TurnkeepConfig.model_validate_json(cfg_json)
         device = resolve_device(cfg.train.device)
         await asyncio.to_thread(join_group, address, rank, cfg.train.ranks, device.type,
-                                ray.util.get_node_ip_address())
+                                ray.util.get_node_ip_address(), None, cfg.train.hang_s)
         self._trainer = await asyncio.to_thread(
             RankCompute, Path(model_dir), cfg.train, cfg.model.dtype, cfg.run.seed, cfg.rollout.temperature,
             cfg.algorithm_settings())

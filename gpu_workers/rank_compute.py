@@ -105,9 +105,11 @@ class RankCompute:
         self._proximal: list[torch.Tensor] = []
         """With `algorithm.tis_cap`: each micro-batch's logprobs before the step's update (its first pass)."""
         self.reference = None
-        if self._algorithm.kl_coef:
-            self.reference = ReferencePolicy(Path(self._algorithm.reference_path or model_dir), DTYPES[dtype],
-                                             self.device, self.ranks, temperature, self._autocast)
+        if self._algorithm.kl_coef and self.lora and self._algorithm.reference_path is None:
+            self.reference = ReferencePolicy(self.model, self.device, temperature, self._autocast, adapters_off=True)
+        elif self._algorithm.kl_coef:
+            self.reference = ReferencePolicy.load(Path(self._algorithm.reference_path or model_dir), DTYPES[dtype],
+                                                  self.device, self.ranks, temperature, self._autocast)
         self._reference_in_loss = self.reference is not None and self._algorithm.kl_in == "loss"
         self._reference_lps: list[torch.Tensor] = []
         """With the KL in the loss: each micro-batch's reference logprobs (computed in the step's first pass)."""

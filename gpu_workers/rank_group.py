@@ -14,7 +14,7 @@ import asyncio
 import math
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -27,15 +27,24 @@ INIT_TIMEOUT = timedelta(minutes=5)
 """How long a rank waits for the others to join the group (a model load on each comes first)."""
 
 
+BROKEN_GRACE_S = 10.0
+"""After one rank's call failed, how long the others get to answer before the group counts as broken."""
+
+
 class RankFailed(RuntimeError):
     """A trainer rank's call failed; the group cannot go on without it."""
 
 
 class RankGroup:
-    def __init__(self, local: RankCompute, followers: Sequence[Any] = ()) -> None:
+    def __init__(self, local: RankCompute, followers: Sequence[Any] = (),
+                 on_broken: Callable[[RankFailed], None] | None = None) -> None:
+        """`on_broken`: called with the failure when a call failed on a rank and another rank never answered (the
+        group cannot go on: its collectives would wait for that rank); the trainer's process leaves for the run to
+        rebuild the group. A call that failed on ranks that all answered raises, as before."""
         self.local = local
         self.followers = list(followers)
         self._one_at_a_time = asyncio.Lock() if self.followers else None
+        self.on_broken = on_broken
 
     @property
     def size(self) -> int:
@@ -51,14 +60,23 @@ class RankGroup:
 
     async def _on_every_rank(self, method: str, per_rank: Sequence[tuple] | None) -> list:
         args = list(per_rank) if per_rank is not None else [()] * self.size
-        calls = [asyncio.to_thread(getattr(self.local, method), *args[0])]
-        calls += [follower.call.remote(method, *args[rank]) for rank, follower in enumerate(self.followers, 1)]
-        results = await asyncio.gather(*calls, return_exceptions=True)
-        for rank, result in enumerate(results):
-            if isinstance(result, BaseException):
-                raise RankFailed(f"trainer rank {rank} of {self.size} failed in {method}: "
-                                 f"{type(result).__name__}: {result}") from result
-        return results
+        calls = [asyncio.ensure_future(asyncio.to_thread(getattr(self.local, method), *args[0]))]
+        calls += [asyncio.ensure_future(follower.call.remote(method, *args[rank]))
+                  for rank, follower in enumerate(self.followers, 1)]
+        # A frozen rank's call never returns, while the others' collectives time out waiting for it
+        # (`train.hang_s`): a failure waits BROKEN_GRACE_S for the other ranks, not for ever.
+        _, pending = await asyncio.wait(calls, return_when=asyncio.FIRST_EXCEPTION)
+        if pending:
+            _, pending = await asyncio.wait(pending, timeout=BROKEN_GRACE_S)
+        for rank, call in enumerate(calls):
+            if call.done() and call.exception() is not None:
+                failure = call.exception()
+                failed = RankFailed(f"trainer rank {rank} of {self.size} failed in {method}: "
+                                    f"{type(failure).__name__}: {failure}")
+                if pending and self.on_broken is not None:
+                    self.on_broken(failed)  # a rank that never answered: the group cannot go on
+                raise failed from failure
+        return [call.result() for call in calls]
 
 
 def split_by_group(batch: PackedBatch, ranks: int) -> list[PackedBatch | None]:
@@ -91,9 +109,10 @@ def open_rendezvous(host: str) -> tuple[socket.socket, str]:
 
 
 def join_group(address: str, rank: int, ranks: int, device_type: str, own_ip: str,
-               listener: socket.socket | None = None) -> None:
+               listener: socket.socket | None = None, hang_s: float | None = None) -> None:
     """Join the trainer's torch.distributed group (NCCL on CUDA, gloo on the CPU); blocks until every rank has.
-    Rank 0 serves the group's store on `listener`. Gloo listens on the interface that holds `own_ip` (this
+    Rank 0 serves the group's store on `listener`. A collective that waits `hang_s` for a rank (`train.hang_s`;
+    None: INIT_TIMEOUT) fails on the ranks that wait, so a frozen rank is noticed as a dead one is. Gloo listens on the interface that holds `own_ip` (this
     node's address in Ray): a run on loopback stays on loopback (left to themselves, the store and gloo listen
     on every interface)."""
     import torch.distributed as dist  # torch only in the trainer ranks
@@ -107,7 +126,8 @@ def join_group(address: str, rank: int, ranks: int, device_type: str, own_ip: st
     else:
         store = dist.TCPStore(host, int(port), ranks, is_master=False, timeout=INIT_TIMEOUT)
     backend = "nccl" if device_type == "cuda" else "gloo"
-    dist.init_process_group(backend, store=store, rank=rank, world_size=ranks, timeout=INIT_TIMEOUT)
+    timeout = timedelta(seconds=hang_s) if hang_s is not None else INIT_TIMEOUT
+    dist.init_process_group(backend, store=store, rank=rank, world_size=ranks, timeout=timeout)
 
 
 def interface_of(ip: str) -> str | None:

@@ -38,6 +38,7 @@ class TrainerActor(RunMember):
         if followers:
             self.rank_pids = list(await self._follower_setups)
             self._rank_watch = asyncio.create_task(_exit_when_a_rank_dies(followers), name="rank-watch")
+            self._trainer.ranks.on_broken = self._leave_broken_group
         self._policy_dtype = cfg.policy.dtype or cfg.model.dtype
         self._shared = SharedWeights(ray.put)
         return self._trainer.policy_version
@@ -58,8 +59,20 @@ class TrainerActor(RunMember):
         self._follower_setups = asyncio.gather(
             *(f.setup.remote(model_dir, cfg_json, address, rank) for rank, f in enumerate(followers, 1)))
         await asyncio.to_thread(join_group, address, 0, cfg.train.ranks, resolve_device(cfg.train.device).type,
-                                own_ip, self._rendezvous)
+                                own_ip, self._rendezvous, cfg.train.hang_s)
         return followers
+
+    def _leave_broken_group(self, failure: Exception) -> None:
+        """A call failed on a rank (a rank frozen past `train.hang_s` makes the others' collectives time out): the
+        group cannot go on. Its ranks on this node are killed by pid (a frozen one cannot come back half-way), and
+        this process exits: the controller sees the trainer die and rebuilds the group, as after a rank's death."""
+        from turnkeep.primitives.process_tree import kill_local_actor_processes  # late: only a broken group
+
+        killed = kill_local_actor_processes(self.rank_pids, "ray::TrainerRank")
+        logging.getLogger("turnkeep.trainer").error(
+            "%s; the trainer's process exits so the run rebuilds the group (%d rank process(es) killed by pid)",
+            str(failure).splitlines()[0][:300], killed)
+        os._exit(1)
 
     async def ranks(self) -> list[int]:
         """The pids of ranks 1..N-1 (rank 0 is this process)."""

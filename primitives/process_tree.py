@@ -39,6 +39,31 @@ def kill_tree(pid: int, timeout_s: float = 30) -> int:
     return len(killed)
 
 
+def kill_local_actor_processes(pids: list[int], title: str) -> int:
+    """SIGKILL each of `pids` (and what it started) that is, on this machine, a process whose title holds `title`
+    (Ray titles an actor's process `ray::<Class>`): a pid from another node, or one reused since, is spared."""
+    killed = 0
+    for pid in pids:
+        try:
+            if title not in " ".join(psutil.Process(pid).cmdline()):
+                continue
+        except psutil.Error:
+            continue
+        killed += kill_tree(pid)
+    return killed
+
+
+def kill_children(pid: int, timeout_s: float = 30) -> int:
+    """SIGKILL every descendant of `pid` (not `pid` itself: the caller, which goes on); wait until they are gone."""
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return 0
+    killed = [child for child in children if _sigkill(child)]
+    _wait_gone(killed, timeout_s)
+    return len(killed)
+
+
 def _descendants(root: psutil.Process, session_leader: bool) -> list[psutil.Process]:
     found = {root.pid: root}
     try:

@@ -140,3 +140,5 @@ class MetricsKind(StrEnum):
     """Where an incarnation's start went: seconds from its process's start to each piece being up."""
     EVAL = "eval"
     """One held-out evaluation's result (`controller/pumps/eval_pump.py`)."""
+    HANG = "hang"
+    """A process that stopped answering its liveness probe, killed by pid and repaired as a dead one is."""

@@ -49,6 +49,11 @@ class PolicyServerConfig(StrictModel):
     """The run stops, with one line, when no engine has been live for this long (replacements kept failing)."""
     engine_restart_s: float = Field(default=5.0, ge=0)
     """Pause between starting replacements for an engine that keeps dying, so a broken node is not hammered."""
+    hang_s: float | None = Field(default=60.0, gt=0)
+    """An engine whose engine core generates no token for a one-token probe request within this long, or whose
+    process does not answer the probe, is hung (a stuck kernel, a frozen process): its processes are killed by pid
+    and it is replaced as a dead one is. Probed every quarter of it (at most every 10 s), never while it loads
+    weights. None: only deaths are noticed."""
 
 
 class EnvServerConfig(StrictModel):

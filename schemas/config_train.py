@@ -65,6 +65,11 @@ class TrainConfig(StrictModel):
     A checkpoint written with one rank count restores with any other."""
     lora: LoraConfig = LoraConfig()
     """`[train.lora]`: train low-rank adapters instead of every weight (off unless `rank` is set)."""
+    hang_s: float = Field(default=300.0, gt=0)
+    """With several ranks: a collective that waits this long for a rank (frozen, or stuck in a kernel) fails on the
+    ranks that wait, and the trainer's process kills its ranks by pid and exits, so the run rebuilds the group as
+    after a rank's death. Set it above the longest wait between ranks: a step's slowest micro-batch, a model load
+    and a checkpoint write included."""
     max_rebuilds: int = Field(default=3, ge=0)
     """A trainer (any of its ranks) that dies is replaced, and the run restores into the new one by itself, keeping
     its policy engines and environment servers. The run stops with one line only when this many rebuilds in a row

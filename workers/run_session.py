@@ -116,7 +116,7 @@ async def _incarnation(cfg: TurnkeepConfig, max_steps: int | None, rebuilds: Tra
         controller, reported = await _start_controller(cfg, stack, identity, processes, session, audit, max_steps,
                                                        progress)
         keeper = engine_keeper(processes, run_dir=run_dir, no_engine_stop_s=cfg.policy.no_engine_stop_s,
-                               restart_pause_s=cfg.policy.engine_restart_s)
+                               restart_pause_s=cfg.policy.engine_restart_s, hang_s=cfg.policy.hang_s)
         snapshots = await _start_snapshots(cfg, stack, identity, controller, session, temporal_address, reported,
                                            keeper)
         clock.mark("recovered" if identity.resumed else "workflows")

@@ -1,7 +1,12 @@
-"""Keeps the run's engines live: a dead engine is replaced, refitted to the current version, and routed to again.
+"""Keeps the run's engines live: a dead or hung engine is replaced, refitted to the current version, and routed to
+again.
 
 One watcher per engine index holds a pending `__ray_ready__` call on its actor (free while it lives, failing at once
-when its process dies, as `workers.process_watch` does for the trainer). On a death the engine leaves the routes at
+when its process dies, as `workers.process_watch` does for the trainer), and probes its liveness every
+`hang_s` / 4: a one-token request straight to the engine core (`PolicyActor.liveness`). An engine that answers in
+`hang_s` neither the probe (its engine core is stuck: a hung kernel, a SIGSTOPped process) nor the call itself (its
+actor's process is frozen) is killed by pid (its engine processes by its own actor when that still answers, then
+the actor by Ray) and replaced as a dead one is, with one line and a `hang` line in metrics.jsonl. On a death the engine leaves the routes at
 once (the environment servers send its interrupted turns to another engine, spending none of the rollouts'
 attempts), a replacement is started on the same index (same task queue, same GPU bundle), loads the version the
 others serve, and joins the routes. The run stops, with one line, only when no engine has been live for
@@ -26,6 +31,9 @@ from turnkeep.schemas.choices import MetricsKind
 log = logging.getLogger("turnkeep.engines")
 
 PROBE_INTERVAL_S = 1.0
+HANG_PROBE_MAX_EVERY_S = 10.0
+HANG_GRACE_S = 5.0
+"""Beyond `hang_s`, how long the probe call itself may take (Ray's round trip) before the actor counts as frozen."""
 RETIRE_STEP_S = 30.0
 """A retiring engine's worker stop and its own stop get this long each before it is killed."""
 
@@ -35,7 +43,7 @@ Spawn = Callable[[int, int], Awaitable[Engine]]
 
 class EngineKeeper:
     def __init__(self, pool: EnginePool, spawn: Spawn, trainer, *, run_dir: Path,
-                 no_engine_stop_s: float, restart_pause_s: float) -> None:
+                 no_engine_stop_s: float, restart_pause_s: float, hang_s: float | None = None) -> None:
         self._pool = pool
         self._spawn = spawn
         self._trainer = trainer
@@ -43,6 +51,7 @@ class EngineKeeper:
         self._run_dir = run_dir
         self._no_engine_stop_s = no_engine_stop_s
         self._restart_pause_s = restart_pause_s
+        self._hang_s = hang_s
         self._watchers: dict[int, asyncio.Task] = {}
         self._started = False
         self.restarts = 0
@@ -123,15 +132,62 @@ class EngineKeeper:
 
     async def _keep(self, index: int) -> None:
         while (engine := self._pool.get(index)) is not None and engine.state is not EngineState.RETIRING:
-            await _until_dead(engine.actor)
+            hang = await self._until_dead_or_hung(engine)
             if self._pool.get(index) is not engine or engine.state is EngineState.RETIRING:
                 return  # scaled away, or already replaced
+            if hang is not None:
+                await self._kill_hung(engine, hang)
             died_at = time.monotonic()
             engine.state = EngineState.DEAD
             log.warning("policy engine %d (%s) died; its turns go to the other engines while a replacement starts",
                         index, engine.url)
             await self._pool.changed()
             await self._replace(engine, died_at)
+
+    async def _until_dead_or_hung(self, engine: Engine) -> dict | None:
+        """None once the engine's process died; what its probe saw once it hung."""
+        dead = asyncio.ensure_future(_until_dead(engine.actor))
+        try:
+            while True:
+                every = min(self._hang_s / 4, HANG_PROBE_MAX_EVERY_S) if self._hang_s else None
+                done, _ = await asyncio.wait({dead}, timeout=every)
+                if done:
+                    return None
+                if engine.state is EngineState.LIVE and (hang := await self._probe(engine)) is not None:
+                    return hang
+        finally:
+            dead.cancel()
+
+    async def _probe(self, engine: Engine) -> dict | None:
+        try:
+            waited = await asyncio.wait_for(engine.actor.liveness.remote(self._hang_s), self._hang_s + HANG_GRACE_S)
+        except TimeoutError:
+            return {"probe": "actor call", "why": f"its process did not answer a liveness call in "
+                                                  f"{self._hang_s + HANG_GRACE_S:g}s"}
+        except ray.exceptions.RayError:
+            return None  # dead (the death watch sees it) or failing on its own: not a hang
+        if waited is not None and waited >= self._hang_s:
+            return {"probe": "engine core token", "why": f"its engine core generated no token for a probe request "
+                                                         f"in {self._hang_s:g}s"}
+        return None
+
+    async def _kill_hung(self, engine: Engine, hang: dict) -> None:
+        """Kill the hung engine for good, so it cannot come back half-way: its engine processes by its own actor
+        when that still answers, then the actor by Ray."""
+        try:
+            killed = await asyncio.wait_for(engine.actor.kill_engine_processes.remote(), 2 * HANG_GRACE_S)
+        except (ray.exceptions.RayError, TimeoutError):
+            killed = 0
+        try:
+            ray.kill(engine.actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        log.warning("policy engine %d (%s) hung: %s; killed (%d engine process(es), then its actor) and replaced as "
+                    "a dead one", engine.index, engine.url, hang["why"], killed)
+        append_jsonl(self._run_dir / "metrics.jsonl", {
+            "kind": MetricsKind.HANG, "t": round(time.time(), 3), "target": f"engine {engine.index}",
+            "probe": hang["probe"], "hang_s": self._hang_s, "why": hang["why"]}, durable=False)
+        await _until_dead(engine.actor)
 
     async def _replace(self, dead: Engine, died_at: float) -> None:
         restarts = dead.restarts
@@ -178,10 +234,11 @@ async def _until_dead(actor) -> None:
         await asyncio.sleep(PROBE_INTERVAL_S)
 
 
-def engine_keeper(processes, *, run_dir: Path, no_engine_stop_s: float, restart_pause_s: float) -> EngineKeeper:
+def engine_keeper(processes, *, run_dir: Path, no_engine_stop_s: float, restart_pause_s: float,
+                  hang_s: float | None = None) -> EngineKeeper:
     """The keeper of `processes`' engines, not yet keeping them (`keep_engines` starts it)."""
     return EngineKeeper(processes.engines, processes.spawn_engine, processes.trainer, run_dir=run_dir,
-                        no_engine_stop_s=no_engine_stop_s, restart_pause_s=restart_pause_s)
+                        no_engine_stop_s=no_engine_stop_s, restart_pause_s=restart_pause_s, hang_s=hang_s)
 
 
 def keep_engines(keeper: EngineKeeper, processes, session) -> None:

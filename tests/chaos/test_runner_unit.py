@@ -293,8 +293,10 @@ def test_a_run_that_neither_repairs_nor_stops_fails_the_chaos_run(tmp_path, monk
 
 
 def test_targets_and_moments_are_mixed_over_a_schedule():
-    schedule = kill_schedule(parse_targets("every"), ["random", "cut"], 32, random.Random(1))
-    assert Counter(target for target, _ in schedule) == {t: 4 for t in parse_targets("every")}
+    every = parse_targets("every")
+    schedule = kill_schedule(every, ["random", "cut"], 4 * len(every), random.Random(1))
+    assert Counter(target for target, _ in schedule) == {t: 4 for t in every}
+    assert "freeze-engine" in every
     assert {moment for _, moment in schedule} == {"random", "cut"}
     with pytest.raises(ValueError, match="choose from all, controller"):
         parse_targets("trainer,gpu")

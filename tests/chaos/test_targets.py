@@ -1,10 +1,13 @@
-"""The `node` and `rank` targets: what they find of the run, and when the run counts as repaired. The
+"""The `node`, `rank` and `freeze-engine` targets: what they find of the run, and when the run counts as repaired. The
 cluster here is a stand-in with one real process as its node (the real two-node cluster is in
 tests/chaos/test_runner_nodes.py)."""
 
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import psutil
 
 from turnkeep.chaos.report import Round, build_report, format_report
 from turnkeep.chaos.targets import NODE, Kill, kill_target, parse_targets, repaired
@@ -104,3 +107,38 @@ def test_a_rank_kill_in_a_one_rank_run_finds_nothing(tmp_path: Path):
         assert kill_target("rank", tmp_path, root_pid=0).killed == 0 and trainer.poll() is None
     finally:
         trainer.kill()
+
+
+def test_a_freeze_stops_the_engine_core_of_an_engine_and_waits_for_the_engines_replacement(tmp_path: Path):
+    # The engine's actor is a process whose child is titled as vLLM titles its engine core.
+    actor = subprocess.Popen(["bash", "-c", f"{sys.executable} -c 'import time; time.sleep(60)' VLLM::EngineCore "
+                                            "& wait"])
+    replacement = None
+    try:
+        core = _child_titled(actor.pid, "VLLM::EngineCore")
+        write_pid_file(tmp_path, "policy", actor.pid)
+        kill = kill_target("freeze-engine", tmp_path, root_pid=0)
+        assert (kill.killed, kill.pid, kill.role) == (1, actor.pid, "policy")
+        stopped = time.monotonic() + 5  # the signal lands a moment later
+        while psutil.Process(core).status() != psutil.STATUS_STOPPED and time.monotonic() < stopped:
+            time.sleep(0.02)
+        assert psutil.Process(core).status() == psutil.STATUS_STOPPED  # stopped, not killed: the run must notice
+        assert not repaired(tmp_path, kill)
+        replacement = _sleeper()
+        write_pid_file(tmp_path, "policy", replacement.pid)
+        assert repaired(tmp_path, kill)
+        assert "freeze-engine" in parse_targets("every")
+    finally:
+        kill_tree(actor.pid)
+        if replacement is not None:
+            replacement.kill()
+
+
+def _child_titled(pid: int, title: str) -> int:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        found = [p.pid for p in psutil.Process(pid).children(recursive=True) if title in " ".join(p.cmdline())]
+        if found:
+            return found[0]
+        time.sleep(0.05)
+    raise AssertionError(f"no child titled {title}")

@@ -98,3 +98,16 @@ def test_a_target_the_model_lacks_and_a_rank_vllm_cannot_serve_are_refused_in_on
     assert engine_lora_args(LoraConfig(rank=4))["max_lora_rank"] == 8
     with pytest.raises(ValueError, match="above vLLM's largest LoRA rank 512"):
         engine_lora_args(LoraConfig(rank=600))
+
+
+def test_with_lora_the_reference_is_the_policys_own_base_with_its_adapters_off(model_dir):
+    from turnkeep.schemas.config_algorithm import AlgorithmConfig
+
+    rows = synthetic_rows([24, 21, 18, 24])
+    train = TrainConfig(lr=1e-2, passes_per_batch=1, lora=LORA)
+    algorithm = AlgorithmConfig(kl_coef=0.1).resolved(train.clip_eps, 32)
+    trainer = Trainer(model_dir, train, "float32", seed=0, temperature=1.0, hold=HoldSet("trainer"),
+                      algorithm=algorithm)
+    assert trainer.local.reference.model is trainer.model  # no second copy of the model
+    assert asyncio.run(trainer.train_step(rows, 1))["kl_reference"] == pytest.approx(0.0, abs=1e-7)
+    assert asyncio.run(trainer.train_step(rows, 2))["kl_reference"] > 0  # the adapters moved the policy off it

@@ -1,4 +1,5 @@
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -74,3 +75,14 @@ def test_kill_tree_outside_its_own_session_spares_the_session(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_kill_children_kills_a_stopped_descendant_and_spares_the_caller():
+    # In a process of its own (this test's process has children of its own to keep): a SIGSTOPped child, as a hung
+    # engine core, dies by SIGKILL, and the process that asks goes on to say so.
+    script = ("import os, signal, subprocess, sys; from turnkeep.primitives.process_tree import kill_children; "
+              "child = subprocess.Popen(['sleep', '300']); child.send_signal(signal.SIGSTOP); "
+              "print(kill_children(os.getpid(), timeout_s=10), child.wait(timeout=5))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "-9"]

@@ -27,6 +27,10 @@ class FakeEngineActor:
         self.stopped = False
         self.events: list[str] = []
         """What happened to this engine, in order (`loaded <version>`, `stopped`)."""
+        self.probe_s: float | None = 0.01
+        """What its liveness probe answers: the engine core's seconds for one token (None: not asked now)."""
+        self.frozen = False
+        """A frozen process: no call of it ever returns (a SIGSTOPped actor)."""
 
     def kill(self) -> None:
         self.dead = True
@@ -39,11 +43,23 @@ class FakeEngineActor:
         calls = {
             "__ray_ready__": self._ready, "load_weights": self._load, "close_admission": self._close,
             "open_admission": self._open, "admission_leases": self._leases, "drain": self._drain,
-            "stop_temporal_worker": self._nothing, "stop": self._stop,
+            "stop_temporal_worker": self._nothing, "stop": self._stop, "liveness": self._liveness,
+            "kill_engine_processes": self._kill_engine_processes,
         }
         if name in calls:
             return _Call(calls[name])
         raise AttributeError(name)
+
+    async def _liveness(self, timeout_s: float) -> float | None:
+        await self._alive()
+        if self.frozen:
+            await asyncio.Event().wait()
+        return self.probe_s
+
+    async def _kill_engine_processes(self) -> int:
+        await self._liveness(0)
+        self.events.append("engine processes killed")
+        return 1
 
     async def _ready(self) -> bool:
         await self._alive()

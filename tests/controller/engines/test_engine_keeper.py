@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 import turnkeep.controller.engines.engine_keeper as keeper_module
 from tests.controller.engines.fake_engines import FakeEngineActor, FakeTrainer
 from turnkeep.controller.engines.engine_keeper import EngineKeeper
@@ -38,12 +40,7 @@ def test_a_dead_engine_is_replaced_and_routed_to_again(tmp_path, monkeypatch) ->
                               restart_pause_s=0)
         keeper.start()
         actors[1].kill()
-        for _ in range(200):
-            if keeper.restarts:
-                break
-            await asyncio.sleep(0.01)
-        await keeper.stop()
-        return keeper
+        return await _stopped_after_a_restart(keeper, 2.0)
 
     keeper = asyncio.run(scenario())
     assert keeper.restarts == 1 and started == [1]
@@ -86,3 +83,45 @@ def test_an_engine_retired_during_a_refit_is_stopped_after_its_load_and_the_refi
     assert actors[1].events == ["loaded 4", "stopped"]
     assert [r["engine"] for r in loaded] == [0, 1] and [r["engine"] for r in later] == [0]
     assert pool.get(1) is None and actors[0].events == ["loaded 4", "loaded 5"]
+
+
+@pytest.mark.parametrize(("hang", "probe"), [("core", "engine core token"), ("process", "actor call")])
+def test_a_hung_engine_is_killed_by_its_probe_and_replaced(hang, probe, tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(keeper_module, "PROBE_INTERVAL_S", 0.01)
+    monkeypatch.setattr(keeper_module, "HANG_GRACE_S", 0.1)
+    monkeypatch.setattr(keeper_module.ray, "kill", lambda actor, no_restart: actor.kill())
+    actors = [FakeEngineActor(0), FakeEngineActor(1)]
+    pool = EnginePool([Engine(k, a, f"http://e{k}") for k, a in enumerate(actors)])
+
+    async def spawn(index: int, restarts: int) -> Engine:
+        return Engine(index, FakeEngineActor(index), f"http://e{index}-r{restarts}", state=EngineState.STARTING)
+
+    async def scenario() -> EngineKeeper:
+        keeper = EngineKeeper(pool, spawn, FakeTrainer(version=2), run_dir=tmp_path, no_engine_stop_s=60,
+                              restart_pause_s=0, hang_s=0.2)
+        keeper.start()
+        await asyncio.sleep(0.3)
+        assert keeper.restarts == 0  # answering engines are left alone
+        if hang == "core":
+            actors[1].probe_s = 0.2  # its engine core took the whole hang_s: no token came
+        else:
+            actors[1].frozen = True
+        return await _stopped_after_a_restart(keeper, 3.0)
+
+    keeper = asyncio.run(scenario())
+    assert keeper.restarts == 1 and pool.get(1).url == "http://e1-r1" and pool.get(0).actor is actors[0]
+    # The hung engine's own processes were killed by its actor where the actor still answered; then the actor.
+    assert actors[1].dead and ("engine processes killed" in actors[1].events) == (hang == "core")
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    [hung] = [line for line in lines if line["kind"] == "hang"]
+    assert (hung["target"], hung["probe"], hung["hang_s"]) == ("engine 1", probe, 0.2)
+
+
+async def _stopped_after_a_restart(keeper: EngineKeeper, within_s: float) -> EngineKeeper:
+    """The keeper once it replaced an engine (or `within_s` passed), stopped."""
+    for _ in range(int(within_s / 0.01)):
+        if keeper.restarts:
+            break
+        await asyncio.sleep(0.01)
+    await keeper.stop()
+    return keeper

@@ -1,0 +1,47 @@
+"""A hung engine heals like a dead one: in a real run (one engine, the tiny model) the vLLM engine core is SIGSTOPped
+at a pinned moment (after step 2), so its front end still answers HTTP while no token comes. The engine keeper's
+liveness probe (a one-token request straight to the engine core, `policy.hang_s`) notices it, the engine's
+processes are killed by pid (the stopped core included), a replacement takes the turns, the run reaches its last
+step, nothing is trained twice, and the hang is one metrics line naming its probe."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.run_command import metrics, short_run_dir, small_run_settings, train_steps, turnkeep, wait_until
+from turnkeep.chaos.verdict import check_run_dir
+from turnkeep.primitives.pid_files import live_pid
+
+pytestmark = pytest.mark.integration
+HANG_S = 10
+
+
+def _engine_core(run_dir: Path) -> psutil.Process:
+    actor = psutil.Process(live_pid(run_dir, "policy"))
+    [core] = [p for p in actor.children(recursive=True) if "VLLM::EngineCore" in " ".join(p.cmdline())]
+    return core
+
+
+def test_a_frozen_engine_core_is_noticed_killed_and_replaced(stack_config) -> None:
+    run_dir = short_run_dir("tk-hang-")
+    log = run_dir.parent / "run.log"
+    run = turnkeep("run", *small_run_settings(stack_config), "--set", f"run.run_dir={run_dir}", "--set",
+                   "run.steps=10", "--set", f"policy.hang_s={HANG_S}", log=log)
+    wait_until(lambda: train_steps(run_dir) >= 2, 600, "two train steps", run)
+    core = _engine_core(run_dir)
+    os.kill(core.pid, signal.SIGSTOP)
+    assert run.wait(timeout=600) == 0, log.read_text()[-4000:]
+    assert not core.is_running() or core.status() == psutil.STATUS_ZOMBIE  # killed, not left stopped
+    [hang] = metrics(run_dir, "hang")
+    assert (hang["target"], hang["probe"], hang["hang_s"]) == ("engine 0", "engine core token", HANG_S)
+    [restart] = metrics(run_dir, "engine_restart")
+    assert restart["engine"] == 0 and restart["t"] > hang["t"]
+    assert [line["step"] for line in metrics(run_dir, "train_step")] == list(range(1, 11))
+    assert "policy engine 0 (" in log.read_text() and "hung: its engine core generated no token" in log.read_text()
+    verdict = check_run_dir(run_dir)
+    assert verdict.ok, verdict.format()
