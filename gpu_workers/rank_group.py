@@ -112,9 +112,9 @@ def join_group(address: str, rank: int, ranks: int, device_type: str, own_ip: st
                listener: socket.socket | None = None, hang_s: float | None = None) -> None:
     """Join the trainer's torch.distributed group (NCCL on CUDA, gloo on the CPU); blocks until every rank has.
     Rank 0 serves the group's store on `listener`. A collective that waits `hang_s` for a rank (`train.hang_s`;
-    None: INIT_TIMEOUT) fails on the ranks that wait, so a frozen rank is noticed as a dead one is. Gloo listens on the interface that holds `own_ip` (this
-    node's address in Ray): a run on loopback stays on loopback (left to themselves, the store and gloo listen
-    on every interface)."""
+    None: INIT_TIMEOUT) fails on the ranks that wait, so a frozen rank is noticed as a dead one is. Gloo listens
+    on the interface that holds `own_ip` (this node's address in Ray): a run on loopback stays on loopback (left
+    to themselves, the store and gloo listen on every interface)."""
     import torch.distributed as dist  # torch only in the trainer ranks
 
     if interface := interface_of(own_ip):
