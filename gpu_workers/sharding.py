@@ -9,10 +9,15 @@ import torch
 def shard_model(model: torch.nn.Module, device_type: str, ranks: int) -> None:
     """Shard `model` in place over the group this process belongs to (a collective: every rank at once)."""
     # only a group of ranks shards: a single rank never loads FSDP
-    from torch.distributed.device_mesh import init_device_mesh
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh(device_type, (ranks,))
+    if dist.get_world_size() != ranks:
+        raise ValueError(f"the group has {dist.get_world_size()} ranks, the model is to be sharded over {ranks}")
+    # The mesh over the group itself, not a new one: its collectives keep the group's timeout (`train.hang_s`),
+    # where init_device_mesh's new group would wait torch's default 30 minutes for a frozen rank.
+    mesh = DeviceMesh.from_group(dist.group.WORLD, device_type)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
