@@ -86,8 +86,9 @@ class PolicyServer:
         self._lora_request: Any = None
         """The loaded adapters every request names (None: none loaded yet; the base model is the policy)."""
         self._adapter_dir: Path | None = None
-        self._loading = False
-        """The engine is paused for a weight load (the drain before it is not: in-flight calls still generate)."""
+        self._loading_since: float | None = None
+        """When the engine paused for the weight load under way (None: none; the drain before it is not a pause:
+        in-flight calls still generate)."""
 
     async def start(
         self, model_dir: str | Path, cfg: PolicyServerConfig, seed: int = 0, control_token: str | None = None,
@@ -183,9 +184,13 @@ class PolicyServer:
     async def engine_answers(self, timeout_s: float) -> float | None:
         """Seconds the engine core took to generate one token for a probe request outside the admission gate (its
         step progress, not the HTTP front end's): None while it is not asked (stopped, starting, or paused by
-        design to load weights; a refit's drain is asked: a hung core never drains); `timeout_s` or more when it did
-        not answer in time."""
-        if self._engine is None or self._loading or (self._warming is not None and not self._warming.done()):
+        design to load weights for less than `timeout_s`; a refit's drain is asked: a hung core never drains);
+        `timeout_s` or more when it did not answer in time, or a weight load has been under way that long (a core
+        that hangs in the load)."""
+        if self._loading_since is not None:
+            loading_s = time.monotonic() - self._loading_since
+            return loading_s if loading_s >= timeout_s else None
+        if self._engine is None or (self._warming is not None and not self._warming.done()):
             return None
         started = time.monotonic()
         try:
@@ -300,7 +305,7 @@ class PolicyServer:
             try:
                 await self.gate.drain(drain_timeout_s)
                 try:
-                    self._loading = True
+                    self._loading_since = time.monotonic()
                     if self._lora is None:
                         await refit_engine(self._engine, blob)
                     else:
@@ -311,7 +316,7 @@ class PolicyServer:
                     self.weights_ok = False
                     raise
                 finally:
-                    self._loading = False
+                    self._loading_since = None
                 self.policy_version = version
                 self.weights_ok = True
                 self._restore_pending = False

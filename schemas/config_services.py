@@ -52,8 +52,8 @@ class PolicyServerConfig(StrictModel):
     hang_s: float | None = Field(default=60.0, gt=0)
     """An engine whose engine core generates no token for a one-token probe request within this long, or whose
     process does not answer the probe, is hung (a stuck kernel, a frozen process): its processes are killed by pid
-    and it is replaced as a dead one is. Probed every quarter of it (at most every 10 s), never while it loads
-    weights. None: only deaths are noticed."""
+    and it is replaced as a dead one is. Probed every quarter of it (at most every 10 s); a weight load that lasts
+    this long counts as a hang too (set it above the longest refit). None: only deaths are noticed."""
 
 
 class EnvServerConfig(StrictModel):

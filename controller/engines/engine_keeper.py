@@ -168,7 +168,7 @@ class EngineKeeper:
             return None  # dead (the death watch sees it) or failing on its own: not a hang
         if waited is not None and waited >= self._hang_s:
             return {"probe": "engine core token", "why": f"its engine core generated no token for a probe request "
-                                                         f"in {self._hang_s:g}s"}
+                                                         f"(or finished no weight load) in {self._hang_s:g}s"}
         return None
 
     async def _kill_hung(self, engine: Engine, hang: dict) -> None:
