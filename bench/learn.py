@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from turnkeep.bench.eval_cost import measure_eval_cost
 from turnkeep.bench.report import BenchResult, markdown_table
-from turnkeep.bench.runs import metric_lines, run_turnkeep, throughput
+from turnkeep.bench.runs import metric_lines, run_turnkeep, throughput, turnkeep_output
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tool_chat.toml"
 
@@ -53,10 +50,11 @@ def run(args: argparse.Namespace) -> BenchResult:
                                                           "policy_version_min", "policy_version_max")}
                               for line in metric_lines(run_dir, "eval")]}
     settings = [arg for pair in args.set for arg in ("--set", pair)]
-    base_model = _turnkeep(["make-model", "--config", str(config), *settings], base / "make-model.log").split()[-1]
+    base_model = turnkeep_output(["make-model", "--config", str(config), *settings],
+                                 base / "make-model.log").split()[-1]
     exported = base / "export"
     started = time.monotonic()
-    export_line = _turnkeep(["export", "--run-dir", str(run_dir), "--out", str(exported)], base / "export.log")
+    export_line = turnkeep_output(["export", "--run-dir", str(run_dir), "--out", str(exported)], base / "export.log")
     figures["export"] = {"seconds": round(time.monotonic() - started, 1), "line": export_line.strip().splitlines()[-1],
                          "bytes": sum(p.stat().st_size for p in exported.rglob("*") if p.is_file())}
     figures["eval"] = {name: _eval(model, config, settings, args, base / f"eval-{name}.json")
@@ -75,21 +73,9 @@ def _curve(run_dir: Path) -> list[float]:
 
 
 def _eval(model: str, config: Path, settings: list[str], args: argparse.Namespace, out: Path) -> dict:
-    _turnkeep(["eval", "--model", model, "--config", str(config), *settings, "--samples", str(args.samples),
+    turnkeep_output(["eval", "--model", model, "--config", str(config), *settings, "--samples", str(args.samples),
                "--limit", str(args.eval_prompts), "--out", str(out)], out.with_suffix(".log"))
     return json.loads(out.read_text())
-
-
-def _turnkeep(command: list[str], log: Path) -> str:
-    """One `turnkeep` command to its end; its output (kept in `log`); its failure ends the benchmark with the tail."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run([sys.executable, "-m", "turnkeep", *command], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    log.write_text(done.stdout + done.stderr)
-    if done.returncode != 0:
-        raise SystemExit(f"turnkeep {command[0]} exited {done.returncode}; the end of {log}:\n"
-                         f"{(done.stdout + done.stderr)[-3000:]}")
-    return done.stdout
 
 
 def _table(figures: dict) -> str:

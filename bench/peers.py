@@ -24,7 +24,7 @@ import orjson
 from turnkeep.bench.peers_figures import side_figures, target_reward
 from turnkeep.bench.peers_report import report
 from turnkeep.bench.report import BenchResult
-from turnkeep.bench.runs import metric_lines
+from turnkeep.bench.runs import metric_lines, turnkeep_output
 from turnkeep.chaos.targets import kill_everything
 from turnkeep.config.loader import load_config, parse_overrides
 
@@ -84,12 +84,7 @@ def _trl_version() -> str:
 
 def _model(config: Path, settings: list[str], base: Path) -> str:
     flags = [arg for item in settings for arg in ("--set", item)]
-    done = subprocess.run([sys.executable, "-m", "turnkeep", "make-model", "--config", str(config), *flags],
-                          capture_output=True, text=True)
-    (base / "make-model.log").write_text(done.stdout + done.stderr)
-    if done.returncode != 0:
-        raise SystemExit(f"bench peers: turnkeep make-model failed; see {base / 'make-model.log'}")
-    return done.stdout.strip().splitlines()[-1]
+    return turnkeep_output(["make-model", "--config", str(config), *flags], base / "make-model.log").split()[-1]
 
 
 def _write_problems(cfg, count: int, path: Path) -> None:

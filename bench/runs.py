@@ -30,6 +30,18 @@ def run_turnkeep(run_dir: Path, config: Path, steps: int, settings: list[str], l
     return time.monotonic() - started
 
 
+def turnkeep_output(command: list[str], log: Path) -> str:
+    """One `turnkeep` command to its end; its output (kept in `log`); its failure ends the benchmark with the tail."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run([sys.executable, "-m", "turnkeep", *command], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    log.write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        raise SystemExit(f"turnkeep {command[0]} exited {done.returncode}; the end of {log}:\n"
+                         f"{(done.stdout + done.stderr)[-3000:]}")
+    return done.stdout
+
+
 def run_id_of(run_dir: Path) -> str:
     """The run id a finished `turnkeep run` wrote; a directory without one ends the benchmark in one line."""
     path = run_dir / "run.json"

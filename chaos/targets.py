@@ -107,13 +107,18 @@ def freeze_engine_core(run_dir: Path, rng: random.Random) -> Kill:
     if actor is None:
         return Kill(0, None, role)
     try:
-        cores = [p for p in psutil.Process(actor).children(recursive=True)
-                 if "VLLM::EngineCore" in " ".join(p.cmdline())]
+        cores = engine_cores(actor)
         for core in cores:
             core.send_signal(signal.SIGSTOP)
     except psutil.Error:
         return Kill(0, actor, role)
     return Kill(len(cores), actor, role)
+
+
+def engine_cores(actor_pid: int) -> list[psutil.Process]:
+    """The vLLM engine core processes an engine's actor started (vLLM titles them `VLLM::EngineCore`)."""
+    return [p for p in psutil.Process(actor_pid).children(recursive=True)
+            if "VLLM::EngineCore" in " ".join(p.cmdline())]
 
 
 def kill_node(run_dir: Path, cluster: LocalCluster | None) -> Kill:

@@ -16,13 +16,14 @@ from typing import Any
 
 import orjson
 
+from turnkeep.gpu_workers.lora import PEFT_PREFIX
+from turnkeep.gpu_workers.tiny_model.model_files import is_target
 from turnkeep.gpu_workers.weights_blob import Shapes
 from turnkeep.schemas.config_train import LoraConfig
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The `max_lora_rank` values vLLM accepts."""
 ADAPTER_NAME, ADAPTER_ID = "policy", 1
-PEFT_PREFIX = "base_model.model."
 
 
 def engine_lora_args(lora: LoraConfig) -> dict[str, Any]:
@@ -48,8 +49,7 @@ def adapter_shapes(base: Shapes | None, lora: LoraConfig) -> Shapes | None:
     shapes: Shapes = {}
     for name, shape in base.items():
         layer = name.removesuffix(".weight")
-        if layer == name or len(shape) != 2 or not any(layer == t or layer.endswith("." + t)
-                                                       for t in lora.target_modules):
+        if layer == name or len(shape) != 2 or not is_target(layer, list(lora.target_modules)):
             continue
         out_features, in_features = shape
         shapes[f"{PEFT_PREFIX}{layer}.lora_A.weight"] = (lora.rank, in_features)

@@ -43,5 +43,10 @@ def weight_names(path: Path) -> list[str]:
 def unknown_layers(names: list[str], targets: list[str]) -> list[str]:
     """The `targets` (layer names, or their dotted tails) that name no layer of a model with these weights."""
     layers = [name.removesuffix(".weight") for name in names if name.endswith(".weight")]
-    return [target for target in targets if not any(layer == target or layer.endswith("." + target)
-                                                    for layer in layers)]
+    return [target for target in targets if not any(is_target(layer, [target]) for layer in layers)]
+
+
+def is_target(layer: str, targets: list[str]) -> bool:
+    """Whether the layer (a weight's name less `.weight`) is one of `targets`, given whole or by a dotted tail, as
+    peft matches `target_modules`."""
+    return any(layer == target or layer.endswith("." + target) for target in targets)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 
 import psutil
 import pytest
@@ -25,17 +24,12 @@ from tests.run_command import (
     turnkeep,
     wait_until,
 )
+from turnkeep.chaos.targets import engine_cores
 from turnkeep.chaos.verdict import check_run_dir
 from turnkeep.primitives.pid_files import live_pid
 
 pytestmark = pytest.mark.integration
 HANG_S = 10
-
-
-def _engine_core(run_dir: Path) -> psutil.Process:
-    actor = psutil.Process(live_pid(run_dir, "policy"))
-    [core] = [p for p in actor.children(recursive=True) if "VLLM::EngineCore" in " ".join(p.cmdline())]
-    return core
 
 
 def test_a_frozen_engine_core_is_noticed_killed_and_replaced(stack_config) -> None:
@@ -44,7 +38,7 @@ def test_a_frozen_engine_core_is_noticed_killed_and_replaced(stack_config) -> No
     run = turnkeep("run", *small_run_settings(stack_config), "--set", f"run.run_dir={run_dir}", "--set",
                    "run.steps=10", "--set", f"policy.hang_s={HANG_S}", log=log)
     wait_until(lambda: train_steps(run_dir) >= 2, 600, "two train steps", run)
-    core = _engine_core(run_dir)
+    [core] = engine_cores(live_pid(run_dir, "policy"))
     os.kill(core.pid, signal.SIGSTOP)
     assert run.wait(timeout=600) == 0, log.read_text()[-4000:]
     assert not core.is_running() or core.status() == psutil.STATUS_ZOMBIE  # killed, not left stopped
