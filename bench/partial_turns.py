@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     cost = None if args.skip_cost else _cost_pairs(args, base)
     rows = [[f"chaos at `{level}` level", *_chaos_row(report, args.kills)] for level, report in chaos.items()]
     table = markdown_table(["run", "kills", "invariants", "restores (snapshot / checkpoint / fresh)",
-                            "tokens generated again (share)", "per kill", "cut turns: tokens streamed / kept",
+                            "tokens generated again (share)", "per kill", "cut turns: tokens reported (engines' count) / kept",
                             "restart -> first generation, median s"], rows)
     if cost is not None:
         cost_rows = [[name, r["rollout_tokens_per_s"], r["train_steps_per_min"], r["reward_last10"]]
@@ -57,14 +57,15 @@ def run(args: argparse.Namespace) -> BenchResult:
                                          cost_rows)
     notes = [
         "Tokens generated again: turns a later incarnation committed again, plus the tokens of turns a kill cut "
-        "mid-generation that no continuation kept (`turn_tokens` lines of the audit log; both chaos runs stream "
-        "their turns so these are counted at either level). Share of every token generated.",
+        "mid-generation that no continuation kept, by the engines' own count (every token each engine generated "
+        "per incarnation, `primitives.token_tally`, less the tokens of committed turns: to the last token). Share "
+        "of every token the engines generated.",
         "At `token` level a cut turn goes on from its journaled tokens: a kill loses only what streamed after the "
         "last chunk (`env.journal_partial_tokens` tokens or `env.journal_partial_s`, whichever came first) and "
         "what the journal's batch had not yet made durable (`env.journal_flush_s`).",
-        "Both levels count a cut turn's tokens up to its last reported chunk: what streamed after it, at most one "
-        "chunk per agent streaming at the kill, is seen by neither, and at `token` level it is exactly what a kill "
-        "loses.",
+        "Cut turns: the tokens the turns' progress reports saw (`turn_tokens` lines of the audit log, up to the "
+        "last chunk) and in brackets the engines' own count, which includes what streamed after the last chunk; "
+        "at `token` level that tail is exactly what a kill loses.",
         f"The chaos runs checkpoint every {args.chaos_save_period} train steps, so a restart restores the newest "
         "snapshot (its trainer checkpoint and the journals' mark) and continues cut turns from tokens an older "
         "policy version generated.",
@@ -101,6 +102,7 @@ def _chaos_figures(report: dict) -> dict:
             "tokens_regenerated": counts["tokens_regenerated"], "share": counts["tokens_regenerated_share"],
             "per_kill": round(counts["tokens_regenerated"] / kills, 1) if kills else 0.0,
             "cut_turn_tokens": counts["cut_turn_tokens"], "cut_turn_tokens_kept": counts["cut_turn_tokens_kept"],
+            "engine_cut_tokens": counts.get("engine_cut_tokens", 0),
             "restart_median_s": counts["median_restart_to_first_generation_s"],
             "restores_by_source": counts.get("restores_by_source", {})}
 
@@ -111,7 +113,7 @@ def _chaos_row(report: dict, _kills: int) -> list:
     restores = f"{sources.get('snapshot', 0)} / {sources.get('trainer_checkpoint', 0)} / {sources.get('fresh', 0)}"
     return [f["kills"], "all hold" if f["ok"] else "BROKEN", restores,
             f"{f['tokens_regenerated']} of {f['tokens_generated']} ({f['share']:.3%})", f["per_kill"],
-            f"{f['cut_turn_tokens']} / {f['cut_turn_tokens_kept']}", f["restart_median_s"]]
+            f"{f['cut_turn_tokens']} ({f['engine_cut_tokens']}) / {f['cut_turn_tokens_kept']}", f["restart_median_s"]]
 
 
 def _cost_pairs(args: argparse.Namespace, base: Path) -> dict:

@@ -15,7 +15,15 @@ import orjson
 from turnkeep.chaos.local_cluster import LocalCluster
 from turnkeep.chaos.report import Round
 from turnkeep.chaos.schedule import RANDOM, RANDOM_MIN_DELAY_S, TRAINING
-from turnkeep.chaos.targets import REPAIRED_BY_THE_RUN, kill_everything, kill_target, repaired, stop_reason
+from turnkeep.chaos.targets import (
+    ENDS_THE_INCARNATION,
+    FREEZE_CONTROLLER,
+    REPAIRED_BY_THE_RUN,
+    kill_everything,
+    kill_target,
+    repaired,
+    stop_reason,
+)
 from turnkeep.primitives.chaos_points import ENV_POINT, ENV_WAIT, POINTS, marker_path
 from turnkeep.primitives.process_tree import kill_tree
 from turnkeep.schemas.choices import MetricsKind
@@ -78,24 +86,33 @@ def one_round(current: Incarnation, run_dir: Path, target: str, point: str, time
 
     lost: list[str] = []
     lost_urls: dict[str, str] = {}
+    at_unix_s: list[float] = []
 
     def record(outcome: str, killed: int = 0, reason: str = "", after_kill_s: float | None = None) -> Round:
         current.log.settle()
         return Round(current.number, point, outcome, current.proc.poll(), round(time.monotonic() - started, 2),
                      killed, str(current.log.path), target, reason, after_kill_s,
-                     current.first_step_s if fresh_first_step else None, lost, lost_urls)
+                     current.first_step_s if fresh_first_step else None, lost, lost_urls,
+                     round(at_unix_s[0], 3) if at_unix_s else None)
 
     if moment == "exited":
         code = current.proc.wait()
         return record("finished" if code == 0 else "crashed")
+    at_unix_s.append(time.time())
     kill = kill_target(target, run_dir, current.proc.pid, rng, cluster)
     killed_at = time.monotonic()
     lost += sorted(kill.lost)
     lost_urls.update(kill.lost_urls)
     if kill.killed == 0:
         return record("missing", reason=f"no live {target} process was found in {run_dir / 'pids'}")
-    if target in ("all", "controller"):
-        current.proc.wait()
+    if target in ENDS_THE_INCARNATION:
+        try:  # a frozen controller ends when the run's keeper kills it
+            current.proc.wait(timeout=None if target != FREEZE_CONTROLLER else AFTER_KILL_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            kill_everything(run_dir, current.proc.pid)
+            current.proc.wait()
+            return record("hung", kill.killed, f"nothing killed the frozen controller within "
+                                               f"{AFTER_KILL_TIMEOUT_S:.0f}s")
         return record("killed" if moment == "reached" else "timeout", kill.killed)
     steps_at_kill = current.steps()
     deadline = killed_at + AFTER_KILL_TIMEOUT_S

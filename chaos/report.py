@@ -33,6 +33,8 @@ class Round:
     """A `node` kill: the run's processes (pid-file roles) that went with the node."""
     lost_urls: dict[str, str] = field(default_factory=dict)
     """Where those of them that served (the engines) answered, by role: on the lost node's address."""
+    at_unix_s: float | None = None
+    """Wall-clock time of the kill or freeze (None: none was made)."""
 
     @property
     def label(self) -> str:

@@ -12,6 +12,12 @@
 - `freeze-engine`: one engine's vLLM engine core (of an engine picked at random) SIGSTOPped, not killed: its front
   end still answers HTTP while no token comes. The run's liveness probe (`policy.hang_s`) must notice it, kill the
   engine's processes and replace it, no restart.
+- `freeze-rank`, `freeze-env`, `freeze-temporal`: that process SIGSTOPped. The run must notice (the group's
+  collective timeout `train.hang_s`; the environment server's calls and health probe; Temporal's health check
+  `temporal.hang_s`), kill it by pid and replace it, no restart.
+- `freeze-controller`: the `turnkeep run` process SIGSTOPped. The run's Ray keeper must notice its heartbeat stop
+  (`ray.controller_hang_s`) and kill it by pid; the next start re-attaches as after a `controller` kill.
+  A frozen process that is replaced must be gone: one left stopped could come back beside its replacement.
 - `node`: the second node of the chaos run's own two-node Ray cluster (`chaos.local_cluster`), every process
   on it; the run replaces what it lost there (engines) on the node that is left and goes on, no restart. The
   chaos run then starts the node again, so the next `node` kill has one to take.
@@ -37,13 +43,17 @@ from turnkeep.primitives.pid_files import live_pid, live_pids, live_record
 from turnkeep.primitives.process_tree import kill_tree
 
 FREEZE_ENGINE = "freeze-engine"
-TARGETS = ("all", "controller", "trainer", "rank", "policy", "engine", "env", "temporal", FREEZE_ENGINE, "node")
+FREEZE_CONTROLLER = "freeze-controller"
+FREEZES = (FREEZE_ENGINE, "freeze-rank", "freeze-env", "freeze-temporal", FREEZE_CONTROLLER)
+TARGETS = ("all", "controller", "trainer", "rank", "policy", "engine", "env", "temporal", *FREEZES, "node")
 EVERY = "every"
-NAMED_ONLY = ("rank",)
-"""Not in `every`: a `rank` kill needs a run with `train.ranks` > 1, so it is asked for by name."""
+NAMED_ONLY = ("rank", "freeze-rank")
+"""Not in `every`: a rank's kill or freeze needs a run with `train.ranks` > 1, so it is asked for by name."""
+ENDS_THE_INCARNATION = ("all", "controller", FREEZE_CONTROLLER)
+"""Targets after which the run's process is gone and the next start restores or re-attaches."""
 NODE = "node"
 """The one target that needs a cluster of more than one node: a chaos run with it starts its own."""
-REPAIRED_BY_THE_RUN = ("env", "temporal", "policy", "engine", "trainer", "rank", FREEZE_ENGINE, NODE)
+REPAIRED_BY_THE_RUN = ("env", "temporal", "policy", "engine", "trainer", "rank", *FREEZES[:-1], NODE)
 """Targets the run starts again by itself: no restart follows their kill."""
 STOP_LINE = "turnkeep: the run was stopped"
 
@@ -76,6 +86,8 @@ class Kill:
     """A `node` kill: the run's processes that went with the node, by pid-file role."""
     lost_urls: dict[str, str] = field(default_factory=dict)
     """What those of them that serve (the engines) answered at, from their pid files."""
+    frozen: list[int] = field(default_factory=list)
+    """A freeze: the pids SIGSTOPped, which the repair must have killed."""
 
 
 def kill_target(target: str, run_dir: Path, root_pid: int, rng: random.Random | None = None,
@@ -87,6 +99,8 @@ def kill_target(target: str, run_dir: Path, root_pid: int, rng: random.Random | 
         return kill_node(run_dir, cluster)
     if target == FREEZE_ENGINE:
         return freeze_engine_core(run_dir, rng or random.Random())
+    if target in FREEZES:
+        return freeze(target, run_dir, root_pid, rng or random.Random())
     picks = {"engine": ENGINE_ROLE, "rank": RANK_ROLE}
     role = pick_live(run_dir, picks[target], rng or random.Random()) if target in picks else target
     pid = root_pid if target == "controller" else (live_pid(run_dir, role) if role else None)
@@ -97,6 +111,19 @@ def kill_target(target: str, run_dir: Path, root_pid: int, rng: random.Random | 
     except ProcessLookupError:
         return Kill(0, pid, role)
     return Kill(1, pid, role)
+
+
+def freeze(target: str, run_dir: Path, root_pid: int, rng: random.Random) -> Kill:
+    """SIGSTOP the process a `freeze-*` target names (the controller: `root_pid`)."""
+    role = pick_live(run_dir, RANK_ROLE, rng) if target == "freeze-rank" else target.removeprefix("freeze-")
+    pid = root_pid if target == FREEZE_CONTROLLER else (live_pid(run_dir, role) if role else None)
+    if pid is None:
+        return Kill(0, None, role)
+    try:
+        os.kill(pid, signal.SIGSTOP)
+    except ProcessLookupError:
+        return Kill(0, pid, role)
+    return Kill(1, pid, role, frozen=[pid])
 
 
 def freeze_engine_core(run_dir: Path, rng: random.Random) -> Kill:
@@ -112,7 +139,7 @@ def freeze_engine_core(run_dir: Path, rng: random.Random) -> Kill:
             core.send_signal(signal.SIGSTOP)
     except psutil.Error:
         return Kill(0, actor, role)
-    return Kill(len(cores), actor, role)
+    return Kill(len(cores), actor, role, frozen=[core.pid for core in cores])
 
 
 def engine_cores(actor_pid: int) -> list[psutil.Process]:
@@ -150,7 +177,15 @@ def kill_everything(run_dir: Path, root_pid: int | None) -> int:
 def repaired(run_dir: Path, kill: Kill) -> bool:
     """The run started again what the kill took: a live process under each pid file, not the one killed."""
     lost = kill.lost if kill.role == NODE else {kill.role or "": kill.pid}
-    return all(_replaced(live_pid(run_dir, role), pid) for role, pid in lost.items())
+    replaced = all(_replaced(live_pid(run_dir, role), pid) for role, pid in lost.items())
+    return replaced and not any(_alive_pid(pid) for pid in kill.frozen)
+
+
+def _alive_pid(pid: int) -> bool:
+    try:
+        return _alive(psutil.Process(pid))
+    except psutil.Error:
+        return False
 
 
 def _replaced(pid: int | None, killed_pid: int | None) -> bool:

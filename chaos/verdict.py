@@ -18,6 +18,7 @@ from pathlib import Path
 
 from turnkeep.chaos.invariants.continuations import invariant_2, journaled_agents_were_committed, saved_agents_continued
 from turnkeep.chaos.invariants.deadlines import DEADLINE_SLACK_S, invariant_5
+from turnkeep.chaos.invariants.engine_tokens import fill_engine_counts, read_tallies
 from turnkeep.chaos.invariants.figures import fill_counts
 from turnkeep.chaos.invariants.holds import STALL_AFTER_RESTORE_S, hold_spans, holds_within_lease, invariant_4
 from turnkeep.chaos.invariants.lineage import invariant_1, walk_lineage
@@ -37,14 +38,17 @@ __all__ = [
 def check_run_dir(run_dir: Path, *, newest_snapshot_problems: Sequence[str] = (), snapshot_checks: int = 0) -> Verdict:
     return check_invariants(
         list(read_audit(run_dir)), newest_snapshot_problems=newest_snapshot_problems, snapshot_checks=snapshot_checks,
+        engine_tallies=read_tallies(run_dir),
     )
 
 
 def check_invariants(
     events: list, *, newest_snapshot_problems: Sequence[str] = (), snapshot_checks: int = 0,
+    engine_tallies: dict[int, int] | None = None,
 ) -> Verdict:
     """`newest_snapshot_problems`: what the chaos command found wrong with the newest published
-    snapshot after its kills; `snapshot_checks`: how many such checks it made (for the table).
+    snapshot after its kills; `snapshot_checks`: how many such checks it made (for the table); `engine_tallies`:
+    the engines' own token counts per incarnation (`chaos.invariants.engine_tokens.read_tallies`).
 
     One row per check, in invariant order; an invariant may have several."""
     walk = walk_lineage(events)
@@ -64,4 +68,5 @@ def check_invariants(
         *invariant_7(events),
     ]
     fill_counts(events, walk, counts)
+    fill_engine_counts(events, engine_tallies or {}, counts)
     return Verdict(results, counts)

@@ -41,6 +41,8 @@ BENCHMARKS = {
             "and seconds, trainer compute, steps/min, checkpoint size, memory",
     "variants": "grpo, dr_grpo, dapo (clip-higher + dynamic sampling), rloo and grpo with KL on the tool_chat task: "
                 "reward curves, held-out pass@1, steps/min",
+    "hangs": "each process of a run frozen (SIGSTOP) in turn: seconds to the probe that caught it, its replacement "
+             "and the next train step; train steps the repair undid",
     "peers": "turnkeep against TRL's GRPOTrainer on one tiny chat model and single-turn task: time to a reward, "
              "tokens/s, steps/min, memory; each killed halfway and resumed: steps lost, restart to next step",
 }

@@ -36,6 +36,7 @@ PASS_ARGS: dict[str, list[str]] = {
     "learn": ["--steps", "100"],
     "lora": ["--rounds", "1", "--steps", "20"],
     "variants": ["--steps", "40"],
+    "hangs": [],
     "peers": ["--steps", "30"],
 }
 """Each benchmark's arguments in a pass (besides `--out`), in the order they run: `lower_bound`, `orchestration` and
@@ -51,7 +52,8 @@ keeps the previous file's."""
 
 RUN_FOLDERS = {"overhead": "overhead", "wasted": "wasted", "recovery": "chaos", "soak": "soak", "engines": "engines",
                "partial_turns": "partial_turns", "ranks": "ranks",
-               "restart": "restart", "learn": "learn", "lora": "lora", "variants": "variants", "peers": "peers"}
+               "restart": "restart", "learn": "learn", "lora": "lora", "variants": "variants", "hangs": "hangs",
+               "peers": "peers"}
 """The folder of `--out` where each benchmark that starts runs keeps them (it refuses one that is not empty)."""
 
 RunOne = Callable[[list[str]], int]

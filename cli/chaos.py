@@ -16,8 +16,8 @@ def add_chaos_parser(subparsers) -> argparse.ArgumentParser:
     chaos.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="TOML config (default: configs/tiny.toml)")
     chaos.add_argument("--kills", type=int, default=20, help="how many times to kill the run (default 20)")
     chaos.add_argument("--target", default="all",
-                       help=f"comma list of what to kill: {', '.join(TARGETS)}, or every (all of them but rank, "
-                            "which needs train.ranks > 1) (default: all, the whole process tree)")
+                       help=f"comma list of what to kill: {', '.join(TARGETS)}, or every (all of them but rank and "
+                            "freeze-rank, which need train.ranks > 1) (default: all, the whole process tree)")
     chaos.add_argument("--at", default=RANDOM,
                        help=f"comma list of moments: {', '.join(ALL_MOMENTS)} (default: random; the phases wait at "
                             "a hook in the product)")

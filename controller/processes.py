@@ -18,8 +18,8 @@ from turnkeep.schemas.environments import AttachRequest
 class OwnEnvServer(Protocol):
     """The run's own environment server as the controller sees it (`workers.local_env_server.LocalEnvServer`)."""
 
-    async def revive(self) -> None:
-        """Start it again on the same port."""
+    async def revive(self, why: str = "") -> None:
+        """Start it again on the same port; `why`: what the probe that gave up on it last saw."""
 
 
 @dataclass(frozen=True)

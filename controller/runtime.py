@@ -144,6 +144,7 @@ class Controller:
             on_step=self._on_step,
             audit=self.audit,
             drop_zero_signal=self.cfg.algorithm.drop_zero_signal,
+            run_dir=self.cfg.run.run_dir,
         )
 
     def _on_step(self, report: StepReport) -> None:
@@ -182,6 +183,13 @@ class Controller:
 
     async def load_trainer_checkpoint(self, directory: str, step: int) -> int:
         return await self.processes.trainer.load_checkpoint.remote(directory, step)
+
+    async def trainer_progress(self) -> dict:
+        return await self.processes.trainer.progress.remote()
+
+    async def checkpoint_now(self, step: int) -> None:
+        await self._checkpoint(step, "kept steps")
+        self.training.checkpointed_step = step  # the anchor of the next snapshot: no second checkpoint of it
 
     async def load_policy_weights(self, version: int) -> None:
         await self.processes.engines.load_weights(self.processes.trainer.weights_blob.remote(), version)

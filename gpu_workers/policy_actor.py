@@ -10,6 +10,7 @@ The config travels as JSON so the actor needs no pickled pydantic objects.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -64,6 +65,11 @@ class PolicyActor(RunMember):
     async def liveness(self, timeout_s: float) -> float | None:
         """The engine core's answer time to a one-token probe (`PolicyServer.engine_answers`)."""
         return await self._server.engine_answers(timeout_s)
+
+    async def tally_tokens(self, folder: str, incarnation: int) -> str:
+        """Count every token the engine generates into a file of `folder` for this run incarnation from now on
+        (`gpu_workers.token_tally`); returns its path."""
+        return self._server.tally_tokens(Path(folder), incarnation)
 
     async def kill_engine_processes(self) -> int:
         """SIGKILL every process this actor started (vLLM's engine core and its fork server): a hung engine core

@@ -28,6 +28,7 @@ from turnkeep.gpu_workers.policy_admission import AdmissionGate
 from turnkeep.gpu_workers.policy_errors import RequestError, WeightsUnavailable
 from turnkeep.gpu_workers.policy_http import build_app
 from turnkeep.gpu_workers.policy_participant import PolicyParticipant, policy_capabilities
+from turnkeep.gpu_workers.tally_stat_logger import stat_logger_factory
 from turnkeep.gpu_workers.vllm_engine import build_engine, generate, stream_sample
 from turnkeep.gpu_workers.vllm_lora import adapter_shapes, engine_lora_args, refit_adapter
 from turnkeep.gpu_workers.vllm_refit import refit_engine
@@ -36,6 +37,7 @@ from turnkeep.participants.core import ParticipantCore
 from turnkeep.participants.faults import FaultInjector
 from turnkeep.participants.http_server import ControlAuth
 from turnkeep.primitives.node_address import advertised_host, listen_host
+from turnkeep.primitives.token_tally import PROBES, TokenTally
 from turnkeep.schemas.config_services import PolicyServerConfig
 from turnkeep.schemas.config_train import LoraConfig
 from turnkeep.schemas.names import REFIT_HOLDER
@@ -80,7 +82,9 @@ class PolicyServer:
         """Injected checkpoint faults (served with `policy.fault_injection`; empty otherwise)."""
         self.url = ""
         self.tokens_generated = 0
-        """Completion tokens this engine generated since it started."""
+        """Completion tokens this engine delivered since it started."""
+        self.tally = TokenTally()
+        """Every token the engine core generated, counted per step by vLLM's stats (`token_tally`)."""
         self._lora: LoraConfig | None = None
         """With `[train.lora] refit = "adapters"`: the policy's adapters, which every refit carries."""
         self._lora_request: Any = None
@@ -107,7 +111,8 @@ class PolicyServer:
             self.weight_shapes = adapter_shapes(self.weight_shapes, lora)
             self._adapter_dir = Path(tempfile.mkdtemp(prefix="turnkeep-lora-"))
         # Engine start blocks for ~20 s; a thread keeps this loop (Ray, Temporal) live.
-        self._engine = await asyncio.to_thread(build_engine, model_dir, cfg, seed, lora_args=lora_args)
+        self._engine = await asyncio.to_thread(build_engine, model_dir, cfg, seed, lora_args=lora_args,
+                                               stat_loggers=[stat_logger_factory(self.tally)])
         self._vocab_size = self._engine.model_config.get_vocab_size()
         # The first request pays the engine's lazy setup (its output handler, first batch shapes; on a GPU, more).
         # It runs while the run goes on starting (the environment server, a restore); a weight load waits for it,
@@ -126,6 +131,7 @@ class PolicyServer:
     async def _warm_up(self) -> None:
         """The engine's first request; its failure is kept as the engine's state (nothing raises)."""
         try:
+            self.tally.add(PROBES, 1)
             await generate(self._engine, [0], 1, 1.0, [], 0)
         except Exception as err:
             self.weights_ok = False
@@ -193,12 +199,17 @@ class PolicyServer:
         if self._engine is None or (self._warming is not None and not self._warming.done()):
             return None
         started = time.monotonic()
+        self.tally.add(PROBES, 1)
         try:
             await asyncio.wait_for(generate(self._engine, [0], 1, 1.0, [], 0, lora_request=self._lora_request),
                                    timeout_s)
         except TimeoutError:
             return max(time.monotonic() - started, timeout_s)
         return time.monotonic() - started
+
+    def tally_tokens(self, folder: Path, incarnation: int) -> str:
+        """Count this engine's tokens into a file of `folder` for run incarnation `incarnation` from now on."""
+        return str(self.tally.start(folder, incarnation, self.engine))
 
     # -- completions ---------------------------------------------------------------
 

@@ -34,6 +34,10 @@ BROKEN_GRACE_S = 10.0
 class RankFailed(RuntimeError):
     """A trainer rank's call failed; the group cannot go on without it."""
 
+    def __init__(self, message: str, rank: int = 0, cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.rank, self.cause = rank, cause
+
 
 class RankGroup:
     def __init__(self, local: RankCompute, followers: Sequence[Any] = (),
@@ -72,7 +76,7 @@ class RankGroup:
             if call.done() and call.exception() is not None:
                 failure = call.exception()
                 failed = RankFailed(f"trainer rank {rank} of {self.size} failed in {method}: "
-                                    f"{type(failure).__name__}: {failure}")
+                                    f"{type(failure).__name__}: {failure}", rank, failure)
                 if pending and self.on_broken is not None:
                     self.on_broken(failed)  # a rank that never answered: the group cannot go on
                 raise failed from failure

@@ -27,7 +27,9 @@ class TrainerActor(RunMember):
         from turnkeep.gpu_workers.trainer import Trainer  # torch loads only inside the trainer process
 
         cfg = TurnkeepConfig.model_validate_json(cfg_json)
+        self._run_dir, self._hang_s = cfg.run.run_dir, cfg.train.hang_s
         self.hold = HoldSet("trainer")
+        self._last_step: dict | None = None
         self._worker = None
         self._stepping = asyncio.Lock()
         followers = await self._start_ranks(model_dir, cfg, rank_options) if cfg.train.ranks > 1 else []
@@ -69,9 +71,17 @@ class TrainerActor(RunMember):
         from turnkeep.primitives.process_tree import kill_local_actor_processes  # late: only a broken group
 
         killed = kill_local_actor_processes(self.rank_pids, "ray::TrainerRank")
+        why = str(failure).splitlines()[0][:300]
         logging.getLogger("turnkeep.trainer").error(
             "%s; the trainer's process exits so the run rebuilds the group (%d rank process(es) killed by pid)",
-            str(failure).splitlines()[0][:300], killed)
+            why, killed)
+        hung = not isinstance(getattr(failure, "cause", None), ray.exceptions.RayActorError)
+        if hung and self._run_dir.is_dir():  # the run directory is on this node (always on the run's own Ray)
+            from turnkeep.primitives.atomic_files import append_jsonl  # late: only a broken group
+
+            append_jsonl(self._run_dir / "metrics.jsonl", {
+                "kind": "hang", "t": round(time.time(), 3), "target": "trainer ranks", "pid": os.getpid(),
+                "probe": "collective timeout", "hang_s": self._hang_s, "why": why, "killed": killed})
         os._exit(1)
 
     async def ranks(self) -> list[int]:
@@ -82,6 +92,7 @@ class TrainerActor(RunMember):
         parsed = [RolloutRow.model_validate(row) for row in rows]
         async with self._stepping:
             stats = await self._trainer.train_step(parsed, step)
+            self._last_step = {"step": step, "groups": list(dict.fromkeys(row.group_id for row in parsed))}
         if stats["policy_version"] != step:
             raise RuntimeError(f"trainer reached version {stats['policy_version']} but the controller expected {step}")
         return stats
@@ -90,6 +101,12 @@ class TrainerActor(RunMember):
         """The policy version once no step is running (a caller that went away may have left one)."""
         async with self._stepping:
             return self._trainer.policy_version
+
+    async def progress(self) -> dict:
+        """Once no step is running: the policy version, and the last step this process trained with its groups
+        (None since a checkpoint load): what a controller that died mid-step never journaled."""
+        async with self._stepping:
+            return {"version": self._trainer.policy_version, "last_step": self._last_step}
 
     async def weights_blob(self) -> bytes:
         """The weights as the policy server loads them (its dtype), serialised on the trainer's device."""
@@ -112,6 +129,7 @@ class TrainerActor(RunMember):
         """Restore the `trainer/` folder of the checkpoint of train step `step`; returns the policy version."""
         async with self._stepping:
             self._shared.forget()
+            self._last_step = None
             return await self._trainer.load_checkpoint(Path(directory), step)
 
     async def save_checkpoint(self, directory: str) -> None:

@@ -121,9 +121,10 @@ def _patched_env(values: dict[str, str]) -> Iterator[None]:
 
 
 def build_engine(model_dir: str | Path, cfg: PolicyServerConfig, seed: int = 0, dtype: str = "float32",
-                 lora_args: dict | None = None) -> AsyncLLM:
+                 lora_args: dict | None = None, stat_loggers: list | None = None) -> AsyncLLM:
     """Start an `AsyncLLM` for the model directory (about 20 s on 2 cores); `lora_args`: room for the policy's
-    LoRA adapter (`vllm_lora.engine_lora_args`).
+    LoRA adapter (`vllm_lora.engine_lora_args`); `stat_loggers`: factories of loggers vLLM hands each engine step's
+    stats (`token_tally`).
 
     On a GPU, `gpu_memory_utilization` (when set) sizes the KV cache from the device's
     free memory; otherwise `kv_cache_memory_bytes` does, as on the CPU backend.
@@ -151,7 +152,7 @@ def build_engine(model_dir: str | Path, cfg: PolicyServerConfig, seed: int = 0, 
         **(lora_args or {}),
     )
     with _patched_env(engine_env(cfg)):
-        return AsyncLLM.from_engine_args(args)
+        return AsyncLLM.from_engine_args(args, stat_loggers=stat_loggers)
 
 
 def _sampling(max_tokens: int, temperature: float, stop_token_ids: list[int], seed: int | None,

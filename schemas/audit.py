@@ -56,6 +56,11 @@ class ContinuationRef(Wire):
     """Tokens of the cut turn after the boundary that the continuation keeps (the `token` level)."""
 
 
+class KeptStep(Wire):
+    step: int
+    group_ids: list[str]
+
+
 class KeptAfterCut(Wire):
     """What a restore kept of the journal after its cut (`rollout_recovery.keep_after_cut`)."""
 
@@ -70,6 +75,9 @@ class KeptAfterCut(Wire):
     restored the same cut and died before it saved anything newer (it holds everything since)."""
     stopped: str | None = None
     """Why the journal was not read to its last record (damage), or None."""
+    kept_steps: list[KeptStep] = []
+    """Trainer steps after the cut kept, not undone: the trainer that trained them survived a controller that died
+    alone, and the journals reach its step (the restore's `step`)."""
 
 
 class Restored(_Event):

@@ -126,6 +126,11 @@ class RayConfig(StrictModel):
     process died alone; the same command started within it re-attaches to them instead of starting them again. On
     the run's own Ray its head's keeper watches the controller; on a cluster (`ray.address`) a detached warden actor
     that the controller beats does. 0: they die with the controller."""
+    controller_hang_s: float | None = Field(default=120.0, gt=0)
+    """On the run's own Ray: a controller whose heartbeat (beaten every second from its event loop) is this old is
+    hung; the keeper kills it by pid and from then on it is a dead controller (above). A controller's loop is
+    blocked for seconds at most (a longer block is logged). None: only its death is noticed. On a cluster the
+    warden notices a hung controller as a dead one (its beats stop) and cannot kill it."""
 
 
 class TemporalSecurity(StrictModel):
@@ -182,6 +187,10 @@ class TemporalConfig(TemporalSecurity):
     """Web UI port of the embedded dev server (0: pick a free one)."""
     ip: str = "127.0.0.1"
     """Interface the embedded dev server and its UI listen on."""
+    hang_s: float | None = Field(default=30.0, gt=0)
+    """The embedded dev server counts as hung when its health check has not answered for this long (checked every
+    quarter of it, at most every 10 s): it is killed by pid and restarted as a dead one is. None: only its death is
+    noticed. (A server you run is yours to watch.)"""
 
     @model_validator(mode="after")
     def _security_needs_an_address(self) -> "TemporalConfig":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -20,7 +21,7 @@ import ray
 
 from turnkeep.envs.env_actor import EnvServerActor
 from turnkeep.primitives.atomic_files import append_jsonl
-from turnkeep.primitives.pid_files import write_pid_file
+from turnkeep.primitives.pid_files import live_pid, write_pid_file
 from turnkeep.schemas.choices import MetricsKind
 from turnkeep.schemas.config import TurnkeepConfig
 
@@ -59,8 +60,10 @@ class LocalEnvServer:
         self.url = await self._started(self._cfg)
         return self.url
 
-    async def revive(self) -> None:
-        """Start a new process on the same port (the old one is killed first, should it only hang)."""
+    async def revive(self, why: str = "") -> None:
+        """Start a new process on the same port. The old one is SIGKILLed by pid first, should it only hang (a
+        SIGSTOPped process answers no Ray call either), so it cannot come back beside its replacement."""
+        self._kill_if_hung(why)
         if self.actor is not None:
             try:
                 ray.kill(self.actor, no_restart=True)
@@ -69,7 +72,7 @@ class LocalEnvServer:
         port = urlsplit(self.url).port
         same_port = self._cfg.model_copy(update={"env": self._cfg.env.model_copy(update={"port": port})})
         self.restarts += 1
-        message = (f"the run's environment server ({self.url}) died; starting it again on the same port "
+        message = (f"the run's environment server ({self.url}) stopped answering ({why or 'gone'}); starting it again on the same port "
                    f"(restart {self.restarts}); its in-flight rollouts run again once it is back, spending no attempt")
         log.warning("%s", message)
         print(f"turnkeep: warning: {message}", file=sys.stderr, flush=True)
@@ -81,6 +84,20 @@ class LocalEnvServer:
         append_jsonl(self._cfg.run.run_dir / "metrics.jsonl", {
             "kind": MetricsKind.ENV_RESTART, "t": round(time.time(), 3), "restarts": self.restarts, "url": url,
             "seconds": round(time.monotonic() - began, 3)}, durable=False)
+
+    def _kill_if_hung(self, why: str) -> None:
+        run_dir = self._cfg.run.run_dir
+        pid = live_pid(run_dir, "env")
+        if pid is None:
+            return  # dead, as usual
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        log.warning("the run's environment server (pid %d) still runs but does not answer (%s): killed it", pid, why)
+        append_jsonl(run_dir / "metrics.jsonl", {
+            "kind": MetricsKind.HANG, "t": round(time.time(), 3), "target": "env", "pid": pid,
+            "probe": "calls and /health", "why": why}, durable=False)
 
     async def stop(self) -> None:
         if self.actor is not None:

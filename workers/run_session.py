@@ -34,6 +34,7 @@ from turnkeep.controller.rollout_levels import RolloutLevelPlan, plan_levels, un
 from turnkeep.controller.runtime import Controller, RunSummary
 from turnkeep.controller.snapshot.agents_mode import resolve_agents_mode
 from turnkeep.controller.stores.trainer_checkpoint import CheckpointIdentity
+from turnkeep.primitives import heartbeat
 from turnkeep.primitives.atomic_files import append_jsonl
 from turnkeep.primitives.audit_log import AUDIT_FILE, AuditLog
 from turnkeep.primitives.pid_files import write_pid_file
@@ -107,6 +108,8 @@ async def _incarnation(cfg: TurnkeepConfig, max_steps: int | None, rebuilds: Tra
     kept = KeptForRebuild()
     async with AsyncExitStack() as stack:
         stack.push_async_callback(audit.close)
+        beating = asyncio.create_task(heartbeat.beat_forever(heartbeat.beat_file(run_dir, "controller")))
+        stack.push_async_callback(_cancelled, beating)
         head, temporal_address, temporal_supervisor = await _start_ray_and_temporal(cfg, stack, identity, clock, kept)
         progress: dict = {}
         processes = await _start_processes(cfg, stack, identity, head, clock, RebuildTerms(rebuilds, kept, progress))
@@ -142,6 +145,8 @@ def _open_audit(run_dir: Path, identity: RunIdentity) -> AuditLog:
     if identity.resumed:
         print(f"turnkeep: resuming run {identity.run_id} in {run_dir} (incarnation {identity.incarnation})",
               flush=True)
+    # A beat first: a keeper that finds this pid must not read the previous controller's last, old beat.
+    heartbeat.beat(heartbeat.beat_file(run_dir, "controller"))
     write_pid_file(run_dir, "controller", os.getpid())
     audit = AuditLog(run_dir / AUDIT_FILE, identity.incarnation)
     audit.emit(RunStarted, run_id=identity.run_id, pid=os.getpid(), resumed=identity.resumed)
@@ -380,7 +385,7 @@ async def _start_temporal(cfg: TurnkeepConfig, stack: AsyncExitStack,
         return cfg.temporal.address, None
     endpoint = await start_dev_server(cfg.temporal, cfg.run.run_dir)
     stack.callback(kept.unless, stop_dev_server, endpoint)
-    supervisor = TemporalSupervisor(endpoint)
+    supervisor = TemporalSupervisor(endpoint, hang_s=cfg.temporal.hang_s)
     supervisor.start()
     stack.push_async_callback(supervisor.stop)  # first on the way out: the server's stop is no death
     taken_over = f", pid {endpoint.pid}, taken over from the previous controller" if endpoint.reused else ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from turnkeep.chaos.invariants.lineage import LineageWalk
 from turnkeep.chaos.invariants.results import AuditCounts
@@ -54,16 +55,35 @@ def turns_committed_again(turns: Iterable[TurnCommitted]) -> list[TurnCommitted]
 
 
 def cut_turn_tokens(events: list) -> tuple[int, int]:
-    """(tokens streamed in turns a kill cut, tokens of them a continuation kept). A turn is cut when the attempt
-    streamed some of it (`turn_tokens`) and its incarnation ended without a `run_ended` (killed) before the
-    attempt committed the turn, sealed, failed or its group was given up; a continuation keeps the tokens it
-    says it went on from (`partial_tokens`, the `token` level), the rest are generated again. An attempt whose row
-    the next restore holds sealed before the kill, whatever the audit log had not yet written when it died (its
-    lines are flushed in batches, the controller's state journal first): its turns are in that row, not lost."""
+    """(tokens streamed in turns a kill cut, tokens of them a continuation kept), over every incarnation
+    (`streamed_by_incarnation`)."""
+    per_inc = streamed_by_incarnation(events).values()
+    return sum(one.cut for one in per_inc), sum(one.kept for one in per_inc)
+
+
+@dataclass
+class Streamed:
+    """One incarnation's streamed turns that it did not commit, as the audit's progress reports saw them."""
+    cut: int = 0
+    """Tokens of turns a kill cut: streamed, and the incarnation ended (killed) before the attempt committed the
+    turn, sealed, failed or its group was given up."""
+    kept: int = 0
+    """Of those, tokens a continuation went on from (`partial_tokens`, the `token` level)."""
+    uncommitted: int = 0
+    """Tokens of every streamed turn it did not commit: the cut ones, and those settled otherwise."""
+
+
+def streamed_by_incarnation(events: list) -> dict[int, Streamed]:
+    """Per incarnation, what `Streamed` holds. A turn is cut when the attempt streamed some of it (`turn_tokens`)
+    and its incarnation ended without a `run_ended` before the attempt settled; a continuation keeps the tokens it
+    says it went on from, the rest are generated again. An attempt whose row the next restore holds sealed before
+    the kill, whatever the audit log had not yet written when it died (its lines are flushed in batches, the
+    controller's state journal first): its turns are in that row, not lost."""
     ended = {e.inc for e in events if isinstance(e, RunEnded)}
     sealed_before_kill = _rows_of_the_next_restore(events)
     streamed: dict[tuple[int, str, int, int], int] = {}  # (incarnation, rollout id, started by, turn) -> tokens
-    settled: set[tuple[int, str, int]] = set()  # (incarnation, rollout id, turn), or turn -1: the attempt ended
+    committed: set[tuple[int, str, int]] = set()  # (incarnation, rollout id, turn)
+    settled: set[tuple[int, str, int]] = set()  # (incarnation, rollout id, -1): the attempt ended
     given_up: set[tuple[int, str]] = set()  # (incarnation, group id)
     kept: dict[tuple[str, int, int], int] = {}  # (rollout id, started by, turn) -> tokens a continuation kept
     for e in events:
@@ -71,7 +91,7 @@ def cut_turn_tokens(events: list) -> tuple[int, int]:
             key = (e.inc, e.rollout_id, e.started_by, e.turn)
             streamed[key] = max(streamed.get(key, 0), e.tokens)
         elif isinstance(e, TurnCommitted):
-            settled.add((e.inc, e.rollout_id, e.turn - 1))
+            committed.add((e.inc, e.rollout_id, e.turn - 1))
         elif isinstance(e, (SiblingSealed, SiblingFailed)):
             settled.add((e.inc, e.rollout_id, -1))
         elif isinstance(e, GroupsDiscarded):
@@ -82,14 +102,18 @@ def cut_turn_tokens(events: list) -> tuple[int, int]:
             for c in e.continuations:
                 key = (c.rollout_id, c.started_by, c.turn_index)
                 kept[key] = max(kept.get(key, 0), c.partial_tokens)
-    cut = kept_total = 0
+    found: dict[int, Streamed] = {}
     for (inc, rollout_id, started_by, turn), tokens in streamed.items():
-        if (inc in ended or (inc, rollout_id, turn) in settled or (inc, rollout_id, -1) in settled
-                or (inc, rollout_id.rsplit(".", 2)[0]) in given_up or (inc, rollout_id) in sealed_before_kill):
+        if (inc, rollout_id, turn) in committed:
             continue
-        cut += tokens
-        kept_total += min(tokens, kept.get((rollout_id, started_by, turn), 0))
-    return cut, kept_total
+        one = found.setdefault(inc, Streamed())
+        one.uncommitted += tokens
+        if (inc in ended or (inc, rollout_id, -1) in settled or (inc, rollout_id.rsplit(".", 2)[0]) in given_up
+                or (inc, rollout_id) in sealed_before_kill):
+            continue
+        one.cut += tokens
+        one.kept += min(tokens, kept.get((rollout_id, started_by, turn), 0))
+    return found
 
 
 def _rows_of_the_next_restore(events: list) -> set[tuple[int, str]]:

@@ -45,6 +45,9 @@ def walk_lineage(events: list) -> LineageWalk:
             # The crash abandoned every step after the restored one: that branch never happened.
             for step in [s for s in lineage if s > event.step]:
                 del lineage[step]
+            for kept in _kept_steps(event):  # trained by the dead controller's trainer, kept with it
+                if kept.step not in lineage:  # its `step_trained` line died with the controller's audit buffer
+                    lineage[kept.step] = (event.inc, index, list(kept.group_ids))
             floor = event.step
             trained_at = _group_steps(lineage)
             restored_groups = {row.group_id for row in event.rows} | set(event.unfinished_groups)
@@ -82,6 +85,10 @@ def walk_lineage(events: list) -> LineageWalk:
             else:
                 first_step[group] = step
     return LineageWalk(lineage, accepted, violations, checked)
+
+
+def _kept_steps(restored: Restored) -> list:
+    return restored.kept_after_cut.kept_steps if restored.kept_after_cut is not None else []
 
 
 def _group_steps(lineage: dict[int, tuple[int, int, list[str]]]) -> dict[str, int]:
@@ -138,6 +145,8 @@ def _unaccounted_rows(
         elif isinstance(event, RunEnded):
             outstanding.update(event.outstanding_groups)
     carried = {(row.group_id, row.sibling) for row in following.rows} if following is not None else set()
+    if following is not None:
+        trained.update(group for kept in _kept_steps(following) for group in kept.group_ids)
     rows = sorted({(row.group_id, row.sibling) for row in events[start].rows})
     return [
         (group, sibling) for group, sibling in rows

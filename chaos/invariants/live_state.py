@@ -321,7 +321,9 @@ def _restore_past_cut(restored: Restored, cut: CutTaken, start: tuple[int, int, 
         elif isinstance(event, (GroupRerun, GroupDropped)):
             rows = {r for r in rows if r.rsplit(".", 1)[0] != event.group_id}
         elif isinstance(event, StepTrained) and event.step <= restored.step:
-            groups -= set(event.group_ids)  # a step the restore keeps (none comes after its cut today)
+            _trained_and_gone(rows, groups, event.group_ids)  # a step the restore keeps with a surviving trainer
+    for kept in restored.kept_after_cut.kept_steps if restored.kept_after_cut else []:
+        _trained_and_gone(rows, groups, kept.group_ids)  # its `step_trained` line may have died with the controller
     kept_rows = {row_key(r.group_id, r.sibling) for r in restored.rows}
     kept_groups = set(restored.unfinished_groups)
     if lost := sorted(rows - kept_rows):
@@ -334,6 +336,12 @@ def _restore_past_cut(restored: Restored, cut: CutTaken, start: tuple[int, int, 
     if restored.next_group_index < cut.next_group_index:
         found.dataloader.append(f"{what} put the dataloader at index {restored.next_group_index}, behind its cut's "
                                 f"{cut.next_group_index}: {_moved(restored.next_group_index, cut.next_group_index)}")
+
+
+def _trained_and_gone(rows: set[str], groups: set[str], group_ids: list[str]) -> None:
+    """A trained group's rows and the group itself leave the state."""
+    groups -= set(group_ids)
+    rows -= {r for r in rows if r.rsplit(".", 1)[0] in group_ids}
 
 
 def _run_ended(event: RunEnded, live: _Live, found: _Findings) -> None:

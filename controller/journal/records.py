@@ -29,14 +29,19 @@ class ReplayState:
     Past the cut (`past_cut()`), the records of a run that went on after its snapshot are replayed on top of it
     for a trainer that is back at the cut's step: rows, groups and the dataloader go on as they went, while each
     train step after the cut is undone. Its groups keep their rows and stay unfinished, and its batch joins
-    `replay_batches`, so the train pump trains the same groups in the same order again."""
+    `replay_batches`, so the train pump trains the same groups in the same order again. For a trainer that is not
+    back at the cut but survived at the journal's last step (a controller that died alone), `past_cut(keep_steps=
+    True)` keeps them instead: the records apply as before the cut, and the steps are listed in `kept_steps`."""
 
     def __init__(self, base: dict) -> None:
         self.step = int(base["step"])
         self.replay_batches: list[list[str]] = [list(batch) for batch in base.get(REPLAY_BATCHES, [])]
         self.lost_steps: list[dict] = []
         """Train steps after the cut, undone: {"step", "policy_version", "groups"} in training order."""
+        self.kept_steps: list[dict] = []
+        """Train steps after the cut, kept (`past_cut(keep_steps=True)`): the same shape."""
         self._past_cut = False
+        self._keep_steps = False
         self._kept_groups: set[str] = set()
         self.dataloader = dict(base["dataloader"])
         self.rows: dict[str, dict[int, dict]] = {}
@@ -67,7 +72,7 @@ class ReplayState:
         elif kind == CURSOR:
             self.dataloader = value
         elif kind == STEP:
-            if not self._past_cut:
+            if not self._past_cut or self._keep_steps:
                 self.step = int(value)
         elif kind == TRAINED:
             self._trained(value)
@@ -76,17 +81,21 @@ class ReplayState:
         else:
             raise ValueError(f"unknown journal record kind {kind!r}")
 
-    def past_cut(self) -> None:
-        """The records from here on came after the cut the trainer is restored to."""
-        self._past_cut = True
+    def past_cut(self, keep_steps: bool = False) -> None:
+        """The records from here on came after the cut the trainer is restored to (`keep_steps`: after the cut,
+        by the trainer that is kept)."""
+        self._past_cut, self._keep_steps = True, keep_steps
 
     def _trained(self, value: dict) -> None:
         groups = list(value["groups"])
         trained = set(groups)
         self.replay_batches = [kept for batch in self.replay_batches if (kept := [g for g in batch if g not in trained])]
         if self._past_cut:
-            self.lost_steps.append({"step": int(value["step"]), "policy_version": int(value["policy_version"]),
-                                    "groups": groups})
+            step = {"step": int(value["step"]), "policy_version": int(value["policy_version"]), "groups": groups}
+            if self._keep_steps:
+                self.kept_steps.append(step)
+                return
+            self.lost_steps.append(step)
             self._kept_groups |= trained
 
     KEYS = ("step", REPLAY_BATCHES, "dataloader", "data_plane", "claim_ledger", "group_ledger")

@@ -8,12 +8,12 @@ the file and the problem, and the restore falls back to an older source.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
 
-from turnkeep.controller.journal.records import ReplayState
+from turnkeep.controller.journal.records import GROUPS_FINISHED, ROWS_DELETED, STEP, TRAINED, ReplayState, encode
 from turnkeep.controller.journal.state_journal import BASE_KEY, JOURNAL_DIR, RESTORED_FROM_FILE, START_FILE, JournalRef
 from turnkeep.primitives.segment_format import JournalCorrupt, LogPosition
 from turnkeep.primitives.segment_reader import read_records, read_records_to_end
@@ -65,6 +65,8 @@ class PastCut:
     restored_from: dict | None = None
     """What the restoring incarnation's journal records beside its base (`RESTORED_FROM_FILE`): the cut, and the
     newest policy version kept so far."""
+    kept_steps: list[dict] = field(default_factory=list)
+    """Train steps after the cut kept with the trainer that survived them (`keep_steps`)."""
 
     @property
     def newest_policy_version(self) -> int:
@@ -72,11 +74,11 @@ class PastCut:
         return (self.restored_from or {}).get("newest_policy_version") or 0
 
 
-def roll_past_cut(run_dir: Path, ref: JournalRef, replay: ReplayState) -> PastCut:
+def roll_past_cut(run_dir: Path, ref: JournalRef, replay: ReplayState, keep_steps: bool = False) -> PastCut:
     """Apply the records after the cut's position, to the last whole one. Every prefix of the journal is a state
     the controller held, so damage part way keeps what came before it and says so; a torn tail is the normal end
-    of a journal whose writer was killed."""
-    replay.past_cut()
+    of a journal whose writer was killed. `keep_steps`: the train steps in them are kept, not undone."""
+    replay.past_cut(keep_steps)
     records, stopped = 0, None
     try:
         for payload in read_records_to_end(Path(run_dir) / ref.journal, ref.log_id,
@@ -85,7 +87,7 @@ def roll_past_cut(run_dir: Path, ref: JournalRef, replay: ReplayState) -> PastCu
             records += 1
     except JournalCorrupt as err:
         stopped = str(err)
-    return PastCut(records, list(replay.lost_steps), stopped)
+    return PastCut(records, list(replay.lost_steps), stopped, kept_steps=list(replay.kept_steps))
 
 
 def _check(state: dict, ref: JournalRef, journal: Path) -> None:
@@ -100,14 +102,17 @@ def _check(state: dict, ref: JournalRef, journal: Path) -> None:
             f"{wanted[2]} groups (digest {wanted[3]}): the journal does not hold what the cut saw")
 
 
-def resolve_state_past_cut(run_dir: Path, raw: dict, incarnation: int | None = None) -> tuple[dict, PastCut | None]:
+def resolve_state_past_cut(run_dir: Path, raw: dict, incarnation: int | None = None,
+                           keep_steps: bool = False, trained_since: dict | None = None) -> tuple[dict, PastCut | None]:
     """A saved controller state carried on to the end of the journal it was taken from (`roll_past_cut`): a cut
     that names its journal position, or a trainer checkpoint's full state with its base marker. A state from
     before journals has nowhere to go on from: (the state, None).
 
     When an earlier incarnation already restored this same cut and went on (then died before it saved anything
     newer), its journal starts from that restore and holds everything since: the restore goes on from the newest
-    such journal (below `incarnation`, the one restoring now) instead, so no incarnation's work is lost twice."""
+    such journal (below `incarnation`, the one restoring now) instead, so no incarnation's work is lost twice.
+    `keep_steps`: for the trainer that trained every step of the journal and survived (`ReplayState.past_cut`);
+    `trained_since`: that trainer's last step ({"step", "groups"}), which the journal may lack (`step_past_journal`)."""
     if "journal_ref" in raw:
         ref = JournalRef.model_validate(raw["journal_ref"])
         replay = replay_to(run_dir, ref)
@@ -125,12 +130,28 @@ def resolve_state_past_cut(run_dir: Path, raw: dict, incarnation: int | None = N
         start, later_base, marker, newest_before = later
         replay, ref = ReplayState(later_base), _ref_at(str(start.parent.relative_to(run_dir)), marker["log_id"],
                                                        marker["position"])
-    past = roll_past_cut(run_dir, ref, replay)
+    past = roll_past_cut(run_dir, ref, replay, keep_steps)
+    if keep_steps and trained_since is not None and past.stopped is None and step_past_journal(replay, trained_since):
+        past.kept_steps = list(replay.kept_steps)
     past.journal = ref.journal
-    newest = max([step["policy_version"] for step in past.lost_steps] + ([newest_before] if newest_before else []),
-                 default=None)
+    newest = max([step["policy_version"] for step in past.lost_steps + past.kept_steps]
+                 + ([newest_before] if newest_before else []), default=None)
     past.restored_from = {**cut, "newest_policy_version": newest}
-    return {**replay.state_dict(), **extra}, past
+    # The replayed keys last: a snapshot's own `step` is its cut's, and a kept trainer's step is later.
+    return {**extra, **replay.state_dict()}, past
+
+
+def step_past_journal(replay: ReplayState, step: dict) -> bool:
+    """Apply a train step the trainer took and the journal never recorded (its controller died between the
+    trainer's answer and the journal's flush), as the train pump would have: when it is the journal's next step and
+    every group it trained still has its rows. False: it is not, nothing applied."""
+    groups = list(step["groups"])
+    if int(step["step"]) != replay.step + 1 or not groups or any(not replay.rows.get(g) for g in groups):
+        return False
+    for kind, value in ((TRAINED, {"step": step["step"], "policy_version": step["step"], "groups": groups}),
+                        (ROWS_DELETED, groups), (GROUPS_FINISHED, groups), (STEP, step["step"])):
+        replay.apply(encode(kind, value))
+    return True
 
 
 def _ref_at(journal: str, log_id: str, position: dict) -> JournalRef:

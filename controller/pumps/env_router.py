@@ -45,7 +45,7 @@ class EnvServerLink:
     """The run's environment names this server runs."""
     attach: AttachRequest | None = None
     """How to re-attach a stand-alone server that restarted (None: the run's own server, attached in-process)."""
-    revive: Callable[[], Awaitable[None]] | None = None
+    revive: Callable[[str], Awaitable[None]] | None = None
     """Starts the server again when it stays away (the run's own server; a stand-alone one is its operator's)."""
     revived_at: float | None = None
     away_since: float | None = None
@@ -206,7 +206,7 @@ class EnvRouter:
 
     async def _revive(self, link: EnvServerLink) -> None:
         try:
-            await asyncio.wait_for(link.revive(), REVIVE_TIMEOUT_S)
+            await asyncio.wait_for(link.revive(link.reason), REVIVE_TIMEOUT_S)
         except Exception as err:  # noqa: BLE001 - reported; the probe tries again
             link.reason = f"restarting it failed: {type(err).__name__}: {err}"[:300]
             log.warning("environment server %s: %s", link.name, link.reason)

@@ -20,6 +20,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from turnkeep.controller.engines.engine_pool import EnginePool
 from turnkeep.controller.journal.records import REPLAY_CLEARED, STEP, TRAINED
@@ -28,6 +29,7 @@ from turnkeep.controller.state.data_plane import DataPlane
 from turnkeep.controller.state.group_ledger import GroupLedger
 from turnkeep.controller.state.run_stats import RunStats
 from turnkeep.primitives.audit_log import AuditLog
+from turnkeep.primitives.chaos_points import reached
 from turnkeep.primitives.holds import HoldSet
 from turnkeep.schemas.audit import GroupsDiscarded, StepTrained
 from turnkeep.schemas.config import TrainConfig
@@ -70,9 +72,12 @@ class TrainPump:
         on_step: Callable[[StepReport], None],
         audit: AuditLog | None = None,
         drop_zero_signal: bool = False,
+        run_dir: Path | None = None,
     ) -> None:
-        """`drop_zero_signal`: discard complete groups whose rewards are all equal (`algorithm.drop_zero_signal`)."""
+        """`drop_zero_signal`: discard complete groups whose rewards are all equal (`algorithm.drop_zero_signal`);
+        `run_dir`: where a chaos kill point announces itself (None: no kill point)."""
         self._cfg = cfg
+        self._run_dir = run_dir
         self._drop_zero_signal = drop_zero_signal
         self._ledger = ledger
         self._claims = claims
@@ -250,6 +255,8 @@ class TrainPump:
             engines_live=len(self._engines.live()),
         )
         self._on_step(report)
+        if self._run_dir is not None and self.checkpointed_step is not None and self.checkpointed_step < self.step:
+            await reached("trained", self._run_dir)  # a chaos kill point: the trainer idle, past a checkpoint
         return report
 
     async def _claim_batch(self) -> list[str]:

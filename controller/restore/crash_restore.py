@@ -32,7 +32,7 @@ from turnkeep.primitives.atomic_files import remove_stale_staging
 from turnkeep.primitives.audit_log import segments_digest
 from turnkeep.primitives.chaos_points import reached
 from turnkeep.primitives.segment_format import JournalCorrupt
-from turnkeep.schemas.audit import ContinuationRef, KeptAfterCut, Restored, RowRef
+from turnkeep.schemas.audit import ContinuationRef, KeptAfterCut, KeptStep, Restored, RowRef
 from turnkeep.schemas.choices import AgentsFrom
 from turnkeep.schemas.config import TurnkeepConfig
 from turnkeep.schemas.names import recovery_holder, recovery_workflow_id
@@ -85,6 +85,9 @@ class CrashRestore:
             # journal is kept as a checkpoint's would be, every train step in it undone.
             state, past = self._restored_state(source, first)
             return await self._restore_state(source, 0, state, past)
+        if (kept := await self._kept_trainer(source)) is not None:
+            await reached("restore", self._cfg.run.run_dir)
+            return await self._restore_state(*kept)
         trainer_dir = Path(source.checkpoint_dir or "") / "trainer"
         version = await target.load_trainer_checkpoint(str(trainer_dir), source.step)
         if version != source.policy_version:
@@ -94,14 +97,46 @@ class CrashRestore:
         state, past = self._restored_state(source, Path(source.controller_state or ""))
         return await self._restore_state(source, version, state, past)
 
+    async def _kept_trainer(self, source: RecoverySource) -> tuple[RecoverySource, int, dict, PastCut] | None:
+        """A controller that died alone left the trainer running at the step it reached: when the journals hold
+        the run up to that very step, the restore goes on from there with that trainer, and no step is undone.
+        (source at the trainer's step, version, state, what was kept past the cut), or None: restore as usual."""
+        if not self._target.reused_processes or not self._cfg.rollout_recovery.keep_after_cut:
+            return None
+        path = Path(source.controller_state or "")
+        try:
+            raw = orjson.loads(path.read_bytes())
+            if source.snapshot_dir and raw.get(AGENTS_FROM) != AgentsFrom.JOURNAL:
+                return None  # parked agents are saved as of the cut: nothing after it can be kept
+            progress = await self._target.trainer_progress()
+            version = int(progress["version"])
+            state, past = resolve_state_past_cut(self._cfg.run.run_dir, raw, self._identity.incarnation,
+                                                 keep_steps=True, trained_since=progress.get("last_step"))
+        except (OSError, orjson.JSONDecodeError, JournalCorrupt) as err:
+            log.info("not keeping the surviving trainer's steps: %s", err)
+            return None
+        if past is None or past.stopped or int(state["step"]) != version or version < source.step:
+            log.info("not keeping the surviving trainer's steps: it is at version %d, the journals reach step %s%s",
+                     version, state["step"], f" (damaged: {past.stopped})" if past and past.stopped else "")
+            return None
+        steps = [step["step"] for step in past.kept_steps]
+        reason = (f"{source.reason}; the trainer that survived the controller is at step {version}, which the "
+                  f"journals reach: steps {steps} kept, none undone" if steps else source.reason)
+        log.info("keeping the surviving trainer at step %d: %d journal records after the cut applied, train steps "
+                 "%s kept", version, past.records, steps)
+        return source.model_copy(update={"step": version, "policy_version": version, "reason": reason}), version, \
+            state, past
+
     async def _restore_state(self, source: RecoverySource, version: int, state: dict,
                              past: PastCut | None) -> RestoreResult:
         target = self._target
-        # Step 0 of a fresh restart has no checkpoint of its own yet.
-        target.load_state(state, version, checkpointed=source.kind is not SourceKind.FRESH)
+        kept = past is not None and bool(past.kept_steps)
+        # Step 0 of a fresh restart has no checkpoint of its own yet; nor has a kept trainer's step.
+        target.load_state(state, version, checkpointed=source.kind is not SourceKind.FRESH and not kept)
         # The restored state is the new journal's base; every change from here on (the reruns below) is journaled.
+        # A kept trainer's state is no restore of its cut: a later restore of that cut must not go on from it.
         target.start_journal(self._identity.run_id, self._identity.incarnation,
-                        restored_from=past.restored_from if past else None)
+                             restored_from=past.restored_from if past and not kept else None)
         if sealed := seal_stored_rows(target.data_plane, target.ledger):
             # The cut fell between their rows' store and their seal: the rows are in, they are never continued.
             log.info("%d siblings had their rows stored at the cut and are sealed now", len(sealed))
@@ -115,6 +150,9 @@ class CrashRestore:
             continuations, started_over = await self._continue_journaled_agents(newest)
             self._audit(source, state, continuations, started_over, agents_from=AgentsFrom.JOURNAL, past=past)
         restarted = target.redispatch(continuations) - len(continuations)
+        if kept:
+            # Until its own checkpoint, a later crash restores the cut's and undoes these steps after all.
+            await target.checkpoint_now(version)
         log.info("restored step %d (policy version %d) from %s: %s", source.step, version, source.kind, source.reason)
         return RestoreResult(
             step=source.step, policy_version=version, data_plane_rows=target.data_plane.num_rows(),
@@ -269,7 +307,8 @@ class CrashRestore:
             kept_after_cut=None if past is None else KeptAfterCut(
                 records=past.records, undone_steps=[step["step"] for step in past.lost_steps],
                 newest_policy_version=max(source.policy_version, past.newest_policy_version),
-                journal=past.journal, stopped=past.stopped),
+                journal=past.journal, stopped=past.stopped,
+                kept_steps=[KeptStep(step=step["step"], group_ids=step["groups"]) for step in past.kept_steps]),
         )
         target.audit.flush()
 

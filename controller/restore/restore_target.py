@@ -39,6 +39,12 @@ class RestoreTarget(Protocol):
     async def load_trainer_checkpoint(self, directory: str, step: int) -> int:
         """Load the trainer's files; returns the policy version they hold."""
 
+    async def trainer_progress(self) -> dict:
+        """The trainer's policy version now and its last step (`TrainerActor.progress`)."""
+
+    async def checkpoint_now(self, step: int) -> None:
+        """A trainer checkpoint of the state held now, at `step` (the trainer's version)."""
+
     async def load_policy_weights(self, version: int) -> None:
         """The trainer's weights into the policy server (a run without Temporal; with it, `policy.load_weights`)."""
 

@@ -64,6 +64,8 @@ def test_a_kill_in_every_phase_restores_and_keeps_every_invariant(chaos_run) -> 
     counts = report["verdict"]["counts"]
     assert set(counts["restores_by_source"]) <= {"fresh", "snapshot", "trainer_checkpoint"}, counts
     assert counts["continuations_sealed"] >= 1 and checks["restored siblings resume at their saved turn"]["checked"] >= 1
+    # The engines' own count sees every token a kill cut, at least what the turns' progress reports saw.
+    assert counts["engine_tokens_generated"] > 0 and counts["engine_cut_tokens"] >= counts["cut_turn_tokens"], counts
     # Kills inside the cut and the publish land inside a workflow task (those phases are local activities): the next
     # incarnation's cancel of the dead attempt waits for that task to time out, not for Temporal's default 10 s.
     lines = [orjson.loads(line) for line in (run_dir / "metrics.jsonl").read_bytes().splitlines()]

@@ -126,10 +126,41 @@ def test_a_freeze_stops_the_engine_core_of_an_engine_and_waits_for_the_engines_r
         assert not repaired(tmp_path, kill)
         replacement = _sleeper()
         write_pid_file(tmp_path, "policy", replacement.pid)
+        assert not repaired(tmp_path, kill)  # its core still stopped
+        stopped_core = psutil.Process(core)
+        stopped_core.kill()
+        psutil.wait_procs([stopped_core], timeout=5)
         assert repaired(tmp_path, kill)
         assert "freeze-engine" in parse_targets("every")
     finally:
         kill_tree(actor.pid)
+        if replacement is not None:
+            replacement.kill()
+
+
+def test_a_frozen_process_counts_as_repaired_only_once_it_is_killed_and_replaced(tmp_path: Path):
+    """`freeze-env` SIGSTOPs the process its pid file names; a replacement beside the stopped process is no repair
+    (it could come back half-way), the frozen one killed and a replacement running is."""
+    frozen, replacement = _sleeper(), None
+    try:
+        write_pid_file(tmp_path, "env", frozen.pid)
+        kill = kill_target("freeze-env", tmp_path, root_pid=0)
+        assert (kill.killed, kill.pid, kill.role, kill.frozen) == (1, frozen.pid, "env", [frozen.pid])
+        stopped = time.monotonic() + 5
+        while psutil.Process(frozen.pid).status() != psutil.STATUS_STOPPED and time.monotonic() < stopped:
+            time.sleep(0.02)
+        assert psutil.Process(frozen.pid).status() == psutil.STATUS_STOPPED
+        replacement = _sleeper()
+        write_pid_file(tmp_path, "env", replacement.pid)
+        assert not repaired(tmp_path, kill)
+        frozen.kill()
+        frozen.wait()
+        assert repaired(tmp_path, kill)
+        every = parse_targets("every")
+        assert {"freeze-env", "freeze-temporal", "freeze-controller"} <= set(every) and "freeze-rank" not in every
+        assert kill_target("freeze-temporal", tmp_path, root_pid=0).killed == 0  # no Temporal pid file: nothing
+    finally:
+        frozen.kill()
         if replacement is not None:
             replacement.kill()
 

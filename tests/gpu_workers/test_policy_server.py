@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from turnkeep.gpu_workers.weights_blob import pack_state_dict
+from turnkeep.primitives.token_tally import read_tally
 
 pytestmark = pytest.mark.integration
 
@@ -76,6 +77,19 @@ def test_completion_returns_tokens_logprobs_and_version(policy_server, loop) -> 
     assert health.pop("tokens_generated") >= len(choice["token_ids"])  # the fixture's server may have served more
     assert health == {"policy_version": 0, "inflight": 0, "admission_open": True, "holders": [], "weights_ok": True,
                       "warm_up_error": None, "engine": 0}
+
+
+def test_the_engine_tallies_every_token_it_generates_to_a_file_probes_apart(policy_server, loop, tmp_path) -> None:
+    """Counted from vLLM's per-step stats into a memory-mapped file (`primitives.token_tally`): the completion's
+    tokens exactly, and a liveness probe's one token in both slots."""
+    path = Path(policy_server.tally_tokens(tmp_path / "tokens", 7))
+    assert path.name.startswith("inc7-engine0-pid") and read_tally(path) == {"generated": 0, "probes": 0}
+    status, resp = loop.run(_post(policy_server.url, {"prompt": [1, 5, 6], "max_tokens": 12, "seed": 1}))
+    assert status == 200, resp
+    generated = len(resp["choices"][0]["token_ids"])
+    assert read_tally(path) == {"generated": generated, "probes": 0}
+    assert loop.run(policy_server.engine_answers(30.0)) is not None
+    assert read_tally(path) == {"generated": generated + 1, "probes": 1}
 
 
 def test_refit_logprobs_match_trainer(policy_server, loop, tiny_model_dir) -> None:

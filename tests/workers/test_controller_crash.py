@@ -1,8 +1,8 @@
 """The controller (`turnkeep run`) killed alone, as the OOM killer would: the trainer, the
 policy server, the environment server, Ray and Temporal live on, and the same command
 started again re-attaches to them instead of starting them anew, fences them with its
-incarnation and restores as usual; with other settings it stops them and starts fresh
-ones. (When no controller comes back they stop by themselves: the end of
+incarnation and restores as usual, keeping the trainer's steps (none is undone when the journals reach the
+trainer's step); with other settings it stops them and starts fresh ones. (When no controller comes back they stop by themselves: the end of
 tests/workers/test_single_process_deaths.py.)"""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from tests.controller.stores.test_tensorboard_mirror import _scalars
 from tests.run_command import metrics, short_run_dir, small_run_settings, train_steps, turnkeep, wait_until
 from turnkeep.chaos.verdict import check_run_dir
 from turnkeep.primitives.audit_log import read_audit
+from turnkeep.primitives.chaos_points import ENV_POINT, ENV_WAIT, marker_path
 from turnkeep.primitives.pid_files import live_pid, live_pids
 
 pytestmark = pytest.mark.integration
@@ -70,18 +71,23 @@ def _first_turn_after_start(run_dir, incarnation: int, proc) -> float:
 
 
 def test_a_restarted_controller_reattaches_to_what_the_killed_one_left_and_other_settings_start_afresh(
-        stack_config) -> None:
+        stack_config, monkeypatch) -> None:
     run_dir = short_run_dir("tk-ctlcrash-")
     log = run_dir.parent / "turnkeep.log"
     settings = [*small_run_settings(stack_config), "--set", "metrics.tensorboard=true"]
+    # Killed while it waits after a train step past its first trainer checkpoint: the trainer idle at the step the
+    # journal reached (a kill mid-step leaves the trainer a step ahead of the journal, and that step is undone).
+    monkeypatch.setenv(ENV_POINT, "trained")
+    monkeypatch.setenv(ENV_WAIT, "120")
     proc = turnkeep("run", "--run-dir", str(run_dir), "--steps", "1000", *settings, log=log)
+    monkeypatch.delenv(ENV_POINT)
     try:
-        wait_until(lambda: _published(run_dir) > 0 and train_steps(run_dir) >= 3, 300, "training and a snapshot",
-                   proc)
+        wait_until(lambda: marker_path(run_dir).exists(), 300, "a train step past a trainer checkpoint", proc)
         live = _status(run_dir)
         assert live["up"] and live["temporal_view"]["answered"], live
         assert set(live["live"]["holders"]) == {"admission", "deadlines", "trainer", "policy_admission"}, live
-        assert live["newest_snapshot"] is not None and live["training"]["step"] >= 3
+        assert live["training"]["step"] >= 2
+        steps_at_kill = train_steps(run_dir)
         survivors = _kill_controller_alone(proc, run_dir)
         down = _status(run_dir)
         assert not down["up"] and down["processes"]["trainer"] == survivors["trainer"], down
@@ -99,6 +105,13 @@ def test_a_restarted_controller_reattaches_to_what_the_killed_one_left_and_other
         assert "re-attached the trainer, the policy server and the environment server" in text, text[-3000:]
         for role in ("trainer", "policy", "env", "ray"):
             assert live_pid(run_dir, role) == survivors[role], role
+        # No step undone: the restore went on from the surviving trainer's step, and checkpointed it at once.
+        [kept] = [e for e in read_audit(run_dir) if e.event == "restored" and e.inc == 2]
+        assert kept.step == kept.policy_version == steps_at_kill and kept.kept_after_cut.undone_steps == [], kept
+        assert kept.kept_after_cut.kept_steps and kept.kept_after_cut.kept_steps[-1].step == steps_at_kill
+        assert [line["step"] for line in metrics(run_dir, "train_step")][:steps_at_kill + 1] == \
+            list(range(1, steps_at_kill + 2))
+        assert any(e.event == "cut_taken" and e.inc == 2 and e.step == steps_at_kill for e in read_audit(run_dir))
         print(f"\ncontroller-only crash: from the new process's start, first generated turn within "
               f"{first_turn_since_launch_s:.1f} s and first train step {restarted_in:.1f} s; from its run_started "
               f"event to its first turn {first_turn_s:.1f} s")

@@ -66,6 +66,8 @@ def test_a_frozen_trainer_rank_times_out_its_group_is_killed_by_pid_and_rebuilt(
     assert not rank.is_running() or rank.status() == psutil.STATUS_ZOMBIE  # killed, not left stopped
     [rebuild] = metrics(run_dir, "trainer_rebuild")
     assert rebuild["rebuild_in_a_row"] == 1
+    [hang] = metrics(run_dir, "hang")
+    assert (hang["target"], hang["probe"], hang["hang_s"]) == ("trainer ranks", "collective timeout", HANG_S)
     assert "rank process(es) killed by pid" in ray_worker_logs(run_dir) + log.read_text()
     assert metrics(run_dir, "train_step")[-1]["step"] == 12
     verdict = check_run_dir(run_dir)

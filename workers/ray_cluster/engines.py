@@ -11,6 +11,7 @@ import ray
 from turnkeep.controller.engines.engine_pool import Engine, EngineState
 from turnkeep.gpu_workers.policy_actor import PolicyActor
 from turnkeep.primitives.pid_files import write_pid_file
+from turnkeep.primitives.token_tally import tally_dir
 from turnkeep.schemas.config import TurnkeepConfig
 from turnkeep.schemas.names import engine_name
 from turnkeep.workers.ray_cluster.gpu_placement import actor_options
@@ -32,6 +33,8 @@ class EngineStarter:
     """The placement group holding the engines' GPU bundles (None: no GPUs)."""
     identity: dict | None
     """The run's stamp: engines are detached actors that outlive the controller."""
+    incarnation: int | None = None
+    """The run's incarnation: each engine counts its tokens for it (`primitives.token_tally`); None: no count."""
 
     def create(self, index: int):
         """The actor, not yet started (its process starts and imports vLLM meanwhile)."""
@@ -45,6 +48,8 @@ class EngineStarter:
         url = await actor.start.remote(self.model_dir, policy_cfg.model_dump_json(), self.cfg.run.seed,
                                        self.control_token, served)
         write_pid_file(self.cfg.run.run_dir, engine_pid_role(index), await actor.__ray_call__.remote(_pid_of), url=url)
+        if self.incarnation is not None:
+            await actor.tally_tokens.remote(str(tally_dir(self.cfg.run.run_dir)), self.incarnation)
         if self.identity is not None:
             await actor.stamp.remote({**self.identity, "model_dir": self.model_dir, "url": url, "engine": index})
         return Engine(index, actor, url, state=EngineState.STARTING, restarts=restarts)

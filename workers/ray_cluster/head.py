@@ -95,7 +95,9 @@ def _start(cfg: TurnkeepConfig, run_dir: Path) -> RayHead:
     with open(log_path, "ab") as out:
         keeper = subprocess.Popen(
             [sys.executable, "-m", "turnkeep.workers.ray_cluster.keeper", "--run-dir", str(run_dir),
-             "--survive-controller-s", str(cfg.ray.survive_controller_s), "--", *ray_args],
+             "--survive-controller-s", str(cfg.ray.survive_controller_s),
+             *(["--controller-hang-s", str(cfg.ray.controller_hang_s)] if cfg.ray.controller_hang_s else []),
+             "--", *ray_args],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
     write_pid_file(run_dir, RAY_ROLE, keeper.pid, address=address)

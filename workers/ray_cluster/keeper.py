@@ -14,6 +14,11 @@ It stops the whole session when
 
 The controller is the process named in `<run_dir>/pids/controller.json`; a new controller
 writes that file before it looks for Ray, which resets the wait.
+
+A controller that hangs without dying (SIGSTOPped, its event loop stuck) stops its heartbeat
+(`primitives.heartbeat`): after `--controller-hang-s` without one, the keeper SIGKILLs it by pid, so it cannot
+come back beside the next controller, with one line here and a `hang` line in metrics.jsonl; from then on it is a
+dead controller, waited for as above.
 """
 
 from __future__ import annotations
@@ -28,7 +33,10 @@ from pathlib import Path
 
 import psutil
 
+from turnkeep.primitives.atomic_files import append_jsonl
+from turnkeep.primitives.heartbeat import beat_file, silent_for
 from turnkeep.primitives.pid_files import live_pid
+from turnkeep.schemas.choices import MetricsKind
 
 POLL_S = 0.5
 TERM_GRACE_S = 10.0
@@ -41,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workers.ray_cluster.keeper")
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument("--survive-controller-s", type=float, required=True)
+    parser.add_argument("--controller-hang-s", type=float, default=None)
     parser.add_argument("ray_args", nargs=argparse.REMAINDER, help="after --: the arguments of `ray start`")
     args = parser.parse_args(argv)
     ray_args = args.ray_args[1:] if args.ray_args[:1] == ["--"] else args.ray_args
@@ -48,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda number, _frame: stop_signal.append(number))
     head = subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", "start", *ray_args])
-    reason = _watch(head, args.run_dir, args.survive_controller_s, stop_signal)
+    reason = _watch(head, args.run_dir, args.survive_controller_s, stop_signal, args.controller_hang_s)
     _say(f"stopping the run's Ray head and everything in its session: {reason}")
     # The controller's own stop comes after it stopped the environment server and the policy server in order (the
     # journals synced, the engine shut down): what is left holds nothing to save, and a short grace will do.
@@ -57,14 +66,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _watch(head: subprocess.Popen, run_dir: Path, survive_s: float, stop_signal: list[int]) -> str:
+def _watch(head: subprocess.Popen, run_dir: Path, survive_s: float, stop_signal: list[int],
+           hang_s: float | None = None) -> str:
     orphaned_since: float | None = None
     while True:
         if stop_signal:
             return f"signal {signal.Signals(stop_signal[0]).name} (the controller's stop)"
         if head.poll() is not None:
             return f"Ray's head process exited with {head.returncode}"
-        if live_pid(run_dir, "controller") is None:
+        controller = live_pid(run_dir, "controller")
+        if controller is not None and hang_s is not None:
+            controller = _unless_hung(run_dir, controller, hang_s)
+        if controller is None:
             orphaned_since = orphaned_since if orphaned_since is not None else time.monotonic()
             if time.monotonic() - orphaned_since >= survive_s:
                 return (f"the controller died and no new one started within ray.survive_controller_s = "
@@ -72,6 +85,23 @@ def _watch(head: subprocess.Popen, run_dir: Path, survive_s: float, stop_signal:
         else:
             orphaned_since = None
         time.sleep(POLL_S)
+
+
+def _unless_hung(run_dir: Path, pid: int, hang_s: float) -> int | None:
+    """`pid`, or None once it is killed for a heartbeat `hang_s` old."""
+    silent_s = silent_for(beat_file(run_dir, "controller"))
+    if silent_s is None or silent_s < hang_s:
+        return pid
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return None
+    why = f"no heartbeat for {silent_s:.0f}s (ray.controller_hang_s = {hang_s:g})"
+    _say(f"the controller (pid {pid}) hangs: {why}; killed it, the run's processes wait for the next one")
+    append_jsonl(run_dir / "metrics.jsonl", {
+        "kind": MetricsKind.HANG, "t": round(time.time(), 3), "target": "controller", "pid": pid,
+        "probe": "heartbeat", "hang_s": hang_s, "why": why})
+    return None
 
 
 def stop_session(exclude: set[int], grace_s: float = TERM_GRACE_S) -> int:

@@ -10,6 +10,7 @@ server and the environment server, whose checkpoint routes require it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from pathlib import Path
 
@@ -29,11 +30,13 @@ from turnkeep.workers.ray_cluster.gpu_placement import PlacementError, on_head_n
 from turnkeep.workers.ray_cluster.head import RayHead, start_or_find_head
 from turnkeep.workers.ray_cluster.node_checks import check_nodes
 from turnkeep.workers.ray_cluster.security import ensure_ray_token
-from turnkeep.workers.ray_cluster.survivors import find_survivors, stop_survivors
+from turnkeep.workers.ray_cluster.survivors import STOP_TIMEOUT_S, find_survivors, stop_survivors
 from turnkeep.workers.ray_cluster.temp_dir import prepare_ray_temp_dir
 from turnkeep.workers.ray_cluster.trainer_start import create_trainer, setup_trainer
 from turnkeep.workers.ray_cluster.warden import stop_warden
 from turnkeep.workers.startup_clock import StartupClock, marked
+
+log = logging.getLogger("turnkeep.placement")
 
 
 def start_ray(cfg: TurnkeepConfig, run_dir: Path, namespace: str | None = None) -> None:
@@ -113,7 +116,7 @@ async def launch(cfg: TurnkeepConfig, incarnation: int | None = None, gpus=None,
     trainer = create_trainer(cfg, gpus, identity)
     actors = [create_engine(cfg, gpus, identity, k) for k in range(cfg.policy.engines)]
     model_dir = str(cached) if (cached := cached_tiny_model_dir(cfg)) is not None else await _model_dir(cfg_json)
-    starter = EngineStarter(cfg, model_dir, token, gpus, identity)
+    starter = EngineStarter(cfg, model_dir, token, gpus, identity, incarnation)
     pool = EnginePool([])
     local = sorted(local_environments(cfg.environments))
     env = LocalEnvServer(cfg, Path(model_dir), pool.routable_urls, token, incarnation, identity=identity,
@@ -154,8 +157,16 @@ async def shutdown(processes: Processes | None, on_cluster: bool = False) -> Non
         engines = [engine.actor for engine in processes.engines.all() if engine.state is not EngineState.DEAD]
         stops = [process.stop() if isinstance(process, LocalEnvServer) else process.stop.remote()
                  for process in (processes.env, *engines) if process is not None]
-        # Best effort on the way out, both at once: neither waits for the other.
-        await asyncio.gather(*stops, return_exceptions=True)
+        # Best effort on the way out, both at once: neither waits for the other, and a process that hangs (it
+        # answers no call) is left to the Ray head's stop, which kills whatever is left.
+        tasks = [asyncio.ensure_future(stop) for stop in stops]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=STOP_TIMEOUT_S)
+            for task in pending:
+                task.cancel()
+            if pending:
+                log.warning("%d of the run's processes did not stop within %.0fs (hung?); the Ray head's stop kills "
+                            "them", len(pending), STOP_TIMEOUT_S)
     if on_cluster:
         await stop_survivors(find_survivors())
         await stop_warden()

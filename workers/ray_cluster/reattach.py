@@ -25,6 +25,7 @@ from turnkeep.controller.engines.engine_pool import Engine, EnginePool
 from turnkeep.controller.processes import EnvServerEndpoint, Processes
 from turnkeep.envs.kinds import local_environments
 from turnkeep.primitives.control_token import create_control_token
+from turnkeep.primitives.token_tally import tally_dir
 from turnkeep.schemas.config import TurnkeepConfig
 from turnkeep.schemas.names import engine_name
 from turnkeep.workers.local_env_server import LocalEnvServer
@@ -63,6 +64,8 @@ async def reattach(cfg: TurnkeepConfig, stamp: dict, incarnation: int, restorabl
     fenced = await asyncio.gather(*(asyncio.wait_for(actor.fence.remote(), FENCE_TIMEOUT_S)
                                     for actor in found.engines.values()))
     log.info("policy engines fenced: %s", fenced)
+    await asyncio.gather(*(actor.tally_tokens.remote(str(tally_dir(cfg.run.run_dir)), incarnation)
+                           for actor in found.engines.values()))
     token = create_control_token(cfg.run.run_dir)
     model_dir = Path(identities["trainer"]["model_dir"])
     pool = EnginePool([Engine(k, actor, identities[engine_name(k)]["url"])
@@ -76,7 +79,7 @@ async def reattach(cfg: TurnkeepConfig, stamp: dict, incarnation: int, restorabl
                              placement=on_head_node)
         env.adopt(found.env, env_url, found.env_restarts)
         servers.append(EnvServerEndpoint("env", env_url, token, sorted(local_environments(cfg.environments))))
-    starter = EngineStarter(cfg, str(model_dir), token, get_gpu_group(), stamp)
+    starter = EngineStarter(cfg, str(model_dir), token, get_gpu_group(), stamp, incarnation)
     return Processes(found.trainer, pool, env, model_dir, env_url, token, servers, reused=True,
                      new_trainer=replaced_trainer, spawn_engine=starter.spawn)
 

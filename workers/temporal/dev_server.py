@@ -238,13 +238,18 @@ async def _answers(address: str, namespace: str, timeout_s: float) -> bool:
 
 async def _health(address: str, namespace: str, deadline: float) -> None:
     """One health check, given at most CONNECT_ATTEMPT_S (a server that accepts but hangs must not stall us)."""
+    left = deadline - asyncio.get_running_loop().time()
+    await health_check(address, namespace, max(0.1, min(CONNECT_ATTEMPT_S, left)))
+
+
+async def health_check(address: str, namespace: str, timeout_s: float) -> None:
+    """Connect and ask the server's health service; raises when it does not answer within `timeout_s`."""
 
     async def check() -> None:
         client = await Client.connect(address, namespace=namespace)
         await client.service_client.check_health()
 
-    left = deadline - asyncio.get_running_loop().time()
-    await asyncio.wait_for(check(), max(0.1, min(CONNECT_ATTEMPT_S, left)))
+    await asyncio.wait_for(check(), timeout_s)
 
 
 def _spawn(endpoint: TemporalEndpoint) -> None:

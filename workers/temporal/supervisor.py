@@ -7,19 +7,26 @@ ports, and waits until it serves. Workers, clients and the run workflow ride thr
 (the SDK retries while the server is away; `workers.temporal.controller_worker` waits longer
 outages out). When restarts keep failing, `lost()` resolves to a one-line reason that
 names temporal.log, and the run stops with it.
+
+A server that hangs without dying (a SIGSTOP, a wedged database, a machine swapping) is found by a health check
+every `hang_s` / 4 (at most `HANG_PROBE_MAX_EVERY_S`): one that has not answered for `temporal.hang_s` is SIGKILLed
+by pid, so it cannot come back half-way beside its replacement, and restarted as a dead one is, with one line and a
+`hang` line in metrics.jsonl.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
 from collections import deque
 from contextlib import suppress
 
 from turnkeep.primitives.atomic_files import append_jsonl
 from turnkeep.schemas.choices import MetricsKind
-from turnkeep.workers.temporal.dev_server import LOG_FILE, TemporalEndpoint, restart_dev_server
+from turnkeep.workers.temporal.dev_server import LOG_FILE, TemporalEndpoint, health_check, restart_dev_server
 from turnkeep.workers.temporal.ports import TemporalStartError
 
 log = logging.getLogger("turnkeep.temporal")
@@ -31,11 +38,13 @@ FAILURE_WINDOW_S = 60.0
 MAX_EXITS = 10
 """Deaths within `FAILURE_WINDOW_S` before the run is stopped, even when every restart served for a moment."""
 RESTART_TIMEOUT_S = 30.0
+HANG_PROBE_MAX_EVERY_S = 10.0
 
 
 class TemporalSupervisor:
     def __init__(self, endpoint: TemporalEndpoint, *, poll_s: float = POLL_S, max_failures: int = MAX_FAILURES,
-                 window_s: float = FAILURE_WINDOW_S, restart_timeout_s: float = RESTART_TIMEOUT_S):
+                 window_s: float = FAILURE_WINDOW_S, restart_timeout_s: float = RESTART_TIMEOUT_S,
+                 hang_s: float | None = None):
         assert endpoint.run_dir is not None, "only the embedded server is supervised"
         self.endpoint = endpoint
         self.restarts = 0
@@ -44,19 +53,26 @@ class TemporalSupervisor:
         """Why the supervisor gave up (None while it has not)."""
         self._poll_s, self._max_failures, self._window_s = poll_s, max_failures, window_s
         self._restart_timeout_s = restart_timeout_s
+        self._hang_s = hang_s
+        """Seconds without an answer to the health check before the server counts as hung (None: never)."""
+        self.hangs = 0
+        """Hung servers killed, this run."""
         self._gave_up = asyncio.Event()
-        self._task: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._watch(), name="temporal-supervisor")
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._watch(), name="temporal-supervisor")]
+        if self._hang_s is not None:
+            self._tasks.append(loop.create_task(self._watch_liveness(self._hang_s), name="temporal-liveness"))
 
     async def stop(self) -> None:
         """Before the server is stopped on the way out, so that stop is not taken for a death."""
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
             with suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+                await task
+        self._tasks = []
         if self.restarts:
             log.info("restarts of the embedded Temporal server this run: %d", self.restarts)
 
@@ -108,6 +124,41 @@ class TemporalSupervisor:
             "exit": ended, "seconds": round(seconds, 3), "unix_s": round(time.time(), 3),
         })
         return True
+
+    async def _watch_liveness(self, hang_s: float) -> None:
+        """Kill a server that has not answered its health check for `hang_s`; `_watch` then restarts it."""
+        every = min(hang_s / 4, HANG_PROBE_MAX_EVERY_S)
+        answered = time.monotonic()
+        while True:
+            await asyncio.sleep(every)
+            if self.endpoint.exit_status() is not None:  # dead: `_watch` restarts it; the clock starts again after
+                answered = time.monotonic()
+                continue
+            try:
+                await health_check(self.endpoint.address, self.endpoint.namespace, every)
+                answered = time.monotonic()
+                continue
+            except Exception:  # noqa: BLE001 - any failure to answer is a missed probe
+                pass
+            silent_s = time.monotonic() - answered
+            if silent_s >= hang_s:
+                self._kill_hung(silent_s, hang_s)
+                answered = time.monotonic()
+
+    def _kill_hung(self, silent_s: float, hang_s: float) -> None:
+        pid = self.endpoint.pid
+        if pid is None:
+            return
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        self.hangs += 1
+        why = f"no answer to its health check for {silent_s:.0f}s (temporal.hang_s = {hang_s:g})"
+        log.warning("the embedded Temporal server (pid %s) hangs: %s; killed it, it restarts as a dead one does",
+                    pid, why)
+        assert self.endpoint.run_dir is not None
+        append_jsonl(self.endpoint.run_dir / "metrics.jsonl", {
+            "kind": MetricsKind.HANG, "t": round(time.time(), 3), "target": "temporal", "pid": pid,
+            "probe": "health check", "hang_s": hang_s, "why": why})
 
     def _give_up(self, why: str) -> None:
         assert self.endpoint.run_dir is not None

@@ -88,9 +88,10 @@ def test_an_engine_retired_during_a_refit_is_stopped_after_its_load_and_the_refi
 @pytest.mark.parametrize(("hang", "probe"), [("core", "engine core token"), ("process", "actor call")])
 def test_a_hung_engine_is_killed_by_its_probe_and_replaced(hang, probe, tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(keeper_module, "PROBE_INTERVAL_S", 0.01)
-    monkeypatch.setattr(keeper_module, "HANG_GRACE_S", 0.1)
+    monkeypatch.setattr(keeper_module, "HANG_GRACE_S", 0.5)
     monkeypatch.setattr(keeper_module.ray, "kill", lambda actor, no_restart: actor.kill())
     actors = [FakeEngineActor(0), FakeEngineActor(1)]
+    hang_s = 1.0  # wide against a loaded machine's delays: an answering engine must never look hung
     pool = EnginePool([Engine(k, a, f"http://e{k}") for k, a in enumerate(actors)])
 
     async def spawn(index: int, restarts: int) -> Engine:
@@ -98,15 +99,15 @@ def test_a_hung_engine_is_killed_by_its_probe_and_replaced(hang, probe, tmp_path
 
     async def scenario() -> EngineKeeper:
         keeper = EngineKeeper(pool, spawn, FakeTrainer(version=2), run_dir=tmp_path, no_engine_stop_s=60,
-                              restart_pause_s=0, hang_s=0.2)
+                              restart_pause_s=0, hang_s=hang_s)
         keeper.start()
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.6)
         assert keeper.restarts == 0  # answering engines are left alone
         if hang == "core":
-            actors[1].probe_s = 0.2  # its engine core took the whole hang_s: no token came
+            actors[1].probe_s = hang_s  # its engine core took the whole hang_s: no token came
         else:
             actors[1].frozen = True
-        return await _stopped_after_a_restart(keeper, 3.0)
+        return await _stopped_after_a_restart(keeper, 10.0)
 
     keeper = asyncio.run(scenario())
     assert keeper.restarts == 1 and pool.get(1).url == "http://e1-r1" and pool.get(0).actor is actors[0]
@@ -114,7 +115,7 @@ def test_a_hung_engine_is_killed_by_its_probe_and_replaced(hang, probe, tmp_path
     assert actors[1].dead and ("engine processes killed" in actors[1].events) == (hang == "core")
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     [hung] = [line for line in lines if line["kind"] == "hang"]
-    assert (hung["target"], hung["probe"], hung["hang_s"]) == ("engine 1", probe, 0.2)
+    assert (hung["target"], hung["probe"], hung["hang_s"]) == ("engine 1", probe, hang_s)
 
 
 async def _stopped_after_a_restart(keeper: EngineKeeper, within_s: float) -> EngineKeeper:

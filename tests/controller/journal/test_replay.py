@@ -166,6 +166,32 @@ def test_past_the_cut_every_change_is_kept_and_every_later_train_step_is_undone(
     assert checked >= 3  # cuts with train steps after them
 
 
+def test_past_the_cut_for_a_surviving_trainer_every_train_step_is_kept_and_the_state_is_the_controllers_last(tmp_path):
+    """A controller that died alone left the trainer at the journal's last step: rolled on with the steps kept, the
+    state is exactly what the controller held at the end (step included), and every step after the cut is listed."""
+    from turnkeep.controller.journal.replay import replay_to, resolve_state_past_cut, roll_past_cut
+
+    state, journal, cuts = _journaled_cuts(tmp_path, seed=5, changes=2500, cuts_every=300, segment_bytes=16 << 10)
+    final = state.comparable()
+    checked = 0
+    for saved, _ in cuts:
+        ref = JournalRef.model_validate(saved["journal_ref"])
+        replay = replay_to(tmp_path, ref)
+        past = roll_past_cut(tmp_path, ref, replay, keep_steps=True)
+        rolled = replay.state_dict()
+        assert past.stopped is None and past.lost_steps == []
+        assert [s["step"] for s in past.kept_steps] == [step for step, *_ in state.trained if step > saved["step"]]
+        assert rolled["replay_batches"] == []
+        common = set(rolled) & set(final)
+        assert {"step", "data_plane", "group_ledger", "dataloader"} <= common
+        assert _comparable({k: rolled[k] for k in common}) == _comparable({k: final[k] for k in common})
+        # Through the restore's own entry: the snapshot's saved `step` (its cut's) gives way to the journal's.
+        resolved, _ = resolve_state_past_cut(tmp_path, saved, keep_steps=True)
+        assert "step" in saved and resolved["step"] == final["step"]
+        checked += bool(past.kept_steps)
+    assert checked >= 3
+
+
 def test_a_torn_last_record_past_the_cut_is_skipped(tmp_path):
     state, journal, cuts = _journaled_cuts(tmp_path, seed=6, changes=900, cuts_every=300)
     journal.close()
@@ -245,3 +271,32 @@ def test_a_second_restore_of_the_same_cut_goes_on_from_the_first_restores_journa
     # A restore that is itself incarnation 2 (a retried restore) never reads its own, unfinished journal.
     again, past3 = resolve_state_past_cut(tmp_path, saved, incarnation=2)
     assert past3.journal == "journal/inc-000001" and again == first
+
+
+def test_a_step_the_trainer_took_after_the_journal_is_applied_only_when_it_is_the_next_and_its_rows_are_there(
+        tmp_path):
+    """The controller died between the trainer's answer and the journal's flush: the surviving trainer's last step
+    is applied as the train pump would have (rows deleted, groups finished, the step advanced), if it can be."""
+    from turnkeep.controller.journal.replay import replay_to, roll_past_cut, step_past_journal
+
+    state, journal, cuts = _journaled_cuts(tmp_path, seed=9, changes=900, cuts_every=300)
+    saved = cuts[0][0]
+
+    def rolled():
+        ref = JournalRef.model_validate(saved["journal_ref"])
+        replay = replay_to(tmp_path, ref)
+        roll_past_cut(tmp_path, ref, replay, keep_steps=True)
+        return replay
+
+    replay = rolled()
+    with_rows = [gid for gid, rows in replay.rows.items() if rows][:2]
+    assert len(with_rows) == 2
+    kept_before, step = list(replay.kept_steps), replay.step
+    assert not step_past_journal(replay, {"step": step + 2, "groups": with_rows})  # not the journal's next step
+    assert not step_past_journal(replay, {"step": step + 1, "groups": [*with_rows, "g-never-seen"]})  # no rows
+    assert replay.step == step and replay.kept_steps == kept_before
+    assert step_past_journal(replay, {"step": step + 1, "groups": with_rows})
+    after = replay.state_dict()
+    assert after["step"] == step + 1 and replay.kept_steps[-1]["groups"] == with_rows
+    assert not {row["group_id"] for row in after["data_plane"]["rows"]} & set(with_rows)
+    assert not {g["group_id"] for g in after["group_ledger"]["groups"]} & set(with_rows)

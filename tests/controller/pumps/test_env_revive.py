@@ -38,7 +38,7 @@ def test_a_dead_server_of_the_run_is_started_again_and_its_waiters_go_on(monkeyp
         runners = [await _serve(port)]
         revives: list[float] = []
 
-        async def revive() -> None:
+        async def revive(why: str) -> None:
             revives.append(asyncio.get_running_loop().time())
             if len(revives) == 1:
                 raise RuntimeError("the first restart fails")  # retried by the probe, not fatal

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 
+import orjson
 import psutil
 
 from turnkeep.primitives.pid_files import write_pid_file
@@ -52,6 +53,35 @@ def test_a_new_controller_within_the_window_keeps_the_head(tmp_path) -> None:
     finally:
         head.kill()
     assert reason == "signal SIGTERM (the controller's stop)"
+
+
+BEATING_CONTROLLER = ("import asyncio, sys; from pathlib import Path; from turnkeep.primitives import heartbeat; "
+                      "asyncio.run(heartbeat.beat_forever(heartbeat.beat_file(Path(sys.argv[1]), 'controller'), 0.1))")
+
+
+def test_a_frozen_controller_is_killed_by_pid_and_then_waited_for_as_a_dead_one(tmp_path) -> None:
+    """A controller that beats, then is SIGSTOPped: its beat ages, the keeper SIGKILLs it after the hang window
+    (one `hang` line), and the survival window then runs as for any dead controller. While it beat, nothing
+    happened to it."""
+    controller = subprocess.Popen([sys.executable, "-c", BEATING_CONTROLLER, str(tmp_path)])
+    head = _sleeper()
+    try:
+        while not (tmp_path / "pids" / "controller.beat").exists():
+            time.sleep(0.05)
+        write_pid_file(tmp_path, "controller", controller.pid)
+        threading.Timer(1.5, controller.send_signal, [signal.SIGSTOP]).start()
+        began = time.monotonic()
+        reason = _watch(head, tmp_path, 1.0, [], hang_s=1.0)
+        waited = time.monotonic() - began
+        assert controller.wait(5) == -signal.SIGKILL
+    finally:
+        head.kill()
+        controller.kill()
+    assert "no new one started within ray.survive_controller_s = 1 s" in reason
+    assert waited >= 1.5 + 1.0 + 1.0  # beating, then silent for the hang window, then dead for the survival window
+    [hang] = [orjson.loads(line) for line in (tmp_path / "metrics.jsonl").read_bytes().splitlines()]
+    assert hang["kind"] == "hang" and hang["target"] == "controller" and hang["pid"] == controller.pid
+    assert hang["probe"] == "heartbeat"
 
 
 def test_the_heads_exit_ends_the_watch(tmp_path) -> None:

@@ -61,8 +61,10 @@ def _restart_lines(run_dir: Path) -> list[dict]:
     return [row for row in map(orjson.loads, lines) if row["kind"] == "temporal_restart"]
 
 
-async def _killed_mid_workflow(run_dir: Path, cfg: TemporalConfig, endpoint: TemporalEndpoint) -> None:
-    supervisor = TemporalSupervisor(endpoint)
+async def _killed_mid_workflow(run_dir: Path, cfg: TemporalConfig, endpoint: TemporalEndpoint,
+                               frozen: bool = False) -> None:
+    """SIGKILLed alone (or `frozen`: SIGSTOPped, for the health check to find) mid-workflow."""
+    supervisor = TemporalSupervisor(endpoint, hang_s=2.0 if frozen else None)
     supervisor.start()
     client = await Client.connect(endpoint.address)
     queue = f"q-{uuid.uuid4().hex[:6]}"
@@ -71,10 +73,15 @@ async def _killed_mid_workflow(run_dir: Path, cfg: TemporalConfig, endpoint: Tem
     try:
         handle = await client.start_workflow(WaitForGo.run, id=f"wait-{queue}", task_queue=queue)
         killed = endpoint.server
-        os.kill(killed.pid, signal.SIGKILL)  # the server alone, as the OOM killer picks it
-        back_s = await _until_back(supervisor, 1)
-        print(f"killed -> serving again in {back_s:.2f}s")
-        assert back_s < 5
+        os.kill(killed.pid, signal.SIGSTOP if frozen else signal.SIGKILL)  # the server alone, as the OOM killer picks it
+        back_s = await _until_back(supervisor, 1, timeout_s=30)
+        print(f"{'frozen' if frozen else 'killed'} -> serving again in {back_s:.2f}s")
+        assert back_s < (30 if frozen else 5)
+        if frozen:
+            [hang] = [row for row in map(orjson.loads, (run_dir / "metrics.jsonl").read_bytes().splitlines())
+                      if row["kind"] == "hang"]
+            assert hang["target"] == "temporal" and hang["pid"] == killed.pid and hang["probe"] == "health check"
+            assert supervisor.hangs == 1
         assert endpoint.pid != killed.pid and not killed.running()
         assert endpoint.address == f"{cfg.ip}:{cfg.port}"  # the same port: clients and workers keep their address
         assert [p.pid for p in servers_on(run_dir / "temporal.db")] == [endpoint.pid]
@@ -113,6 +120,19 @@ def test_a_taken_over_server_is_watched_through_its_pid(tmp_path) -> None:
         endpoint = await start_dev_server(cfg, tmp_path)
         assert endpoint.reused and endpoint.process is None
         await _killed_mid_workflow(tmp_path, cfg, endpoint)
+
+    asyncio.run(scenario())
+
+
+def test_a_frozen_server_is_killed_by_pid_and_restarted_and_a_workflow_started_before_completes(tmp_path) -> None:
+    """SIGSTOPped, the server still accepts connections and answers nothing: the health check misses for
+    `hang_s`, the supervisor SIGKILLs it (a SIGCONT later cannot bring it back beside its replacement), restarts it
+    on the same database and says so in one `hang` line."""
+    cfg = TemporalConfig(port=free_port("127.0.0.1"), ui_port=0)
+
+    async def scenario() -> None:
+        endpoint = await start_dev_server(cfg, tmp_path)
+        await _killed_mid_workflow(tmp_path, cfg, endpoint, frozen=True)
 
     asyncio.run(scenario())
 
