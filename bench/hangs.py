@@ -62,8 +62,8 @@ def run(args: argparse.Namespace) -> BenchResult:
              "Seconds from the freeze: to the `hang` line of metrics.jsonl (the probe's verdict), to the replacement's "
              "line (`engine_restart`, `env_restart`, `temporal_restart`, `trainer_rebuild`, the next incarnation's "
              "`startup`) and to the first train step after it. Steps undone: train steps before the repair that "
-             "trained again after it (a rank's repair restores the newest snapshot; a controller's keeps the trainer's steps "
-             "when the journals reach its step).",
+             "trained again after it (a rank's repair loads the ranks' copies of the step the group reached, "
+             "`train.rank_copies`; a controller's keeps the trainer's steps; both when the journals reach that step).",
              f"The chaos run: {'PASS' if report.get('ok') else 'FAIL'}; its invariants: "
              f"{'all hold' if report['verdict']['ok'] else 'BROKEN'}."]
     return BenchResult("hangs", table=table, notes=notes, data={"rounds": figures, "ok": bool(report.get("ok"))})

@@ -34,6 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kills", type=int, default=4, help="rank kills of the chaos run (default 4)")
     parser.add_argument("--chaos-steps", type=int, default=120, help="train steps of the chaos run (default 120)")
     parser.add_argument("--seed", type=int, default=35, help="the chaos run's kill schedule (default 35)")
+    parser.add_argument("--save-period", type=int, default=10,
+                        help="train.save_period of the chaos runs: how far behind a checkpoint can be (default 10)")
     parser.add_argument("--skip-chaos", action="store_true", help="only the trainer groups on their own")
 
 
@@ -41,21 +43,27 @@ def run(args: argparse.Namespace) -> BenchResult:
     base = args.out / "ranks"
     cfg = load_config(args.config, dict(s.split("=", 1) for s in args.set))
     groups = time_ranks(cfg, base / "groups", COUNTS, args.steps, args.rows, args.length)
-    rows = [[g["ranks"], g["step_s"], g["refit_gather_s"], g["save_s"], g["load_s"],
-             f"{g['checkpoint_bytes'] / 2**20:.1f}", " / ".join(str(m) for m in g["peak_rss_mib_per_rank"])]
+    rows = [[g["ranks"], "on" if g["copies"] else "off", g["step_s"], g["copy_s"] if g["copies"] else "",
+             g["refit_gather_s"], g["save_s"], g["load_s"], f"{g['checkpoint_bytes'] / 2**20:.1f}",
+             " / ".join(str(m) for m in g["peak_rss_mib_per_rank"]),
+             f"{g['keeper_held_bytes'] / 2**20:.1f} / " + " / ".join(map(str, g["keeper_peak_rss_mib"]))
+             if g["copies"] else ""]
             for g in groups.values()]
-    table = markdown_table(["ranks", "train step s (median)", "refit gather s", "checkpoint save s",
-                            "checkpoint load s", "checkpoint MiB", "peak RSS MiB per rank"], rows)
-    deaths = None if args.skip_chaos else _rank_deaths(args, base / "chaos")
-    if deaths is not None:
+    table = markdown_table(["ranks", "rank copies", "train step s (median)", "of it copies s", "refit gather s",
+                            "checkpoint save s", "checkpoint load s", "checkpoint MiB", "peak RSS MiB per rank",
+                            "keepers: MiB held / peak RSS MiB each"], rows)
+    deaths = {} if args.skip_chaos else {copies: _rank_deaths(args, base / f"chaos-copies-{copies}", copies)
+                                         for copies in ("on", "off")}
+    if deaths:
         table += "\n\n" + markdown_table(
-            ["rank kills", "invariants", "death -> next train step s (median, max)", "steps undone (median, max)",
-             "tokens generated again (share)"],
-            [[deaths["kills"], "all hold" if deaths["ok"] else "BROKEN",
-              f"{deaths['repair_s_median']} ({deaths['repair_s_max']})",
-              f"{deaths['undone_median']} ({deaths['undone_max']})",
-              f"{deaths['tokens_regenerated']} of {deaths['tokens_generated']} ({deaths['share']:.3%})"]])
+            ["rank copies", "rank kills", "invariants", "death -> next train step s (median, max)",
+             "steps undone (median, max)", "tokens generated again (share)"],
+            [[copies, d["kills"], "all hold" if d["ok"] else "BROKEN", f"{d['repair_s_median']} ({d['repair_s_max']})",
+              f"{d['undone_median']} ({d['undone_max']})",
+              f"{d['tokens_regenerated']} of {d['tokens_generated']} ({d['share']:.3%})"]
+             for copies, d in deaths.items()])
     one, two = groups["1"], groups["2"]
+    dearer = [f"{n} rank(s) {groups[f'{n}+copies']['step_s'] / groups[str(n)]['step_s'] - 1:+.1%}" for n in COUNTS]
     notes = [
         f"Groups on their own: {args.steps} train steps of {args.rows} synthetic rows of {args.length} tokens on "
         f"the model of {args.config.name}; the step time is the median after the first (which builds the "
@@ -66,24 +74,31 @@ def run(args: argparse.Namespace) -> BenchResult:
         "weights, gradients and AdamW state.",
         "Refit gather: the whole model gathered onto rank 0's host memory one parameter at a time and packed as "
         "safetensors (what a refit hands the engines); with one rank, the state dict packed as is.",
+        f"Rank copies (`train.rank_copies`): each step's shards copied to the keepers; the step time with them, "
+        f"against without: {', '.join(dearer)}. The keepers hold two copies of each shard (its own keeper's and "
+        "the next rank's; with one rank, one), so what they hold together is twice the weights and AdamW state "
+        "in float32, plus the previous step's while a step's copies arrive.",
     ]
-    if deaths is not None:
+    if deaths:
         notes.append("Rank deaths: a chaos run of the default task with `train.ranks = 2`, one rank SIGKILLed at "
-                     "a random moment after a train step each round; the run replaces the whole group, restores "
-                     "into it and trains on with the same engine and environment server. Steps undone: the "
-                     "restore's trainer checkpoint was this many steps behind (`train.save_period` = 2 here).")
+                     "a random moment after a train step each round, once with rank copies and once without (the "
+                     "same kill schedule); the run replaces the whole group, restores into it and trains on with "
+                     "the same engine and environment server. Steps undone: the steps the restore trained again "
+                     f"(without copies, the trainer checkpoint it loaded was this far behind; `train.save_period` "
+                     f"= {args.save_period} here).")
     return BenchResult("ranks", table, {"groups": groups, "deaths": deaths}, notes)
 
 
-def _rank_deaths(args: argparse.Namespace, run_dir: Path) -> dict:
+def _rank_deaths(args: argparse.Namespace, run_dir: Path, copies: str) -> dict:
     report_path = run_dir / "chaos" / "report.json"
     if not report_path.is_file():
         command = [sys.executable, "-m", "turnkeep", "chaos", "--run-dir", str(run_dir), "--config",
                    str(args.config), "--kills", str(args.kills), "--target", "rank", "--steps",
                    str(args.chaos_steps), "--seed", str(args.seed), "--max-delay-s", "10"]
-        for setting in [*args.set, "train.ranks=2", "train.save_period=2"]:
+        for setting in [*args.set, "train.ranks=2", f"train.save_period={args.save_period}",
+                                   f"train.rank_copies={copies == 'on'}"]:
             command += ["--set", setting]
-        print(f"bench ranks: {args.kills} rank kills in {run_dir}", flush=True)
+        print(f"bench ranks: {args.kills} rank kills with rank copies {copies} in {run_dir}", flush=True)
         subprocess.call(command)
     if not report_path.is_file():
         raise SystemExit(f"turnkeep bench ranks: the chaos run in {run_dir} wrote no report; see its chaos/ folder")

@@ -20,8 +20,9 @@ from turnkeep.schemas.config import TurnkeepConfig
 
 @ray.remote(num_cpus=0)
 class TrainerRankActor:
-    async def setup(self, model_dir: str, cfg_json: str, address: str, rank: int) -> int:
-        """Join the group at `address` as `rank` and load this rank's shard of the model; returns the pid."""
+    async def setup(self, model_dir: str, cfg_json: str, address: str, rank: int, detached: bool = False) -> int:
+        """Join the group at `address` as `rank` and load this rank's shard of the model; with `train.rank_copies`,
+        start its shard keeper (`detached`: outliving the controller). Returns the pid."""
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         from turnkeep.gpu_workers.rank_compute import RankCompute, resolve_device
         from turnkeep.gpu_workers.rank_group import join_group
@@ -33,6 +34,10 @@ class TrainerRankActor:
         self._trainer = await asyncio.to_thread(
             RankCompute, Path(model_dir), cfg.train, cfg.model.dtype, cfg.run.seed, cfg.rollout.temperature,
             cfg.algorithm_settings())
+        if cfg.train.rank_copies:
+            from turnkeep.gpu_workers.rank_copies import CopySink  # late: only with train.rank_copies
+
+            self._trainer.copies = await asyncio.to_thread(CopySink, rank, cfg.train.ranks, detached)
         return os.getpid()
 
     async def call(self, method: str, *args):

@@ -38,6 +38,7 @@ from turnkeep.gpu_workers.grpo import PackedBatch, token_logprobs
 from turnkeep.gpu_workers.lora import adapter_state, merged_state, scaling, with_lora
 from turnkeep.gpu_workers.policy_loss import policy_loss, token_entropy, token_weights
 from turnkeep.gpu_workers.reference_policy import ReferencePolicy
+from turnkeep.gpu_workers.shard_state import load_shard_bytes, rng_state, set_rng_state, shard_bytes
 from turnkeep.gpu_workers.sharding import shard_model
 from turnkeep.schemas.choices import Device
 from turnkeep.schemas.config import TrainConfig
@@ -90,6 +91,11 @@ class RankCompute:
             self.model = with_lora(self.model, self.lora)
         # With LoRA, checkpoints hold the adapters and their optimizer state; the frozen base is the model folder's.
         self._state_options = StateDictOptions(ignore_frozen_params=self.lora is not None)
+        # With LoRA the frozen base is not in a checkpoint or copy (whose load refuses a missing adapter itself).
+        self._load_options = StateDictOptions(ignore_frozen_params=self.lora is not None, strict=self.lora is None)
+        self.copies = None
+        """Its way to the keepers of its shard's copies (`gpu_workers.rank_copies.CopySink`), set by the process
+        that hosts the rank when `train.rank_copies` is on; None: no copies."""
         if cfg.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
             self.model.config.use_cache = False
@@ -250,10 +256,8 @@ class RankCompute:
         model_state, optim_state = get_state_dict(self.model, self.optimizer, options=self._state_options)
         with _one_process_is_meant():
             dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(directory / SHARDS))
-        rng = {"torch": torch.get_rng_state(), "python": random.getstate(),
-               "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None}
         (directory / RNG).mkdir(parents=True, exist_ok=True)
-        torch.save(rng, directory / RNG / f"rank_{self.rank}.pt")
+        torch.save(rng_state(self.device), directory / RNG / f"rank_{self.rank}.pt")
 
     def load(self, directory: Path) -> None:
         """Weights and AdamW state from a DCP folder written by any number of ranks; the RNG of the same rank when
@@ -262,17 +266,23 @@ class RankCompute:
         state = {"model": model_state, "optim": optim_state}
         with _one_process_is_meant():
             dcp.load(state, checkpoint_id=str(directory / SHARDS))
-        # With LoRA the frozen base is not in the checkpoint (dcp.load above already refused a missing adapter).
-        options = StateDictOptions(ignore_frozen_params=self.lora is not None, strict=self.lora is None)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                       options=options)
+                       options=self._load_options)
         rng_path = directory / RNG / f"rank_{self.rank}.pt"
         if rng_path.is_file():
-            rng = torch.load(rng_path, weights_only=True)
-            torch.set_rng_state(rng["torch"])
-            random.setstate(rng["python"])
-            if self.device.type == "cuda" and rng.get("cuda") is not None:
-                torch.cuda.set_rng_state(rng["cuda"], self.device)
+            set_rng_state(torch.load(rng_path, weights_only=True), self.device)
+
+    def refresh_copy(self, meta: dict) -> str | None:
+        """This rank's shard as of the step `meta` names, to its keepers (`self.copies`); what went wrong, or None."""
+        blob = shard_bytes(self.model, self.optimizer, self._state_options, self.device,
+                           {**meta, "rank": self.rank, "ranks": self.ranks})
+        return self.copies.push(int(meta["step"]), blob)
+
+    def load_copy(self, step: int) -> dict:
+        """This rank's shard as of train step `step`, from a keeper that holds it; returns the copy's meta."""
+        blob = self.copies.fetch(step)
+        return load_shard_bytes(self.model, self.optimizer, self._state_options, self._load_options, self.device,
+                                blob)
 
 
 @contextlib.contextmanager

@@ -32,21 +32,24 @@ BROKEN_GRACE_S = 10.0
 
 
 class RankFailed(RuntimeError):
-    """A trainer rank's call failed; the group cannot go on without it."""
+    """A trainer rank's call failed; the group cannot go on without it. `probe`: what caught a hang."""
 
-    def __init__(self, message: str, rank: int = 0, cause: BaseException | None = None) -> None:
+    def __init__(self, message: str, rank: int = 0, cause: BaseException | None = None,
+                 probe: str = "collective timeout") -> None:
         super().__init__(message)
-        self.rank, self.cause = rank, cause
+        self.rank, self.cause, self.probe = rank, cause, probe
 
 
 class RankGroup:
     def __init__(self, local: RankCompute, followers: Sequence[Any] = (),
-                 on_broken: Callable[[RankFailed], None] | None = None) -> None:
+                 on_broken: Callable[[RankFailed], None] | None = None, hang_s: float = 300.0) -> None:
         """`on_broken`: called with the failure when a call failed on a rank and another rank never answered (the
-        group cannot go on: its collectives would wait for that rank); the trainer's process leaves for the run to
-        rebuild the group. A call that failed on ranks that all answered raises, as before."""
+        group cannot go on: its collectives would wait for that rank), or when a rank has not answered `hang_s`
+        (`train.hang_s`) after another rank did; the trainer's process leaves for the run to rebuild the group. A
+        call that failed on ranks that all answered raises, as before."""
         self.local = local
         self.followers = list(followers)
+        self.hang_s = hang_s
         self._one_at_a_time = asyncio.Lock() if self.followers else None
         self.on_broken = on_broken
 
@@ -68,19 +71,35 @@ class RankGroup:
         calls += [asyncio.ensure_future(follower.call.remote(method, *args[rank]))
                   for rank, follower in enumerate(self.followers, 1)]
         # A frozen rank's call never returns, while the others' collectives time out waiting for it
-        # (`train.hang_s`): a failure waits BROKEN_GRACE_S for the other ranks, not for ever.
-        _, pending = await asyncio.wait(calls, return_when=asyncio.FIRST_EXCEPTION)
-        if pending:
+        # (`train.hang_s`): a failure waits BROKEN_GRACE_S for the other ranks, not for ever. A call without
+        # collectives (the shard copies) times out nowhere: once one rank answered, the others get `hang_s`.
+        _, pending = await asyncio.wait(calls, return_when=asyncio.FIRST_COMPLETED)
+        if pending and not _failed(calls):
+            _, pending = await asyncio.wait(pending, timeout=self.hang_s, return_when=asyncio.FIRST_EXCEPTION)
+        if pending and _failed(calls):
             _, pending = await asyncio.wait(pending, timeout=BROKEN_GRACE_S)
         for rank, call in enumerate(calls):
             if call.done() and call.exception() is not None:
                 failure = call.exception()
                 failed = RankFailed(f"trainer rank {rank} of {self.size} failed in {method}: "
                                     f"{type(failure).__name__}: {failure}", rank, failure)
-                if pending and self.on_broken is not None:
-                    self.on_broken(failed)  # a rank that never answered: the group cannot go on
+                self._broken_if(pending, failed)
                 raise failed from failure
+        if pending:
+            rank = calls.index(next(iter(pending)))
+            failed = RankFailed(f"trainer rank {rank} of {self.size} did not answer {method} within train.hang_s = "
+                                f"{self.hang_s:g}s of the other ranks (frozen?)", rank, probe="no answer")
+            self._broken_if(pending, failed)
+            raise failed
         return [call.result() for call in calls]
+
+    def _broken_if(self, pending, failed: RankFailed) -> None:
+        if pending and self.on_broken is not None:
+            self.on_broken(failed)  # a rank that never answered: the group cannot go on
+
+
+def _failed(calls: list) -> bool:
+    return any(call.done() and call.exception() is not None for call in calls)
 
 
 def split_by_group(batch: PackedBatch, ranks: int) -> list[PackedBatch | None]:

@@ -50,7 +50,7 @@ class Trainer:
         self._cfg = cfg
         self._algorithm = algorithm or AlgorithmConfig().resolved(cfg.clip_eps, 1)
         self.local = RankCompute(model_dir, cfg, dtype, seed, temperature, self._algorithm)
-        self.ranks = RankGroup(self.local, followers)
+        self.ranks = RankGroup(self.local, followers, hang_s=cfg.hang_s)
         self.hold = hold
         self.hold_wait_clock = HoldWaitClock()
         self.policy_version = 0
@@ -107,10 +107,40 @@ class Trainer:
                     totals[key] = totals.get(key, 0.0) + sum(s[key] for s in per_rank) / self._cfg.passes_per_batch
         self.policy_version += 1
         self.step = step
+        if self.local.copies is not None:
+            totals["copy_s"] = await self._refresh_copies(step, list(order))
         return {**{k: round(v, 5) for k, v in totals.items()}, "compute_s": round(compute_s, 3),
                 "nonfinite_steps_skipped": skipped, "ranks": self.ranks.size,
                 "policy_version": self.policy_version, "tokens": batch.num_loss_tokens,
                 "truncated_rows": sum(row.truncated for row in rows)}
+
+    async def _refresh_copies(self, step: int, groups: list[str]) -> float:
+        """Every rank's shard as of this step to its keepers (`gpu_workers.rank_copies`); once all have theirs, the
+        older copies go. Seconds it took. A keeper that is gone costs that copy, not the step."""
+        started = time.monotonic()
+        meta = {"step": step, "policy_version": self.policy_version, "groups": groups}
+        problems = await self.ranks.all("refresh_copy", [(meta,)] * self.ranks.size)
+        if not any(problems):
+            await asyncio.to_thread(self.local.copies.commit, step)
+        return time.monotonic() - started
+
+    async def restore_copies(self) -> dict:
+        """Every rank's shard from the newest step all of them have a copy of: {"step", "groups"} of that step, or
+        {"why"} none could be loaded (the rank keeps what it has)."""
+        from turnkeep.gpu_workers.rank_copies import complete_step, keepers_held  # late: Ray, only with copies
+
+        held = await asyncio.to_thread(keepers_held, self.ranks.size)
+        step, why = complete_step(held, self.ranks.size)
+        if step is None:
+            return {"why": why}
+        metas = await self.ranks.all("load_copy", [(step,)] * self.ranks.size)
+        self.policy_version, self.step = int(metas[0]["policy_version"]), int(metas[0]["step"])
+        return {"step": self.step, "groups": metas[0]["groups"]}
+
+    async def forget_copies(self) -> None:
+        from turnkeep.gpu_workers.rank_copies import forget_copies  # late: Ray, only with copies
+
+        await asyncio.to_thread(forget_copies, self.ranks.size)
 
     async def _with_kl_in_rewards(self, rows: list[RolloutRow], shares, passes: int) -> tuple:
         """(the batch again, each row's reward less kl_coef x its summed KL estimate against the reference; the

@@ -19,10 +19,12 @@ from turnkeep.schemas.rollout import RolloutRow
 
 @ray.remote(num_cpus=0)
 class TrainerActor(RunMember):
-    async def setup(self, model_dir: str, cfg_json: str, rank_options: list[dict] | None = None) -> int:
+    async def setup(self, model_dir: str, cfg_json: str, rank_options: list[dict] | None = None,
+                    detached: bool = False) -> int:
         """Load the model; with `train.ranks` > 1, start ranks 1..N-1 (rank r with the Ray options
-        `rank_options[r - 1]`), form the group with them, and shard the model across it. Returns the policy
-        version."""
+        `rank_options[r - 1]`), form the group with them, and shard the model across it; with `train.rank_copies`,
+        start each rank's shard keeper (`detached`: outliving the controller, as the run's processes do). Returns
+        the policy version."""
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         from turnkeep.gpu_workers.trainer import Trainer  # torch loads only inside the trainer process
 
@@ -30,12 +32,17 @@ class TrainerActor(RunMember):
         self._run_dir, self._hang_s = cfg.run.run_dir, cfg.train.hang_s
         self.hold = HoldSet("trainer")
         self._last_step: dict | None = None
+        self._from_copies = False
         self._worker = None
         self._stepping = asyncio.Lock()
-        followers = await self._start_ranks(model_dir, cfg, rank_options) if cfg.train.ranks > 1 else []
+        followers = await self._start_ranks(model_dir, cfg, rank_options, detached) if cfg.train.ranks > 1 else []
         self._trainer = await asyncio.to_thread(
             Trainer, Path(model_dir), cfg.train, cfg.model.dtype, cfg.run.seed, cfg.rollout.temperature, self.hold,
             followers, cfg.algorithm_settings())
+        if cfg.train.rank_copies:
+            from turnkeep.gpu_workers.rank_copies import CopySink  # late: only with train.rank_copies
+
+            self._trainer.local.copies = await asyncio.to_thread(CopySink, 0, cfg.train.ranks, detached)
         self.rank_pids: list[int] = []
         if followers:
             self.rank_pids = list(await self._follower_setups)
@@ -45,7 +52,8 @@ class TrainerActor(RunMember):
         self._shared = SharedWeights(ray.put)
         return self._trainer.policy_version
 
-    async def _start_ranks(self, model_dir: str, cfg: TurnkeepConfig, options: list[dict] | None) -> list:
+    async def _start_ranks(self, model_dir: str, cfg: TurnkeepConfig, options: list[dict] | None,
+                           detached: bool) -> list:
         """Ranks 1..N-1 as actors this process owns (they die with it); they and this process meet at a rendezvous
         on this node. This process joins the group here; the followers' setups are awaited once the local rank
         has loaded its model (FSDP2's sharding is a collective: every rank makes it at once)."""
@@ -59,7 +67,7 @@ class TrainerActor(RunMember):
         followers = [TrainerRankActor.options(**options[rank - 1]).remote() for rank in range(1, cfg.train.ranks)]
         cfg_json = cfg.model_dump_json()
         self._follower_setups = asyncio.gather(
-            *(f.setup.remote(model_dir, cfg_json, address, rank) for rank, f in enumerate(followers, 1)))
+            *(f.setup.remote(model_dir, cfg_json, address, rank, detached) for rank, f in enumerate(followers, 1)))
         await asyncio.to_thread(join_group, address, 0, cfg.train.ranks, resolve_device(cfg.train.device).type,
                                 own_ip, self._rendezvous, cfg.train.hang_s)
         return followers
@@ -78,10 +86,12 @@ class TrainerActor(RunMember):
         hung = not isinstance(getattr(failure, "cause", None), ray.exceptions.RayActorError)
         if hung and self._run_dir.is_dir():  # the run directory is on this node (always on the run's own Ray)
             from turnkeep.primitives.atomic_files import append_jsonl  # late: only a broken group
+            from turnkeep.schemas.choices import MetricsKind  # late: only a broken group
 
             append_jsonl(self._run_dir / "metrics.jsonl", {
-                "kind": "hang", "t": round(time.time(), 3), "target": "trainer ranks", "pid": os.getpid(),
-                "probe": "collective timeout", "hang_s": self._hang_s, "why": why, "killed": killed})
+                "kind": MetricsKind.HANG, "t": round(time.time(), 3), "target": "trainer ranks", "pid": os.getpid(),
+                "probe": getattr(failure, "probe", "collective timeout"), "hang_s": self._hang_s, "why": why,
+                "killed": killed})
         os._exit(1)
 
     async def ranks(self) -> list[int]:
@@ -93,6 +103,7 @@ class TrainerActor(RunMember):
         async with self._stepping:
             stats = await self._trainer.train_step(parsed, step)
             self._last_step = {"step": step, "groups": list(dict.fromkeys(row.group_id for row in parsed))}
+            self._from_copies = False
         if stats["policy_version"] != step:
             raise RuntimeError(f"trainer reached version {stats['policy_version']} but the controller expected {step}")
         return stats
@@ -104,9 +115,25 @@ class TrainerActor(RunMember):
 
     async def progress(self) -> dict:
         """Once no step is running: the policy version, and the last step this process trained with its groups
-        (None since a checkpoint load): what a controller that died mid-step never journaled."""
+        (None since a checkpoint load): what a controller that died mid-step never journaled. `from_copies`: the
+        trainer was rebuilt from its ranks' copies and has not stepped since."""
         async with self._stepping:
-            return {"version": self._trainer.policy_version, "last_step": self._last_step}
+            return {"version": self._trainer.policy_version, "last_step": self._last_step,
+                    "from_copies": self._from_copies}
+
+    async def restore_copies(self) -> dict:
+        """A rebuilt trainer: every rank's shard from the newest step its keepers all hold (`train.rank_copies`),
+        so the run goes on from the step the dead group reached. {"step", "groups"}, or {"why"} it could not."""
+        if self._trainer.local.copies is None:
+            return {"why": "train.rank_copies is off"}
+        async with self._stepping:
+            try:
+                restored = await self._trainer.restore_copies()
+            except Exception as err:  # noqa: BLE001 - a copy that cannot load leaves the restore to the checkpoint
+                restored = {"why": f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"}
+            if "step" in restored:
+                self._last_step, self._from_copies = restored, True
+            return restored
 
     async def weights_blob(self) -> bytes:
         """The weights as the policy server loads them (its dtype), serialised on the trainer's device."""
@@ -129,8 +156,11 @@ class TrainerActor(RunMember):
         """Restore the `trainer/` folder of the checkpoint of train step `step`; returns the policy version."""
         async with self._stepping:
             self._shared.forget()
-            self._last_step = None
-            return await self._trainer.load_checkpoint(Path(directory), step)
+            self._last_step, self._from_copies = None, False
+            version = await self._trainer.load_checkpoint(Path(directory), step)
+            if self._trainer.local.copies is not None:
+                await self._trainer.forget_copies()  # of steps past this checkpoint, which the run trains again
+            return version
 
     async def save_checkpoint(self, directory: str) -> None:
         await self._trainer.save_checkpoint(Path(directory))

@@ -14,6 +14,7 @@ import psutil
 ROLES = (
     ("ray::TrainerActor", "trainer"),
     ("ray::TrainerRank", "trainer"),
+    ("ray::ShardKeeper", "trainer rank copies"),
     ("ray::PolicyActor", "policy server (vLLM front end)"),
     ("ray::EnvServerActor", "environment server"),
     ("VLLM::EngineCore", "vLLM engine core"),

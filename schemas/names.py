@@ -41,6 +41,12 @@ def engine_name(engine: int) -> str:
     return f"policy.{engine}"
 
 
+def shard_keeper_name(rank: int) -> str:
+    """The Ray actor name of the process beside trainer rank `rank` that holds its shard's copies
+    (`gpu_workers.shard_keeper`)."""
+    return f"shard_keeper.{rank}"
+
+
 # -- workflows ---------------------------------------------------------------------------
 
 

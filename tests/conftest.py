@@ -26,7 +26,9 @@ def small_config(run_dir: Path, cache_dir: Path) -> TurnkeepConfig:
             "run": {"run_dir": str(run_dir), "seed": 0},
             "model": {"cache_dir": str(cache_dir), "tiny": {"warm_start_steps": 150}},
             "rollout": {"group_size": 4, "rollout_timeout_s": 60},
-            "train": {"prompts_per_step": 4, "save_period": 2, "max_staleness": 1},
+            # The trainers tests start beside the stack's would share its shard keepers' names: copies are tested
+            # on their own (tests/gpu_workers/test_trainer_ranks.py) and in `turnkeep run`s.
+            "train": {"prompts_per_step": 4, "save_period": 2, "max_staleness": 1, "rank_copies": False},
             # Fault injection on: participant tests make checkpoint calls fail on cue.
             # Loopback as a run's own Ray gives it (this in-process Ray may take the machine's address as its node's).
             "policy": {"max_num_seqs": 64, "fault_injection": True, "host": "127.0.0.1"},

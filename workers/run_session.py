@@ -346,7 +346,7 @@ async def _recover_without_temporal(recovery: CrashRestore) -> RecoveryResult:
     began = time.monotonic()
     source = recovery.choose()
     restored = await recovery.restore(source)
-    if source.kind is not SourceKind.FRESH:
+    if source.kind is not SourceKind.FRESH or restored.policy_version > 0:
         await recovery.load_policy_weights(restored.policy_version)
     await recovery.resume()
     return RecoveryResult(source=source, restore=restored, cancelled=[],
@@ -355,7 +355,9 @@ async def _recover_without_temporal(recovery: CrashRestore) -> RecoveryResult:
 
 def _report_recovery(run_dir: Path, identity: RunIdentity, result: RecoveryResult) -> None:
     source, restored = result.source, result.restore
-    print(f"turnkeep: restored from {source.kind} (step {source.step}): {source.reason}", flush=True)
+    kept = (f"; the trainer was kept at step {restored.step}, no step undone"
+            if restored is not None and restored.step != source.step else "")
+    print(f"turnkeep: restored from {source.kind} (step {source.step}): {source.reason}{kept}", flush=True)
     line = {"kind": MetricsKind.RECOVERY, "incarnation": identity.incarnation, **result.model_dump(mode="json")}
     append_jsonl(run_dir / "metrics.jsonl", line, durable=True)
     if restored is not None:

@@ -83,7 +83,8 @@ class RecoveryWorkflow:
         restored = await self._call("restore", RECOVERY_RESTORE,
                                     RestoreInput(run_id=inp.run_id, incarnation=inp.incarnation, source=source),
                                     inp, seconds)
-        if source.kind is not SourceKind.FRESH:
+        # A fresh start's engines hold the model's own weights, unless the restore kept a trainer's steps.
+        if source.kind is not SourceKind.FRESH or restored.policy_version > 0:
             load = PolicyLoadInput(run_id=inp.run_id, incarnation=inp.incarnation,
                                    policy_version=restored.policy_version)
             await fan_out(seconds, "load_weights", inp.engines, lambda clock, engine: self._call(

@@ -71,9 +71,13 @@ class EngineKeeper:
             self._watchers[index] = asyncio.create_task(self._keep(index), name=f"engine-{index}")
 
     async def stop(self) -> None:
-        for task in self._watchers.values():
-            task.cancel()
-        await asyncio.gather(*self._watchers.values(), return_exceptions=True)
+        watchers = list(self._watchers.values())
+        # Python 3.11's wait_for swallows a cancel that lands as its inner call finishes (the probe's): a watcher
+        # can go on after one cancel, so each is cancelled again until it has ended.
+        while not all(task.done() for task in watchers):
+            for task in watchers:
+                task.cancel()
+            await asyncio.wait(watchers, timeout=0.1)
 
     async def add(self, index: int) -> None:
         """Scale up: engine `index` started, refitted, live and routed to, then watched like the others."""

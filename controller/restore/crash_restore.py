@@ -70,12 +70,16 @@ class CrashRestore:
         _remove_partial_staging(self._cfg.run.run_dir)
         _set_aside_rejected(self._cfg.run.run_dir, source, self._identity.incarnation)
         if source.kind is SourceKind.FRESH:
+            first = self._first_journal(source)
+            # A trainer rebuilt from its ranks' copies before the run's first checkpoint goes on from the first
+            # journal, its steps kept, as a kept trainer after a snapshot does.
+            if target.reused_processes and first is not None and (kept := await self._kept_trainer(source, first)):
+                return await self._restore_state(*kept)
             if target.reused_processes:
                 raise CrashRestoreError(
                     f"no trainer checkpoint could be restored ({source.reason}), and the processes kept from the "
                     "crashed controller hold trained weights; run the same command again: they are stopped now "
                     "and a fresh start follows")
-            first = self._first_journal(source)
             if first is None:
                 target.start_journal(self._identity.run_id, self._identity.incarnation)
                 self._audit(source, None, {})
@@ -97,13 +101,16 @@ class CrashRestore:
         state, past = self._restored_state(source, Path(source.controller_state or ""))
         return await self._restore_state(source, version, state, past)
 
-    async def _kept_trainer(self, source: RecoverySource) -> tuple[RecoverySource, int, dict, PastCut] | None:
-        """A controller that died alone left the trainer running at the step it reached: when the journals hold
-        the run up to that very step, the restore goes on from there with that trainer, and no step is undone.
-        (source at the trainer's step, version, state, what was kept past the cut), or None: restore as usual."""
+    async def _kept_trainer(self, source: RecoverySource,
+                            base: Path | None = None) -> tuple[RecoverySource, int, dict, PastCut] | None:
+        """A controller that died alone left the trainer running at the step it reached (or a rebuilt trainer
+        loaded its ranks' copies of it): when the journals hold the run up to that very step, the restore goes on
+        from there with that trainer, and no step is undone. `base`: the state the journals go on from (the
+        source's by default). (source at the trainer's step, version, state, what was kept past the cut), or
+        None: restore as usual."""
         if not self._target.reused_processes or not self._cfg.rollout_recovery.keep_after_cut:
             return None
-        path = Path(source.controller_state or "")
+        path = base or Path(source.controller_state or "")
         try:
             raw = orjson.loads(path.read_bytes())
             if source.snapshot_dir and raw.get(AGENTS_FROM) != AgentsFrom.JOURNAL:
@@ -120,10 +127,11 @@ class CrashRestore:
                      version, state["step"], f" (damaged: {past.stopped})" if past and past.stopped else "")
             return None
         steps = [step["step"] for step in past.kept_steps]
-        reason = (f"{source.reason}; the trainer that survived the controller is at step {version}, which the "
-                  f"journals reach: steps {steps} kept, none undone" if steps else source.reason)
-        log.info("keeping the surviving trainer at step %d: %d journal records after the cut applied, train steps "
-                 "%s kept", version, past.records, steps)
+        which = "rebuilt from its ranks' copies" if progress.get("from_copies") else "that survived the controller"
+        reason = (f"{source.reason}; the trainer {which} is at step {version}, which the journals reach: steps "
+                  f"{steps} kept, none undone" if steps else source.reason)
+        log.info("keeping the trainer %s at step %d: %d journal records after the cut applied, train steps %s kept",
+                 which, version, past.records, steps)
         return source.model_copy(update={"step": version, "policy_version": version, "reason": reason}), version, \
             state, past
 

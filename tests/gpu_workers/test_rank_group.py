@@ -72,3 +72,20 @@ def test_a_failure_every_rank_answered_raises_as_before_and_leaves_the_group():
     with pytest.raises(RankFailed, match="trainer rank 0 of 2 failed in backward"):
         asyncio.run(group.all("backward"))
     assert broken == []  # a damaged checkpoint's load fails this way on every rank: its caller skips it
+
+
+class _AnsweringRank:
+    def refresh_copy(self) -> None:
+        return None
+
+
+def test_a_rank_frozen_outside_a_collective_breaks_the_group_hang_s_after_the_others_answered():
+    broken: list[Exception] = []
+    group = RankGroup(_AnsweringRank(), [_FrozenFollower()], on_broken=broken.append, hang_s=0.2)
+
+    async def call():
+        return await asyncio.wait_for(group.all("refresh_copy"), 10)
+
+    with pytest.raises(RankFailed, match=r"trainer rank 1 of 2 did not answer refresh_copy within train.hang_s = 0.2s"):
+        asyncio.run(call())
+    assert len(broken) == 1 and broken[0].probe == "no answer"

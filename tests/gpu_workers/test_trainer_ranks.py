@@ -139,3 +139,72 @@ def _run_checkpoint(run_dir: Path, step_number: int, trainer, identity: Checkpoi
 
     return asyncio.run(write_trainer_checkpoint(run_dir, step_number, trainer, {"step": step_number}, 3,
                                                 identity=identity))
+
+
+def _copying_trainer(stack, stack_config):
+    """A two-rank trainer with `train.rank_copies` on, its keepers detached (as a run's are)."""
+    from turnkeep.gpu_workers.trainer_actor import TrainerActor
+
+    cfg = stack_config.model_copy(update={"train": stack_config.train.model_copy(
+        update={"ranks": 2, "rank_copies": True})})
+    actor = TrainerActor.options(num_gpus=0).remote()
+    ray.get(actor.setup.remote(str(stack.model_dir), cfg.model_dump_json(), None, True))
+    return actor
+
+
+def _keepers_hold() -> dict:
+    from turnkeep.schemas.names import shard_keeper_name
+
+    return {k: ray.get(ray.get_actor(shard_keeper_name(k)).held.remote()) for k in range(2)}
+
+
+def test_a_group_rebuilt_after_a_rank_death_loads_the_ranks_copies_at_the_step_the_dead_one_reached(
+        stack, stack_config, tmp_path: Path):
+    import os
+    import signal
+
+    from turnkeep.schemas.names import shard_keeper_name
+
+    first = _copying_trainer(stack, stack_config)
+    step(first, _rows(11))
+    stats = step(first, _rows(12))
+    assert stats["copy_s"] > 0
+    assert _keepers_hold() == {0: {0: [2], 1: [2]}, 1: {0: [2], 1: [2]}}  # two ranks: each keeper holds both
+    reached = weights(first)
+    ray.get(first.save_checkpoint.remote(str(tmp_path / "step2")))
+    [rank1] = ray.get(first.ranks.remote())
+    os.kill(rank1, signal.SIGKILL)  # the group cannot go on: the trainer's process exits with it
+    deadline = time.monotonic() + 60
+    with pytest.raises(ray.exceptions.RayActorError):
+        while time.monotonic() < deadline:
+            ray.get(first.version.remote())
+            time.sleep(0.2)
+
+    second = _copying_trainer(stack, stack_config)
+    assert ray.get(second.restore_copies.remote()) == {"step": 2, "groups": ["s12g0", "s12g1", "s12g2", "s12g3"]}
+    progress = ray.get(second.progress.remote())
+    assert (progress["version"], progress["from_copies"], progress["last_step"]["step"]) == (2, True, 2)
+    assert_weights(reached, weights(second), atol=0)
+    after_copies = step(second, _rows(13))
+    moved_from_copies = weights(second)
+    assert ray.get(second.progress.remote())["from_copies"] is False
+
+    # The same step from the checkpoint of step 2 (weights, AdamW moments, RNG): the copies had all of them.
+    assert ray.get(second.load_checkpoint.remote(str(tmp_path / "step2"), 2)) == 2
+    assert _keepers_hold() == {0: {}, 1: {}}  # copies of steps past a loaded checkpoint are dropped
+    after_checkpoint = step(second, _rows(13))
+    assert after_copies["loss"] == pytest.approx(after_checkpoint["loss"], rel=1e-6)
+    assert_weights(moved_from_copies, weights(second), ATOL)
+
+    # Both keepers gone together (both nodes lost): no copy is left, and the restore says so.
+    for keeper in range(2):
+        ray.kill(ray.get_actor(shard_keeper_name(keeper)), no_restart=True)
+    time.sleep(1.0)
+    why = ray.get(second.restore_copies.remote())["why"]
+    assert why.startswith("no copy of rank(s) [0, 1]'s shard is left (held by keepers [0, 1], which are gone"), why
+    step(second, _rows(14))  # a step with its keepers gone trains, its copies missing, and starts new keepers
+    assert step(second, _rows(15))["policy_version"] == 5
+    assert _keepers_hold() == {0: {0: [5], 1: [5]}, 1: {0: [5], 1: [5]}}
+    ray.kill(second)
+    for keeper in range(2):
+        ray.kill(ray.get_actor(shard_keeper_name(keeper)), no_restart=True)

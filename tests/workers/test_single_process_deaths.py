@@ -128,6 +128,10 @@ def test_each_process_killed_alone_is_started_again_or_stops_the_run_in_one_line
     assert {m["trainer_ranks"] for m in first_run_steps} == {2}
     rebuilt_restores = [e for e in read_audit(run_dir) if e.event == "restored"]
     assert rebuilt_restores and all(e.source != "fresh" for e in rebuilt_restores), rebuilt_restores
+    # Whenever the rank died, the new group loaded the ranks' copies of the step the group had reached (the copies
+    # of a step are complete before the controller hears of it): no step was undone.
+    after_rank = rebuilt_restores[0]
+    assert after_rank.kept_after_cut is not None and after_rank.kept_after_cut.undone_steps == [], after_rank
     assert first_run_steps[-1]["t"] > rebuilt_restores[0].t
     assert str(rank_killed) not in live_pids(run_dir).values()
     stopped = [line for line in text.splitlines() if line.startswith("turnkeep: the run was stopped")]

@@ -24,6 +24,7 @@ from pathlib import Path
 from turnkeep.controller.engines.engine_pool import Engine, EnginePool
 from turnkeep.controller.processes import EnvServerEndpoint, Processes
 from turnkeep.envs.kinds import local_environments
+from turnkeep.gpu_workers.rank_copies import complete_step, keepers_held
 from turnkeep.primitives.control_token import create_control_token
 from turnkeep.primitives.token_tally import tally_dir
 from turnkeep.schemas.config import TurnkeepConfig
@@ -50,7 +51,7 @@ async def reattach(cfg: TurnkeepConfig, stamp: dict, incarnation: int, restorabl
         return None
     found, replaced_trainer = await _without_a_dead_trainer(found)
     identities, problem = await _identities(found, cfg, stamp, trainer_needed=not replaced_trainer)
-    if problem is None and not restorable:
+    if problem is None and not restorable and not (replaced_trainer and await _copies_complete(cfg)):
         problem = "the run has no trainer checkpoint yet, so it starts from fresh processes"
     if problem is not None:
         log.warning("not re-attaching the processes an earlier controller left running (%s); stopping them", problem)
@@ -95,6 +96,15 @@ async def _without_a_dead_trainer(found: Found) -> tuple[Found, bool]:
     return replace(found, trainer=None), True
 
 
+async def _copies_complete(cfg: TurnkeepConfig) -> bool:
+    """The dead trainer's ranks left copies of one step for every shard: a new trainer can go on from there even
+    before the run's first checkpoint."""
+    if not cfg.train.rank_copies:
+        return False
+    held = await asyncio.to_thread(keepers_held, cfg.train.ranks)
+    return complete_step(held, cfg.train.ranks)[0] is not None
+
+
 async def _with_a_new_trainer(found: Found, identities: dict, cfg: TurnkeepConfig, stamp: dict,
                               model_dir: str) -> tuple[Found, dict]:
     began = time.monotonic()
@@ -110,6 +120,14 @@ async def _with_a_new_trainer(found: Found, identities: dict, cfg: TurnkeepConfi
     await setup_trainer(trainer, model_dir, cfg, stamp, get_gpu_group())
     log.info("a new trainer (%d rank(s)) started beside the surviving engines and environment server in %.1fs",
              cfg.train.ranks, time.monotonic() - began)
+    if cfg.train.rank_copies:
+        loaded = time.monotonic()
+        copies = await trainer.restore_copies.remote()
+        if "step" in copies:
+            log.info("the new trainer's %d rank(s) loaded their shards' copies of train step %d in %.1fs",
+                     cfg.train.ranks, copies["step"], time.monotonic() - loaded)
+        else:
+            log.warning("the new trainer starts from a checkpoint, not its ranks' copies: %s", copies["why"])
     return replace(found, trainer=trainer), {**identities, "trainer": {**stamp, "model_dir": model_dir}}
 
 

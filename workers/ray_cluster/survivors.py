@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import ray
 from ray.util.placement_group import get_placement_group, remove_placement_group
@@ -17,6 +17,7 @@ from ray.util.placement_group import get_placement_group, remove_placement_group
 STOP_TIMEOUT_S = 30.0
 ENV_ACTOR = re.compile(r"^env(?:-restart-(\d+))?$")
 ENGINE_ACTOR = re.compile(r"^policy\.(\d+)$")
+KEEPER_ACTOR = re.compile(r"^shard_keeper\.(\d+)$")
 GPU_GROUP = "turnkeep-gpus"
 
 
@@ -27,9 +28,12 @@ class Found:
     """Engine index -> its actor."""
     env: object | None
     env_restarts: int
+    keepers: dict[int, object] = field(default_factory=dict)
+    """Trainer rank -> the keeper of its shard's copies (`gpu_workers.shard_keeper`): found to be stopped; a new
+    trainer finds them by name itself."""
 
     def handles(self) -> list:
-        return [h for h in (self.trainer, *self.engines.values(), self.env) if h is not None]
+        return [h for h in (self.trainer, *self.engines.values(), self.env, *self.keepers.values()) if h is not None]
 
 
 def find_survivors() -> Found:
@@ -41,7 +45,8 @@ def find_survivors() -> Found:
             env_name, env_restarts = name, int(match.group(1) or 0)
     get = lambda name: ray.get_actor(name) if name in names else None  # noqa: E731
     engines = {int(match.group(1)): ray.get_actor(name) for name in names if (match := ENGINE_ACTOR.match(name))}
-    return Found(get("trainer"), engines, get(env_name) if env_name else None, max(env_restarts, 0))
+    keepers = {int(match.group(1)): ray.get_actor(name) for name in names if (match := KEEPER_ACTOR.match(name))}
+    return Found(get("trainer"), engines, get(env_name) if env_name else None, max(env_restarts, 0), keepers)
 
 
 def get_gpu_group():

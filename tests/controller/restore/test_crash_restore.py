@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 from types import MethodType, SimpleNamespace
 
+import pytest
+
 from turnkeep.controller.engines.engine_pool import Engine, EnginePool
 from turnkeep.controller.pumps.rollout_pump import Continuation
-from turnkeep.controller.restore.crash_restore import CrashRestore
+from turnkeep.controller.restore.crash_restore import CrashRestore, CrashRestoreError
 from turnkeep.controller.runtime import Controller
 from turnkeep.controller.state.data_plane import DataPlane
 from turnkeep.controller.state.group_ledger import GroupLedger
@@ -131,3 +133,33 @@ def test_a_journal_restore_names_the_running_agents_its_level_starts_over():
     assert server.asked["g0000001.0.0"].max_version == 7 and server.asked["g0000001.0.0"].incarnation == 3
     assert list(continuations) == [("g0000001", 0)] and continuations[("g0000001", 0)].turn_index == 1
     assert started_over == ["g0000002.0.0"]
+
+
+def test_a_trainer_rebuilt_before_the_first_checkpoint_is_kept_from_the_first_journal_or_refused(tmp_path):
+    """No checkpoint yet, processes re-attached: a trainer the journals reach (loaded from its ranks' copies) goes on
+    from the first journal's base with its steps kept; one they do not reach holds weights no restore can explain,
+    and the restore refuses, as before."""
+    async def pause(holder: str) -> None:
+        return None
+
+    cfg = SimpleNamespace(run=SimpleNamespace(run_dir=tmp_path), rollout_recovery=SimpleNamespace(keep_after_cut=True))
+    restore = CrashRestore(cfg, SimpleNamespace(reused_processes=True, pause=pause),
+                           SimpleNamespace(incarnation=2, run_id="r"), [])
+    start = tmp_path / "start.json"
+    restore._first_journal = lambda source: start
+    fresh = RecoverySource(kind=SourceKind.FRESH, step=0, policy_version=0, reason="no trainer checkpoint yet")
+    bases = []
+
+    async def kept(source, base=None):
+        bases.append(base)
+        return (source.model_copy(update={"step": 7}), 7, {"step": 7}, None) if trainer_reached else None
+
+    async def restored(source, version, state, past):
+        return source.step, version
+
+    restore._kept_trainer, restore._restore_state = kept, restored
+    trainer_reached = True
+    assert asyncio.run(restore.restore(fresh)) == (7, 7) and bases == [start]
+    trainer_reached = False
+    with pytest.raises(CrashRestoreError, match="the processes kept from the crashed controller hold trained weights"):
+        asyncio.run(restore.restore(fresh))
