@@ -129,8 +129,8 @@ class RayConfig(StrictModel):
     controller_hang_s: float | None = Field(default=120.0, gt=0)
     """On the run's own Ray: a controller whose heartbeat (beaten every second from its event loop) is this old is
     hung; the keeper kills it by pid and from then on it is a dead controller (above). A controller's loop is
-    blocked for seconds at most (a longer block is logged). None: only its death is noticed. On a cluster the
-    warden notices a hung controller as a dead one (its beats stop) and cannot kill it."""
+    blocked for seconds at most (a longer block is logged). None: only its death is noticed. On a cluster
+    (`ray.address`) the warden sees its beats stop and has a task on the controller's node kill it the same way."""
 
 
 class TemporalSecurity(StrictModel):

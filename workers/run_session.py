@@ -190,7 +190,8 @@ async def _start_processes(cfg: TurnkeepConfig, stack: AsyncExitStack, identity:
     # failed, a pump's call to it) is rebuilt, the rest of the run's processes kept for the next incarnation.
     stack.push_async_exit(lambda kind, err, tb: rebuild_on_trainer_death(err, processes, terms, survives))
     if on_cluster:
-        beating = asyncio.create_task(beat_forever(cfg.ray.survive_controller_s), name="warden-beat")
+        beating = asyncio.create_task(beat_forever(cfg.ray.survive_controller_s, cfg.run.run_dir,
+                                                   cfg.ray.controller_hang_s), name="warden-beat")
         stack.push_async_callback(_cancelled, beating)  # before the shutdown, which stops the warden
     return processes
 

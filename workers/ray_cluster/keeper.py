@@ -76,7 +76,7 @@ def _watch(head: subprocess.Popen, run_dir: Path, survive_s: float, stop_signal:
             return f"Ray's head process exited with {head.returncode}"
         controller = live_pid(run_dir, "controller")
         if controller is not None and hang_s is not None:
-            controller = _unless_hung(run_dir, controller, hang_s)
+            controller = kill_if_hung(run_dir, controller, hang_s)
         if controller is None:
             orphaned_since = orphaned_since if orphaned_since is not None else time.monotonic()
             if time.monotonic() - orphaned_since >= survive_s:
@@ -87,7 +87,7 @@ def _watch(head: subprocess.Popen, run_dir: Path, survive_s: float, stop_signal:
         time.sleep(POLL_S)
 
 
-def _unless_hung(run_dir: Path, pid: int, hang_s: float) -> int | None:
+def kill_if_hung(run_dir: Path, pid: int, hang_s: float) -> int | None:
     """`pid`, or None once it is killed for a heartbeat `hang_s` old."""
     silent_s = silent_for(beat_file(run_dir, "controller"))
     if silent_s is None or silent_s < hang_s:
