@@ -93,8 +93,10 @@ class CopySink:
     def _start_own(self):
         node = ray.get_runtime_context().get_node_id()
         options = {"lifetime": "detached"} if self._detached else {}
+        # On this node and nowhere else: a keeper elsewhere (Ray spills a soft placement when the node's workers
+        # are busy) would be lost with a node that holds none of this rank's, and stall its pushes until then.
         return ShardKeeper.options(name=shard_keeper_name(self.rank), get_if_exists=True, **options,
-                                   scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=True)).remote()
+                                   scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
 
     def _keeper(self, keeper: int):
         return self._own if keeper == self.rank else ray.get_actor(shard_keeper_name(keeper))

@@ -12,7 +12,6 @@ import ray
 from turnkeep.gpu_workers.trainer_actor import TrainerActor
 from turnkeep.primitives.pid_files import write_pid_file
 from turnkeep.schemas.config import TurnkeepConfig
-from turnkeep.schemas.names import shard_keeper_name
 from turnkeep.workers.process_watch import death_reason
 from turnkeep.workers.ray_cluster.gpu_placement import actor_options
 from turnkeep.workers.trainer_rebuilds import TrainerDiedAtStart
@@ -36,8 +35,6 @@ async def setup_trainer(trainer, model_dir: str, cfg: TurnkeepConfig, identity: 
         write_pid_file(run_dir, "trainer", await trainer.__ray_call__.remote(_pid_of))
         for rank, pid in enumerate(await trainer.ranks.remote(), 1):
             write_pid_file(run_dir, f"trainer.rank{rank}", pid)
-        for rank in range(ranks if cfg.train.rank_copies else 0):
-            _write_keeper_pid_file(run_dir, rank, await ray.get_actor(shard_keeper_name(rank)).pid.remote())
         if identity is not None:
             await trainer.stamp.remote({**identity, "model_dir": model_dir})
     except (ray.exceptions.RayActorError, psutil.NoSuchProcess) as err:
@@ -47,10 +44,3 @@ async def setup_trainer(trainer, model_dir: str, cfg: TurnkeepConfig, identity: 
 def _pid_of(actor) -> int:
     return os.getpid()
 
-
-def _write_keeper_pid_file(run_dir, rank: int, pid: int) -> None:
-    """`shard_keeper<r>`, where the keeper runs on this machine (on a user's cluster it may be on another node)."""
-    try:
-        write_pid_file(run_dir, f"shard_keeper{rank}", pid)
-    except psutil.NoSuchProcess:
-        pass
