@@ -6,7 +6,7 @@ check reads what the killed incarnation really had running, from its own `siblin
 lines, so a restore that quietly drops agents (reads them as not running, or misses their boundaries) fails it.
 
 Left out, each for a reason the log shows: an agent sealed (its row is among the restore's rows, which include
-the seals its kept journal holds past the audit log), an attempt that failed (`sibling_failed`: it ended, and a later
+the seals its kept journal holds past the audit log, or its group was trained by a step the restore kept), an attempt that failed (`sibling_failed`: it ended, and a later
 attempt of its sibling took its place, as when its environment server went away under it), one whose group was rerun whole, dropped or discarded, one
 the restore names as started over by its level (`agents_not_continued`), one with no turn of the restored lineage,
 and turns committed less than `JOURNAL_GRACE_S` before the incarnation's last line (the turn journal's batch may
@@ -121,9 +121,14 @@ def _owed(restored: Restored, life: _Incarnation, newest: int, turned_by: float)
     """Agent -> its first own turn of the restored lineage, for each agent the restore owes."""
     rows = {row.rollout_id for row in restored.rows}
     named = set(restored.agents_not_continued)
+    # A kept trainer step trained its groups whole: their rows were stored, though a controller killed before its
+    # audit flush left their seal lines out of the log.
+    trained = {group for step in (restored.kept_after_cut.kept_steps if restored.kept_after_cut else [])
+               for group in step.group_ids}
     owed = {}
     for agent, start in life.started.items():
-        if agent in life.sealed or agent in rows or agent in named or start.group_id in life.given_up:
+        if (agent in life.sealed or agent in rows or agent in named or start.group_id in life.given_up
+                or start.group_id in trained):
             continue
         first = next((t for t in life.turns.get(agent, []) if t.turn > start.resumed_turn), None)
         if first is not None and first.policy_version <= newest and first.t <= turned_by:

@@ -7,7 +7,7 @@ from tests.chaos.invariants.history import g, healthy_with_a_journal_restore, r
 from turnkeep.chaos.invariants.results import AuditCounts
 from turnkeep.chaos.invariants.running_agents import NAME, running_agents_continued
 from turnkeep.chaos.verdict import check_invariants
-from turnkeep.schemas.audit import Restored, RowRef, RunEnded, SiblingFailed, StepTrained, TurnCommitted
+from turnkeep.schemas.audit import KeptStep, Restored, RowRef, RunEnded, SiblingFailed, StepTrained, TurnCommitted
 
 RUNNING = r(5, 0, 0)
 """Incarnation 3 started it at 1207.1 and committed its turn 1 at 1207.2; its last line is at 1210."""
@@ -48,6 +48,17 @@ def test_an_agent_whose_row_the_restore_kept_or_whose_level_starts_over_is_not_o
     for changes in ({"rows": sealed_past_the_audit}, {"agents_not_continued": [RUNNING]}):
         result = running_agents_continued(_kept_journal_of_incarnation_3(continuations=[], **changes))
         assert result.ok and result.checked == 0, changes
+
+
+def test_an_agent_whose_group_a_kept_trainer_step_trained_is_not_owed():
+    """The controller died between its trainer's step and its audit flush: the step's seal lines are lost, the
+    restore keeps the step (its groups trained whole), and its agents are nobody's to continue."""
+    kept = next(e for e in healthy_with_a_journal_restore() if isinstance(e, Restored) and e.inc == 4).kept_after_cut
+    trained = kept.model_copy(update={"kept_steps": [KeptStep(step=9, group_ids=[g(5)])]})
+    result = running_agents_continued(_kept_journal_of_incarnation_3(continuations=[], kept_after_cut=trained))
+    assert result.ok and result.checked == 0
+    other = kept.model_copy(update={"kept_steps": [KeptStep(step=9, group_ids=[g(6)])]})
+    assert not running_agents_continued(_kept_journal_of_incarnation_3(continuations=[], kept_after_cut=other)).ok
 
 
 def test_a_turn_of_a_rolled_back_policy_is_owed_only_when_the_restore_kept_that_policy():
