@@ -21,6 +21,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import ray
+
 from turnkeep.controller.engines.engine_pool import Engine, EnginePool
 from turnkeep.controller.processes import EnvServerEndpoint, Processes
 from turnkeep.envs.kinds import local_environments
@@ -30,11 +32,12 @@ from turnkeep.primitives.token_tally import tally_dir
 from turnkeep.schemas.config import TurnkeepConfig
 from turnkeep.schemas.names import engine_name
 from turnkeep.workers.local_env_server import LocalEnvServer
-from turnkeep.workers.process_watch import dead_reason
+from turnkeep.workers.process_watch import dead_reason, death_reason
 from turnkeep.workers.ray_cluster.engines import EngineStarter
 from turnkeep.workers.ray_cluster.gpu_placement import on_head_node
 from turnkeep.workers.ray_cluster.survivors import STOP_TIMEOUT_S, Found, find_survivors, get_gpu_group, stop_survivors
 from turnkeep.workers.ray_cluster.trainer_start import create_trainer, setup_trainer
+from turnkeep.workers.trainer_rebuilds import TrainerDiedAtStart
 
 log = logging.getLogger("turnkeep.run")
 
@@ -122,7 +125,10 @@ async def _with_a_new_trainer(found: Found, identities: dict, cfg: TurnkeepConfi
              cfg.train.ranks, time.monotonic() - began)
     if cfg.train.rank_copies:
         loaded = time.monotonic()
-        copies = await trainer.restore_copies.remote()
+        try:
+            copies = await trainer.restore_copies.remote()
+        except ray.exceptions.RayActorError as err:  # died as it loaded them: another rebuild, as for its setup
+            raise TrainerDiedAtStart(death_reason("trainer", err)) from None
         if "step" in copies:
             log.info("the new trainer's %d rank(s) loaded their shards' copies of train step %d in %.1fs",
                      cfg.train.ranks, copies["step"], time.monotonic() - loaded)
