@@ -104,26 +104,25 @@ def kill_target(target: str, run_dir: Path, root_pid: int, rng: random.Random | 
     picks = {"engine": ENGINE_ROLE, "rank": RANK_ROLE}
     role = pick_live(run_dir, picks[target], rng or random.Random()) if target in picks else target
     pid = root_pid if target == "controller" else (live_pid(run_dir, role) if role else None)
-    if pid is None:
-        return Kill(0, None, role)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return Kill(0, pid, role)
-    return Kill(1, pid, role)
+    return _signal(pid, role, signal.SIGKILL)
 
 
 def freeze(target: str, run_dir: Path, root_pid: int, rng: random.Random) -> Kill:
     """SIGSTOP the process a `freeze-*` target names (the controller: `root_pid`)."""
     role = pick_live(run_dir, RANK_ROLE, rng) if target == "freeze-rank" else target.removeprefix("freeze-")
     pid = root_pid if target == FREEZE_CONTROLLER else (live_pid(run_dir, role) if role else None)
+    return _signal(pid, role, signal.SIGSTOP)
+
+
+def _signal(pid: int | None, role: str | None, sig: signal.Signals) -> Kill:
+    """`sig` to the process of `role` (a SIGSTOP leaves it frozen, to be gone before its repair counts)."""
     if pid is None:
         return Kill(0, None, role)
     try:
-        os.kill(pid, signal.SIGSTOP)
+        os.kill(pid, sig)
     except ProcessLookupError:
         return Kill(0, pid, role)
-    return Kill(1, pid, role, frozen=[pid])
+    return Kill(1, pid, role, frozen=[pid] if sig == signal.SIGSTOP else [])
 
 
 def freeze_engine_core(run_dir: Path, rng: random.Random) -> Kill:

@@ -59,24 +59,25 @@ def complete_step(held: dict[int, dict[int, list[int]]], ranks: int) -> tuple[in
     return None, f"the ranks' copies are of different steps ({ {r: sorted(s) for r, s in steps.items()} })"
 
 
-def keepers_held(ranks: int) -> dict[int, dict[int, list[int]]]:
-    """What every keeper of a `ranks`-rank trainer that still answers holds."""
-    held = {}
+def _on_every_keeper(ranks: int, method: str, *args) -> dict[int, object]:
+    """Keeper -> what `method` answered, for every keeper of a `ranks`-rank trainer that still answers."""
+    answers = {}
     for keeper in range(ranks):
         try:
-            held[keeper] = _wait(ray.get_actor(shard_keeper_name(keeper)).held.remote())
+            answers[keeper] = _wait(getattr(ray.get_actor(shard_keeper_name(keeper)), method).remote(*args))
         except LOST:  # never started, or dead
             continue
-    return held
+    return answers
+
+
+def newest_complete_step(ranks: int) -> tuple[int | None, str]:
+    """`complete_step` over what every keeper that still answers holds."""
+    return complete_step(_on_every_keeper(ranks, "held"), ranks)
 
 
 def forget_copies(ranks: int) -> None:
     """Every keeper drops its copies (the trainer loaded a checkpoint: they are of steps the run no longer follows)."""
-    for keeper in range(ranks):
-        try:
-            _wait(ray.get_actor(shard_keeper_name(keeper)).forget.remote())
-        except LOST:
-            continue
+    _on_every_keeper(ranks, "forget")
 
 
 class CopySink:
@@ -132,8 +133,4 @@ class CopySink:
 
     def commit(self, step: int) -> None:
         """Every rank's copy of `step` arrived: the keepers drop the older ones."""
-        for keeper in range(self.ranks):
-            try:
-                _wait(self._keeper(keeper).commit.remote(step))
-            except LOST:
-                continue
+        _on_every_keeper(self.ranks, "commit", step)

@@ -127,10 +127,9 @@ class Trainer:
     async def restore_copies(self) -> dict:
         """Every rank's shard from the newest step all of them have a copy of: {"step", "groups"} of that step, or
         {"why"} none could be loaded (the rank keeps what it has)."""
-        from turnkeep.gpu_workers.rank_copies import complete_step, keepers_held  # late: Ray, only with copies
+        from turnkeep.gpu_workers.rank_copies import newest_complete_step  # late: Ray, only with copies
 
-        held = await asyncio.to_thread(keepers_held, self.ranks.size)
-        step, why = complete_step(held, self.ranks.size)
+        step, why = await asyncio.to_thread(newest_complete_step, self.ranks.size)
         if step is None:
             return {"why": why}
         metas = await self.ranks.all("load_copy", [(step,)] * self.ranks.size)

@@ -26,7 +26,7 @@ import ray
 from turnkeep.controller.engines.engine_pool import Engine, EnginePool
 from turnkeep.controller.processes import EnvServerEndpoint, Processes
 from turnkeep.envs.kinds import local_environments
-from turnkeep.gpu_workers.rank_copies import complete_step, keepers_held
+from turnkeep.gpu_workers.rank_copies import newest_complete_step
 from turnkeep.primitives.control_token import create_control_token
 from turnkeep.primitives.token_tally import tally_dir
 from turnkeep.schemas.config import TurnkeepConfig
@@ -104,8 +104,8 @@ async def _copies_complete(cfg: TurnkeepConfig) -> bool:
     before the run's first checkpoint."""
     if not cfg.train.rank_copies:
         return False
-    held = await asyncio.to_thread(keepers_held, cfg.train.ranks)
-    return complete_step(held, cfg.train.ranks)[0] is not None
+    step, _ = await asyncio.to_thread(newest_complete_step, cfg.train.ranks)
+    return step is not None
 
 
 async def _with_a_new_trainer(found: Found, identities: dict, cfg: TurnkeepConfig, stamp: dict,
