@@ -151,6 +151,7 @@ def _result(request: RolloutRequest, env: Environment, segments: list[Segment], 
         attempt=request.attempt,
         segments=segments,
         reward=env.reward(),
+        reward_parts=env.reward_parts(),
         num_turns=sum(seg.kind == "policy" for seg in segments),
         truncated=outcome is RolloutOutcome.TRUNCATED,
     )

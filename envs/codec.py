@@ -200,18 +200,18 @@ class TurnCodec:
                 turns[-1][1].extend(seg.token_ids)
         return turns
 
-    def replay_matches(self, segments: Sequence[Any], observations: list[str | None]) -> bool:
-        """True when replayed observations give back exactly the glue saved after each policy turn.
+    def first_replay_difference(self, segments: Sequence[Any], observations: list[str | None]) -> int | None:
+        """The first turn whose replayed observation does not give back the glue saved after it (None: all do).
 
         A saved boundary is mid-episode, so no saved turn was the last (done=False).
         `Environment.replay` returns observations without their roles; a match as either
-        role counts.
+        role counts. Fewer or more observations than turns differ at the first turn without a pair.
         """
         turns = self.turns_with_glue(segments)
-        if len(observations) != len(turns):
-            return False
-        return all(saved in self._possible_glue(turn_ids, observation)
-                   for (turn_ids, saved), observation in zip(turns, observations))
+        for index, ((turn_ids, saved), observation) in enumerate(zip(turns, observations)):
+            if saved not in self._possible_glue(turn_ids, observation):
+                return index
+        return None if len(observations) == len(turns) else min(len(observations), len(turns))
 
     def _possible_glue(self, turn_ids: list[int], observation: str | None) -> list[list[int]]:
         found = []

@@ -33,6 +33,9 @@ unfinished episode:
 - `stateless`: `step` is a deterministic function of the turns so far, so a fresh
   instance `replay()`s the saved policy turns and must give back the same observations
   (checked on restore: a mismatch reruns the sibling from scratch, with the reason).
+- `replay`: deterministic given `ctx.seed` (the same for every attempt of a sibling) and the policy turns: a
+  restore makes a fresh instance with the seed and `replay()`s the journaled turns, each observation checked
+  against the journaled one (a difference reruns the sibling from scratch, named in the log and the audit).
 - `exported`: `export_state()` returns a JSON-ready dict at a turn boundary (a snapshot
   saves it with the turn record: only dict/list/str/int/float/bool/None, no bytes, no
   objects); `restore_state(state)` takes it back on a fresh instance. restore_state
@@ -65,7 +68,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict
 
 from turnkeep.schemas.choices import RecoveryMode
-from turnkeep.schemas.rollout import Problem
+from turnkeep.schemas.rollout import Problem, PromptRecord
 
 __all__ = ["EnvContext", "Environment", "NoOptions", "Problem", "RecoveryMode", "StepResult"]
 
@@ -96,6 +99,9 @@ class EnvContext:
     """Folder under which environments with files on disk make their own workspace (None: the system's temp)."""
     options: BaseModel = NoOptions()
     """The class's `Options`, validated from `[environments.<name>] options` once at start-up."""
+    seed: int = 0
+    """The episode's seed, the same for every attempt of one sibling of a group (`replay` environments draw their
+    randomness from it, so a replay after a restore meets the same episode)."""
 
 
 class Environment(ABC):
@@ -144,9 +150,25 @@ class Environment(ABC):
 
     async def replay(self, turns: list[str]) -> list[str | None]:
         """Rebuild a fresh environment by stepping the saved policy turns again; returns each turn's observation."""
-        if self.recovery_mode != RecoveryMode.STATELESS:
+        if self.recovery_mode not in (RecoveryMode.STATELESS, RecoveryMode.REPLAY):
             raise NotImplementedError(f"{self.kind} environments ({self.recovery_mode}) cannot be replayed")
         return [(await self.step(turn)).observation for turn in turns]
+
+    def reward_parts(self) -> dict[str, float]:
+        """Named parts of the reward (a rubric's functions), recorded with the row's metrics; {}: none."""
+        return {}
+
+    @classmethod
+    def recovery_mode_for(cls, options: BaseModel) -> RecoveryMode:
+        """The recovery mode of this class with these options (an adapter's environments differ: `options.replay`);
+        an instance's `recovery_mode` must agree with it."""
+        return RecoveryMode(cls.recovery_mode)
+
+    @classmethod
+    def dataset(cls, options: BaseModel, split: Literal["train", "heldout"]) -> list[PromptRecord] | None:
+        """The environment's own prompts (an ecosystem's dataset), used when the run has no `data.train`; each
+        record's metadata reaches the episode as `problem.metadata`. None: it has none."""
+        return None
 
     async def close(self) -> None:
         """Release what the episode holds (files, processes); called once, however the episode ended."""

@@ -27,7 +27,7 @@ async def run_evaluation(request: RolloutRequest, factory: EnvironmentFactory, c
                          policy: EngineRouter, limits: RolloutLimits) -> RolloutResult:
     assert request.evaluation_temperature is not None
     try:
-        env = factory.make(request.problem)
+        env = factory.make_for(request)
     except ValueError as err:
         return _failed(request, str(err))
     episode = dataclasses.replace(for_environment(limits, request.problem.env),

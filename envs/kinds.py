@@ -1,25 +1,29 @@
 """The environment classes a server runs, resolved from the run's `[environments]` table.
 
-A built-in kind (`calc`, `workspace`, `lab`, `judge`, `tool_chat`) and a `python` entry resolve the
-same way, to a class of the public API (`envs/environment.py`) and its validated
-options; `remote` environments are served elsewhere (`turnkeep env-server`) and are
-skipped here. The server reports every environment it runs (`GET /environments` via
-its capabilities) for the controller to lower its recovery level.
+A built-in kind (`calc`, `workspace`, `lab`, `judge`, `tool_chat`), an ecosystem's adapter (`verifiers`,
+`nemo_gym`, `openenv`: `envs/adapters/`) and a `python` entry resolve the same way, to a class of the public API
+(`envs/environment.py`) and its validated options; `remote` environments are served elsewhere (`turnkeep
+env-server`) and are skipped here. The server reports every environment it runs (`GET /environments` via its
+capabilities) for the controller to lower its recovery level.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib
+
+from turnkeep.envs.adapters import ADAPTERS
 from turnkeep.envs.calc_env import CalcEnvironment
 from turnkeep.envs.environment import EnvContext, Environment
 from turnkeep.envs.judge_env import JudgeEnvironment
 from turnkeep.envs.lab_env import LabEnvironment
-from turnkeep.envs.loading import LoadedEnvironment, check_options, load_environment
+from turnkeep.envs.loading import EnvironmentLoadError, LoadedEnvironment, check_options, load_environment
 from turnkeep.envs.tool_chat_env import ToolChatEnvironment
 from turnkeep.envs.workspace_env import WorkspaceEnvironment
-from turnkeep.schemas.choices import EnvironmentKind
+from turnkeep.schemas.choices import EnvironmentKind, RecoveryMode
 from turnkeep.schemas.config import EnvironmentSpec
 from turnkeep.schemas.environments import EnvironmentCapabilities
-from turnkeep.schemas.rollout import Problem
+from turnkeep.schemas.rollout import Problem, RolloutRequest
 
 ENV_KINDS: dict[str, type[Environment]] = {
     cls.kind: cls for cls in (CalcEnvironment, WorkspaceEnvironment, LabEnvironment, JudgeEnvironment,
@@ -29,11 +33,25 @@ ENV_KINDS: dict[str, type[Environment]] = {
 
 def resolve(name: str, spec: EnvironmentSpec) -> LoadedEnvironment:
     """The class and options of one local environment; EnvironmentLoadError names what is wrong."""
+    if spec.kind in ADAPTERS:
+        return _resolve_adapter(name, spec)
     if spec.kind == EnvironmentKind.PYTHON:
         assert spec.entry is not None  # the config refuses a python environment without one
         return load_environment(spec.entry, spec.options, where=f"environments.{name}.entry")
     cls = ENV_KINDS[spec.kind]
     return LoadedEnvironment(cls, check_options(cls, spec.options, where=f"environments.{name}"))
+
+
+def _resolve_adapter(name: str, spec: EnvironmentSpec) -> LoadedEnvironment:
+    entry, extra = ADAPTERS[spec.kind]
+    module_name = entry.partition(":")[0]
+    try:
+        importlib.import_module(module_name)
+    except ImportError as err:
+        raise EnvironmentLoadError(
+            f"environments.{name}: kind = {str(spec.kind)!r} needs its ecosystem's package, which does not import "
+            f"({type(err).__name__}: {err}); install it with pip install 'turnkeep[{extra}]'") from None
+    return load_environment(entry, spec.options, where=f"environments.{name}")
 
 
 def local_environments(environments: dict[str, EnvironmentSpec]) -> dict[str, EnvironmentSpec]:
@@ -44,7 +62,7 @@ def local_environments(environments: dict[str, EnvironmentSpec]) -> dict[str, En
 def capabilities_of(name: str, loaded: LoadedEnvironment, group_size: int | None) -> EnvironmentCapabilities:
     cls = loaded.cls
     return EnvironmentCapabilities(
-        name=name, kind=cls.kind, recovery_mode=cls.recovery_mode, group_scored=cls.group_scored,
+        name=name, kind=cls.kind, recovery_mode=cls.recovery_mode_for(loaded.options), group_scored=cls.group_scored,
         group_size=group_size if cls.group_scored else None,
     )
 
@@ -92,7 +110,20 @@ class EnvironmentFactory:
     def kind_of(self, env_name: str) -> type[Environment]:
         return self.loaded(env_name).cls
 
-    def make(self, problem: Problem) -> Environment:
+    def mode_of(self, env_name: str) -> RecoveryMode:
+        loaded = self.loaded(env_name)
+        return loaded.cls.recovery_mode_for(loaded.options)
+
+    def make(self, problem: Problem, seed: int = 0) -> Environment:
         loaded = self.loaded(problem.env)
-        ctx = EnvContext(self._ctx.tool_latency_s, self._ctx.workspace_root, loaded.options)
+        ctx = EnvContext(self._ctx.tool_latency_s, self._ctx.workspace_root, loaded.options, seed)
         return loaded.cls(problem, ctx)
+
+    def make_for(self, request: RolloutRequest) -> Environment:
+        """The episode of one rollout, made with its sibling's seed (every attempt of a sibling gets the same)."""
+        return self.make(request.problem, episode_seed(request.group_id, request.sibling))
+
+
+def episode_seed(group_id: str, sibling: int) -> int:
+    """A sibling's environment seed: a replay remakes its episode with it, so it must not change across restores."""
+    return int.from_bytes(hashlib.sha256(f"{group_id}/{sibling}".encode()).digest()[:4], "big")

@@ -2,7 +2,7 @@
 
 `load` reads this participant's `agents.jsonl` from the chosen snapshot and checks
 every agent can be rebuilt: an exported environment must accept its saved state, a
-stateless one is replayed when it continues, and a restart_only one cannot continue at
+stateless or replay one is replayed when it continues, and a restart_only one cannot continue at
 all (it is counted, not held). A `/run` with `resume_from` then takes its agent and
 continues it from the saved boundary. An agent that is never asked for is dropped with
 the table: the controller reruns its sibling from scratch.
@@ -65,12 +65,13 @@ class RestoredAgents:
 
     async def _restorable(self, saved: SavedAgent) -> bool:
         kind = self._factory.kind_of(saved.request.problem.env)
-        if kind.recovery_mode == RecoveryMode.RESTART_ONLY:
+        mode = self._factory.mode_of(saved.request.problem.env)
+        if mode == RecoveryMode.RESTART_ONLY:
             return False
-        if kind.recovery_mode == RecoveryMode.EXPORTED:
+        if mode == RecoveryMode.EXPORTED:
             if saved.env_state is None:
                 raise ValueError(f"{kind.kind} environments export their state, but env_state is null")
-            env = self._factory.make(saved.request.problem)
+            env = self._factory.make_for(saved.request)
             try:
                 env.restore_state(saved.env_state)
             finally:

@@ -35,6 +35,7 @@ from turnkeep.envs.journal_restore import hold_from_journal
 from turnkeep.envs.kinds import EnvironmentFactory, capabilities_of
 from turnkeep.envs.policy_client import PolicyCallError
 from turnkeep.envs.receipts import ReceiptBook
+from turnkeep.envs.replay import replay_to_boundary
 from turnkeep.envs.restored_agents import RestoredAgents, RestoreError
 from turnkeep.envs.server_errors import AttachRefused, NotAttached
 from turnkeep.envs.server_routes import build_app
@@ -309,7 +310,7 @@ class EnvServer:
                 return _failed(request, f"no restored agent {request.resume_from} on this server; "
                                         "rerun the sibling from scratch")
         try:
-            env = slow_tools(self.factory.make(request.problem), self._faults.tool_delay_s(request.problem.env))
+            env = slow_tools(self.factory.make_for(request), self._faults.tool_delay_s(request.problem.env))
         except ValueError as err:
             return _failed(request, str(err))
         async with self.agents.live(request, env) as agent:
@@ -341,16 +342,11 @@ class EnvServer:
         if env.recovery_mode == RecoveryMode.EXPORTED:
             env.restore_state(saved.env_state or {})
         else:
-            # The turns as the environment saw them, then the template glue each observation must give back.
-            turns = [self.codec.turn_text(seg.token_ids) for seg in boundary.segments if seg.kind == "policy"]
-            replayed = await env.replay(turns)
-            if not self.codec.replay_matches(boundary.segments, replayed):
-                saved_glue = [self.codec.decode(glue) for _, glue in self.codec.turns_with_glue(boundary.segments)]
-                raise ContinuationError(
-                    f"replaying {request.resume_from}'s {len(turns)} turns gave tool replies {replayed!r}, not the "
-                    f"{saved_glue!r} the snapshot saved: the {env.kind} environment is not stateless"
-                )
+            await replay_to_boundary(env, self.codec, boundary, request, self._replay_timeout_s(), self._audit)
         return boundary.model_copy(update={"rollout_id": request.rollout_id})
+
+    def _replay_timeout_s(self) -> float:
+        return self._limits.replay_timeout_s if self._limits else RolloutLimits.model_fields["replay_timeout_s"].default
 
     def _participant_capabilities(self, name: str) -> Capabilities:
         return env_capabilities(self.environments, name, journals_turns=self.turn_journal is not None)
@@ -392,8 +388,6 @@ class EnvServer:
         discarded = self.receipts.discard_all()
         return {"cancelled": len(tasks), "discarded_results": discarded}
 
-class ContinuationError(RuntimeError):
-    """A saved agent cannot be brought back to its boundary; its sibling reruns from scratch."""
 
 
 def _failed(request: RolloutRequest, reason: str) -> RolloutResult:

@@ -191,6 +191,24 @@ class SiblingFailed(_Event):
     will_retry: bool
 
 
+class ReplayChecked(_Event):
+    """A restored agent of a `stateless` or `replay` environment rebuilt by replaying its turns on a fresh instance."""
+
+    event: Literal["replay_checked"] = "replay_checked"
+    rollout_id: str
+    """The attempt that continues (or, when the replay failed, reruns) the sibling."""
+    resumed_from: str
+    """The saved attempt whose turns were replayed."""
+    env: str
+    turns: int
+    """Policy turns replayed."""
+    seconds: float
+    diverged_turn: int | None = None
+    """The first turn whose observation differed from the journaled one (None: every one matched)."""
+    reason: str = ""
+    """Why the replay failed (a difference, its time limit, an error); empty when it matched."""
+
+
 class StepTrained(_Event):
     event: Literal["step_trained"] = "step_trained"
     step: int
@@ -292,7 +310,7 @@ class RunEnded(_Event):
 AuditEvent = Annotated[
     Union[
         RunStarted, Restored, GroupAdmitted, SiblingStarted, TurnCommitted, TurnTokens, SiblingSealed,
-        SiblingFailed,
+        SiblingFailed, ReplayChecked,
         StepTrained, GroupsDiscarded, GroupRerun, DeadlineExpired, SnapshotPublished, RunEnded,
         CutTaken, GroupDropped, HoldChanged,
     ],

@@ -45,7 +45,10 @@ class RecoveryMode(StrEnum):
     """How an environment's episode comes back after a restore."""
 
     STATELESS = "stateless"
-    """Replaying the saved policy turns rebuilds it."""
+    """Replaying the saved policy turns rebuilds it (its steps are a pure function of the turns)."""
+    REPLAY = "replay"
+    """Deterministic given the rollout's seed and its actions: a fresh instance made with the seed replays the
+    journaled turns, each observation checked against the journaled one (a difference reruns the sibling)."""
     EXPORTED = "exported"
     """It exports and restores its own state."""
     RESTART_ONLY = "restart_only"
@@ -61,10 +64,22 @@ class EnvironmentKind(StrEnum):
     JUDGE = "judge"
     TOOL_CHAT = "tool_chat"
     """A task in the model's own tool format (`<tool_call>` JSON), reasoning-gym's or your prompts file's."""
+    VERIFIERS = "verifiers"
+    """An installed verifiers environment (`options.env_id`), through its dataset, tools and rubric."""
+    NEMO_GYM = "nemo_gym"
+    """A NeMo Gym resources server (started from its config, or at `options.url`), through its own routes."""
+    OPENENV = "openenv"
+    """An OpenEnv environment (started from its package, or at `options.url`): reset, step, its reward."""
     PYTHON = "python"
     """Your own environment class, loaded by `entry` in the run's environment server."""
     REMOTE = "remote"
     """An environment server you run yourself (`turnkeep env-server`)."""
+
+
+ADAPTER_KINDS = frozenset({EnvironmentKind.VERIFIERS, EnvironmentKind.NEMO_GYM, EnvironmentKind.OPENENV})
+"""Environments written for another ecosystem, run through turnkeep's adapter for it (`envs/adapters/`)."""
+OPTIONS_KINDS = frozenset({EnvironmentKind.PYTHON, EnvironmentKind.TOOL_CHAT, *ADAPTER_KINDS})
+"""The kinds whose `[environments.<name>] options` go to their class's `Options`."""
 
 
 class Trigger(StrEnum):

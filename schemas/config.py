@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from turnkeep.schemas.choices import AgentsMode, Device, EnvironmentKind, RecoveryLevel
+from turnkeep.schemas.choices import ADAPTER_KINDS, OPTIONS_KINDS, AgentsMode, Device, EnvironmentKind, RecoveryLevel
 from turnkeep.schemas.config_algorithm import AlgorithmConfig
 from turnkeep.schemas.config_base import ConfigPath, ModelPath, StrictModel
 from turnkeep.schemas.config_eval import EvalConfig
@@ -131,7 +131,8 @@ class EnvironmentSpec(StrictModel):
     tool_chat: a task in the model's own tool format (`<tool_call>` JSON through its chat template), from
     reasoning-gym (`options.reasoning_gym`) or the prompts file, scored by a verifier (state exported); python: your
     own environment class, loaded by `entry` in the run's environment server; remote: an environment server you run
-    yourself (`turnkeep env-server`), reached at `url`."""
+    yourself (`turnkeep env-server`), reached at `url`; verifiers, nemo_gym, openenv: an environment written for that
+    ecosystem, through its adapter (docs/environments.md)."""
     weight: float = Field(default=1.0, gt=0)
     """Share of prompt groups that go to this environment (relative to the other environments' weights)."""
     group_size: int | None = Field(default=None, ge=2)
@@ -141,7 +142,8 @@ class EnvironmentSpec(StrictModel):
     """python only: `package.module:ClassName` of a `turnkeep.Environment` subclass, importable where the
     environment server runs."""
     options: dict[str, Any] = {}
-    """python and tool_chat: keyword options handed to the class (checked by its `Options` model at start-up)."""
+    """python, tool_chat and the ecosystems' adapters (verifiers, nemo_gym, openenv): keyword options handed to the
+    class (checked by its `Options` model at start-up)."""
     url: str | None = None
     """remote only: `http://host:port` of a `turnkeep env-server`."""
     token_file: ConfigPath | None = None
@@ -157,8 +159,8 @@ class EnvironmentSpec(StrictModel):
             raise ValueError('kind = "python" needs entry = "package.module:ClassName"')
         if self.kind != EnvironmentKind.PYTHON and self.entry is not None:
             raise ValueError(f"entry applies to kind = \"python\", not '{self.kind}'")
-        if self.kind not in (EnvironmentKind.PYTHON, EnvironmentKind.TOOL_CHAT) and self.options:
-            raise ValueError(f"options apply to kind = \"python\" and \"tool_chat\", not '{self.kind}'")
+        if self.kind not in OPTIONS_KINDS and self.options:
+            raise ValueError(f"options apply to kinds {', '.join(sorted(OPTIONS_KINDS))}, not '{self.kind}'")
         if self.kind == EnvironmentKind.REMOTE and (not self.url or self.token_file is None):
             raise ValueError('kind = "remote" needs url = "http://host:port" and token_file = "<the token the '
                              'server was started with>"')
@@ -334,10 +336,11 @@ class TurnkeepConfig(StrictModel):
     @model_validator(mode="after")
     def _eval_has_prompts(self) -> "TurnkeepConfig":
         heldout = any(spec.kind == EnvironmentKind.TOOL_CHAT and spec.options.get("reasoning_gym") is not None
-                      for spec in self.environments.values())
+                      or spec.kind in ADAPTER_KINDS for spec in self.environments.values())
         if (self.eval.every_steps or self.eval.before_training) and self.eval.prompts is None and not heldout:
             raise ValueError("[eval] has no held-out prompts: set eval.prompts = \"FILE.jsonl\", or use a tool_chat "
-                             "environment with reasoning_gym tasks (their held-out seeds), or set eval.every_steps = 0")
+                             "environment with reasoning_gym tasks (their held-out seeds) or an adapted one, or set "
+                             "eval.every_steps = 0")
         return self
 
     @model_validator(mode="after")
@@ -394,4 +397,4 @@ class TurnkeepConfig(StrictModel):
                              max_model_len=self.policy.max_model_len, temperature=self.rollout.temperature,
                              stream_turns=self.env.stream_turns, partial_turn_environments=tokens,
                              partial_every_tokens=self.env.journal_partial_tokens,
-                             partial_every_s=self.env.journal_partial_s)
+                             partial_every_s=self.env.journal_partial_s, replay_timeout_s=self.env.replay_timeout_s)

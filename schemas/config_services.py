@@ -84,6 +84,10 @@ class EnvServerConfig(StrictModel):
     this many tokens ..."""
     journal_partial_s: float = Field(default=0.25, gt=0)
     """... or of what streamed in this long, whichever comes first (a crash costs at most one chunk of a turn)."""
+    replay_timeout_s: float = Field(default=60.0, gt=0)
+    """A restored agent of a `stateless` or `replay` environment is rebuilt by replaying its journaled turns on a
+    fresh instance; a replay that takes longer is given up and its sibling reruns from scratch (named in the log and
+    the audit's `replay_checked`)."""
     stream_turns: bool = False
     """Stream every turn from the engine and audit its progress in those chunks, so the chaos figures count the
     tokens of turns a kill cut (measurement; the `token` level streams anyway). Costs a little throughput."""

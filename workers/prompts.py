@@ -1,5 +1,6 @@
 """The run's prompt source: the prompts file `data.train` names, else the reasoning-gym tasks of its `tool_chat`
-environments, else the default task's generated problems."""
+environments, else the environments' own datasets (an ecosystem's environment), else the default task's generated
+problems."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from turnkeep.envs.calc_task import CalcProblems
 from turnkeep.envs.reasoning_gym_tasks import ReasoningGymProblems, ReasoningGymTasks
 from turnkeep.schemas.choices import EnvironmentKind
 from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.workers.env_datasets import environment_datasets
 
 
 def prompt_source(cfg: TurnkeepConfig) -> PromptSource:
@@ -17,13 +19,16 @@ def prompt_source(cfg: TurnkeepConfig) -> PromptSource:
     tasks = reasoning_gym_environments(cfg)
     if tasks:
         return ReasoningGymProblems(tasks, cfg.run.seed)
-    return CalcProblems(cfg.task, cfg.run.seed)
+    return environment_datasets(cfg, "train") or CalcProblems(cfg.task, cfg.run.seed)
 
 
 def heldout_source(cfg: TurnkeepConfig) -> PromptSource | None:
-    """The held-out problems of the run's reasoning-gym tasks (None: the run has none)."""
+    """The held-out problems of the run's reasoning-gym tasks, else of its environments' own datasets (None: the run
+    has none)."""
     tasks = reasoning_gym_environments(cfg)
-    return ReasoningGymProblems(tasks, cfg.run.seed, split="heldout") if tasks else None
+    if tasks:
+        return ReasoningGymProblems(tasks, cfg.run.seed, split="heldout")
+    return environment_datasets(cfg, "heldout")
 
 
 def reasoning_gym_environments(cfg: TurnkeepConfig) -> dict[str, ReasoningGymTasks]:

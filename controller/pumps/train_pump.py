@@ -34,6 +34,7 @@ from turnkeep.primitives.holds import HoldSet
 from turnkeep.schemas.audit import GroupsDiscarded, StepTrained
 from turnkeep.schemas.config import TrainConfig
 from turnkeep.schemas.names import REFIT_HOLDER, REPLAY_HOLDER
+from turnkeep.schemas.rollout import RolloutRow
 
 log = logging.getLogger("turnkeep.train")
 
@@ -53,6 +54,16 @@ class StepReport:
     engine_tokens: dict[int, int] = field(default_factory=dict)
     """Tokens each live engine has generated since it started (engine index -> count), as of this step's refit."""
     engines_live: int = 1
+    reward_parts_mean: dict[str, float] = field(default_factory=dict)
+    """Each named reward part's mean over the rows that have it (an adapted rubric's functions)."""
+
+
+def reward_parts_mean(rows: list[RolloutRow]) -> dict[str, float]:
+    parts: dict[str, list[float]] = {}
+    for row in rows:
+        for name, value in row.reward_parts.items():
+            parts.setdefault(name, []).append(value)
+    return {name: sum(values) / len(values) for name, values in sorted(parts.items())}
 
 
 class TrainPump:
@@ -246,6 +257,7 @@ class TrainPump:
             policy_version=trainer_stats["policy_version"],
             groups_trained=len(group_ids),
             reward_mean=sum(row.reward for row in rows) / len(rows),
+            reward_parts_mean=reward_parts_mean(rows),
             staleness_max=staleness,
             train_step_s=train_step_s,
             refit_s=refit_s,

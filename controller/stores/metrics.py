@@ -44,6 +44,8 @@ class MetricsSink:
             "t": round(time.time(), 3),
             "step": report.step,
             "reward_mean": round(report.reward_mean, 4),
+            **({"reward_parts_mean": {k: round(v, 4) for k, v in report.reward_parts_mean.items()}}
+               if report.reward_parts_mean else {}),
             "rollout_tokens_per_s": round(self._stats.take_generated_tokens() / max(now - self._last, 1e-6), 1),
             "train_step_s": round(report.train_step_s, 3),
             "refit_s": round(report.refit_s, 3),

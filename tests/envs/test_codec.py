@@ -122,16 +122,18 @@ def test_another_declared_eos_ends_a_turn_but_stays_in_its_text(codec: TurnCodec
     assert codec.after_turn(turn, "x") == codec.observation_ids("x")
 
 
-def test_replay_matches_only_the_same_observations(codec: TurnCodec) -> None:
+def test_a_replay_differs_at_the_first_turn_whose_observation_is_not_the_saved_one(codec: TurnCodec) -> None:
     segments = [Segment(kind="prompt", token_ids=codec.conversation_start("Q"))]
     for turn, (role, reply) in zip(["a", "b"], [("tool", "1"), ("user", "2")]):
         ids = closed(codec, turn)
         segments += [Segment(kind="policy", token_ids=ids), Segment(kind="tool", token_ids=codec.after_turn(
             ids, reply, role))]
-    assert codec.replay_matches(segments, ["1", "2"])
-    assert not codec.replay_matches(segments, ["1", "3"])
-    assert not codec.replay_matches(segments, ["1"])
-    assert not codec.replay_matches(segments, ["1", None])
+    assert codec.first_replay_difference(segments, ["1", "2"]) is None
+    assert codec.first_replay_difference(segments, ["1", "3"]) == 1
+    assert codec.first_replay_difference(segments, ["0", "2"]) == 0
+    assert codec.first_replay_difference(segments, ["1"]) == 1
+    assert codec.first_replay_difference(segments, ["1", "2", "3"]) == 2
+    assert codec.first_replay_difference(segments, ["1", None]) == 1
 
 
 def test_a_template_file_is_read_and_named_templates_pick_default(tmp_path: Path, codec: TurnCodec) -> None:

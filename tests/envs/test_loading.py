@@ -38,12 +38,14 @@ def test_options_the_class_refuses_are_named() -> None:
         load_environment(f"{ENTRY}:Echo", {"colour": "red"})
 
 
-def test_a_built_in_kind_takes_no_options_but_tool_chat_and_no_entry() -> None:
-    with pytest.raises(ValueError, match="options apply to kind = \"python\" and \"tool_chat\", not 'calc'"):
+def test_a_built_in_kind_takes_no_options_but_tool_chat_and_the_adapters_and_no_entry() -> None:
+    with pytest.raises(ValueError, match="options apply to kinds nemo_gym, openenv, python, tool_chat, verifiers, "
+                                         "not 'calc'"):
         EnvironmentSpec(kind="calc", options={"x": 1})
     with pytest.raises(ValueError, match="entry applies to kind = \"python\", not 'tool_chat'"):
         EnvironmentSpec(kind="tool_chat", entry="a.b:C")
     assert EnvironmentSpec(kind="tool_chat", options={"max_tool_calls": 2}).options == {"max_tool_calls": 2}
+    assert EnvironmentSpec(kind="openenv", options={"url": "http://h:1"}).options == {"url": "http://h:1"}
 
 
 def test_a_python_environment_is_built_with_its_validated_options() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from turnkeep.envs.environment import EnvContext, Environment, StepResult
-from turnkeep.schemas.rollout import Problem
+from turnkeep.schemas.rollout import Problem, PromptRecord
 
 
 class EchoOptions(BaseModel):
@@ -53,3 +53,15 @@ class NotAnEnvironment:
 
 
 BROKEN_AT_IMPORT = False
+
+
+class WithDataset(Echo):
+    """Echo with a dataset of its own: three training rows, one held-out row."""
+
+    kind = "echo_rows"
+
+    @classmethod
+    def dataset(cls, options: BaseModel, split: str) -> list[PromptRecord] | None:
+        if split == "heldout":
+            return [PromptRecord(prompt="held", answer=0, metadata={"row": "h0"})]
+        return [PromptRecord(prompt=f"q{i}", answer=i, metadata={"row": i}) for i in range(3)]

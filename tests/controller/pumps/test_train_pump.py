@@ -253,3 +253,25 @@ def test_dynamic_sampling_discards_groups_whose_rewards_are_all_equal_once_and_c
     assert data_plane.rows("g2") == [] and data_plane.journal.kinds.count(ROWS_DELETED) == 1  # journaled: crash-safe
     assert asyncio.run(pump._drop_unusable_groups()) == ["g1", "g4"]  # ended once: not discarded again
     assert stats.groups_discarded == {"zero_signal": 2}
+
+
+def test_a_steps_reward_parts_are_each_parts_mean_over_the_rows_that_have_it(tmp_path) -> None:
+    from turnkeep.controller.pumps.train_pump import StepReport, reward_parts_mean
+    from turnkeep.controller.state.run_stats import RunStats
+    from turnkeep.controller.stores.metrics import MetricsSink
+    from turnkeep.schemas.rollout import RolloutRow
+
+    def row(**parts: float) -> RolloutRow:
+        return RolloutRow(group_id="g", sibling=0, attempt=0, segments=[], reward=1.0, reward_parts=parts,
+                          num_turns=1)
+
+    means = reward_parts_mean([row(format=1.0, correct=0.0), row(format=0.0, correct=1.0), row(format=0.5), row()])
+    assert means == {"correct": 0.5, "format": 0.5}
+    with open(tmp_path / "progress.txt", "w") as out:
+        sink = MetricsSink(tmp_path, RunStats(), max_steps=None, out=out)
+        line = sink.step(StepReport(step=1, reward_mean=0.5, train_step_s=0.1, refit_s=0.1, refit_bytes=1,
+                                    groups_trained=1, policy_version=1, staleness_max=0, trainer={},
+                                    reward_parts_mean=means))
+        plain = sink.step(StepReport(step=2, reward_mean=0.5, train_step_s=0.1, refit_s=0.1, refit_bytes=1,
+                                     groups_trained=1, policy_version=2, staleness_max=0, trainer={}))
+    assert line["reward_parts_mean"] == {"correct": 0.5, "format": 0.5} and "reward_parts_mean" not in plain
