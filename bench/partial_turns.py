@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
-import orjson
-
+from turnkeep.bench.chaos_report import chaos_figures, chaos_run
 from turnkeep.bench.report import BenchResult, markdown_table
 from turnkeep.bench.runs import run_turnkeep, throughput
 
@@ -74,41 +71,20 @@ def run(args: argparse.Namespace) -> BenchResult:
         notes.append(f"Journaling cost: {args.pairs} alternating pairs of {args.steps}-step runs without kills, `turn` "
                      "(whole turns, not streamed) against `token` (streamed, journaled in chunks); the ratio is taken "
                      "within each pair.")
-    data = {"chaos": {level: _chaos_figures(report) for level, report in chaos.items()}, "cost": cost}
+    data = {"chaos": {level: chaos_figures(report) for level, report in chaos.items()}, "cost": cost}
     return BenchResult("partial_turns", table, data, notes)
 
 
 def _chaos_run(args: argparse.Namespace, run_dir: Path, level: str) -> dict:
-    report_path = run_dir / "chaos" / "report.json"
-    if not report_path.is_file():
-        command = [sys.executable, "-m", "turnkeep", "chaos", "--run-dir", str(run_dir), "--config", str(args.config),
-                   "--kills", str(args.kills), "--steps", str(args.chaos_steps), "--seed", str(args.seed),
-                   "--max-delay-s", str(args.max_delay_s)]
-        for setting in [*args.set, f"rollout_recovery.target_level={level}", "env.stream_turns=true",
-                        f"train.save_period={args.chaos_save_period}"]:
-            command += ["--set", setting]
-        print(f"bench partial_turns: chaos at {level} level in {run_dir}", flush=True)
-        subprocess.call(command)
-    if not report_path.is_file():
-        raise SystemExit(f"turnkeep bench partial_turns: the chaos run in {run_dir} wrote no report; see its "
-                         "chaos/ folder and the output above")
-    return orjson.loads(report_path.read_bytes())
-
-
-def _chaos_figures(report: dict) -> dict:
-    counts = report["verdict"]["counts"]
-    kills = sum(report["kills_by_point"].values())
-    return {"kills": kills, "ok": report["verdict"]["ok"], "tokens_generated": counts["tokens_generated"],
-            "tokens_regenerated": counts["tokens_regenerated"], "share": counts["tokens_regenerated_share"],
-            "per_kill": round(counts["tokens_regenerated"] / kills, 1) if kills else 0.0,
-            "cut_turn_tokens": counts["cut_turn_tokens"], "cut_turn_tokens_kept": counts["cut_turn_tokens_kept"],
-            "engine_cut_tokens": counts.get("engine_cut_tokens", 0),
-            "restart_median_s": counts["median_restart_to_first_generation_s"],
-            "restores_by_source": counts.get("restores_by_source", {})}
+    chaos_args = ["--kills", str(args.kills), "--steps", str(args.chaos_steps), "--seed", str(args.seed),
+                  "--max-delay-s", str(args.max_delay_s)]
+    return chaos_run("partial_turns", run_dir, args.config, chaos_args,
+                     [*args.set, f"rollout_recovery.target_level={level}", "env.stream_turns=true",
+                      f"train.save_period={args.chaos_save_period}"])
 
 
 def _chaos_row(report: dict, _kills: int) -> list:
-    f = _chaos_figures(report)
+    f = chaos_figures(report)
     sources = f["restores_by_source"]
     restores = f"{sources.get('snapshot', 0)} / {sources.get('trainer_checkpoint', 0)} / {sources.get('fresh', 0)}"
     return [f["kills"], "all hold" if f["ok"] else "BROKEN", restores,

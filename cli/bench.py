@@ -43,6 +43,8 @@ BENCHMARKS = {
                 "reward curves, held-out pass@1, steps/min",
     "hangs": "each process of a run frozen (SIGSTOP) in turn: seconds to the probe that caught it, its replacement "
              "and the next train step; train steps the repair undid",
+    "replay": "environments of verifiers, NeMo Gym and OpenEnv under whole-tree kills, continued by replay against "
+              "regenerated from scratch: tokens generated again, restart time, replay seconds against turns",
     "peers": "turnkeep against TRL's GRPOTrainer on one tiny chat model and single-turn task: time to a reward, "
              "tokens/s, steps/min, memory; each killed halfway and resumed: steps lost, restart to next step",
 }

@@ -37,6 +37,7 @@ PASS_ARGS: dict[str, list[str]] = {
     "lora": ["--rounds", "1", "--steps", "20"],
     "variants": ["--steps", "40"],
     "hangs": [],
+    "replay": ["--kills", "4", "--steps", "30"],
     "peers": ["--steps", "30"],
 }
 """Each benchmark's arguments in a pass (besides `--out`), in the order they run: `lower_bound`, `orchestration` and
@@ -53,7 +54,7 @@ keeps the previous file's."""
 RUN_FOLDERS = {"overhead": "overhead", "wasted": "wasted", "recovery": "chaos", "soak": "soak", "engines": "engines",
                "partial_turns": "partial_turns", "ranks": "ranks",
                "restart": "restart", "learn": "learn", "lora": "lora", "variants": "variants", "hangs": "hangs",
-               "peers": "peers"}
+               "replay": "replay", "peers": "peers"}
 """The folder of `--out` where each benchmark that starts runs keeps them (it refuses one that is not empty)."""
 
 RunOne = Callable[[list[str]], int]

@@ -43,14 +43,14 @@ def resolve(name: str, spec: EnvironmentSpec) -> LoadedEnvironment:
 
 
 def _resolve_adapter(name: str, spec: EnvironmentSpec) -> LoadedEnvironment:
-    entry, extra = ADAPTERS[spec.kind]
+    entry, install = ADAPTERS[spec.kind]
     module_name = entry.partition(":")[0]
     try:
         importlib.import_module(module_name)
     except ImportError as err:
         raise EnvironmentLoadError(
             f"environments.{name}: kind = {str(spec.kind)!r} needs its ecosystem's package, which does not import "
-            f"({type(err).__name__}: {err}); install it with pip install 'turnkeep[{extra}]'") from None
+            f"({type(err).__name__}: {err}); install it: {install}") from None
     return load_environment(entry, spec.options, where=f"environments.{name}")
 
 

