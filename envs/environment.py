@@ -170,6 +170,11 @@ class Environment(ABC):
         record's metadata reaches the episode as `problem.metadata`. None: it has none."""
         return None
 
+    @classmethod
+    async def warm_up(cls, options: BaseModel) -> None:
+        """Start what every episode of the class shares (an adapter's server) before the first episode needs it:
+        the environment server runs it once at its start, in the background."""
+
     async def close(self) -> None:
         """Release what the episode holds (files, processes); called once, however the episode ended."""
 

@@ -9,8 +9,10 @@ capabilities) for the controller to lower its recovery level.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import importlib
+import logging
 
 from turnkeep.envs.adapters import ADAPTERS
 from turnkeep.envs.calc_env import CalcEnvironment
@@ -24,6 +26,8 @@ from turnkeep.schemas.choices import EnvironmentKind, RecoveryMode
 from turnkeep.schemas.config import EnvironmentSpec
 from turnkeep.schemas.environments import EnvironmentCapabilities
 from turnkeep.schemas.rollout import Problem, RolloutRequest
+
+log = logging.getLogger("turnkeep.env")
 
 ENV_KINDS: dict[str, type[Environment]] = {
     cls.kind: cls for cls in (CalcEnvironment, WorkspaceEnvironment, LabEnvironment, JudgeEnvironment,
@@ -114,6 +118,15 @@ class EnvironmentFactory:
         loaded = self.loaded(env_name)
         return loaded.cls.recovery_mode_for(loaded.options)
 
+    def warm_up(self) -> list[asyncio.Task]:
+        """Each class's `warm_up` started in the background; a failure is logged here and met again, named, by the
+        first episode that needs what it started."""
+        tasks = [asyncio.create_task(loaded.cls.warm_up(loaded.options), name=f"warm-up {name}")
+                 for name, loaded in sorted(self._loaded.items())]
+        for task in tasks:
+            task.add_done_callback(_log_warm_up)
+        return tasks
+
     def make(self, problem: Problem, seed: int = 0) -> Environment:
         loaded = self.loaded(problem.env)
         ctx = EnvContext(self._ctx.tool_latency_s, self._ctx.workspace_root, loaded.options, seed)
@@ -122,6 +135,11 @@ class EnvironmentFactory:
     def make_for(self, request: RolloutRequest) -> Environment:
         """The episode of one rollout, made with its sibling's seed (every attempt of a sibling gets the same)."""
         return self.make(request.problem, episode_seed(request.group_id, request.sibling))
+
+
+def _log_warm_up(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("%s failed (%s); the first episode retries it", task.get_name(), task.exception())
 
 
 def episode_seed(group_id: str, sibling: int) -> int:

@@ -149,6 +149,7 @@ class EnvServer:
             self._faults.set(self._cfg.startup_faults)
         if self._audit is not None:
             self._audit.start()
+        self._warming = self.factory.warm_up()  # an adapter's server starts now, not in the first episode's replay
         if self.turn_journal is not None:
             self._journal_flusher = asyncio.create_task(self.turn_journal.flush_forever(
                 self._cfg.journal_flush_s, self._cfg.journal_keep_mib << 20), name="turn-journal")

@@ -152,6 +152,11 @@ class NemoGymEnvironment(Environment):
         return RecoveryMode.REPLAY if getattr(options, "replay", True) else RecoveryMode.RESTART_ONLY
 
     @classmethod
+    async def warm_up(cls, options: BaseModel) -> None:
+        assert isinstance(options, NemoGymOptions)
+        await options.connect()
+
+    @classmethod
     def dataset(cls, options: BaseModel, split: Literal["train", "heldout"]) -> list[PromptRecord] | None:
         assert isinstance(options, NemoGymOptions)
         path = options.data_path() if split == "train" else options.heldout_path()

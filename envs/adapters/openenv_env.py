@@ -151,6 +151,11 @@ class OpenEnvEnvironment(Environment):
         replay = getattr(options, "replay", True)
         return RecoveryMode.REPLAY if replay else RecoveryMode.RESTART_ONLY
 
+    @classmethod
+    async def warm_up(cls, options: BaseModel) -> None:
+        if isinstance(options, OpenEnvOptions) and options.app is not None:
+            await asyncio.wrap_future(LOOP.submit(SERVERS.url_of(options.app, options.start_timeout_s)))
+
     def prompt(self) -> str:
         opened = self._opened()
         return opened.text(opened.reset["observation"])

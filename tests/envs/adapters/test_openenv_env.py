@@ -375,3 +375,22 @@ def test_demonstrations_are_whole_games_in_the_tool_format() -> None:
 def test_the_example_trains_through_the_adapter(stack_config) -> None:
     train_example(stack_config, EXAMPLE / "config.toml", "tk-openenv-", "--set", "model.tiny.warm_start_steps=100",
                   timeout_s=500)
+
+
+def test_the_environment_servers_warm_up_starts_the_apps_server_before_any_episode(caplog) -> None:
+    from turnkeep.envs.kinds import EnvironmentFactory, resolve  # late: only this test builds a factory
+    from turnkeep.schemas.config import EnvironmentSpec  # late: only this test builds a factory
+
+    def factory(**options) -> EnvironmentFactory:
+        return EnvironmentFactory({"guess": resolve("guess", EnvironmentSpec(kind="openenv", options=options))},
+                                  EnvContext())
+
+    async def warm(built: EnvironmentFactory) -> list:
+        return await asyncio.gather(*built.warm_up(), return_exceptions=True)
+
+    SERVERS.stop(APP)  # whatever an earlier test started
+    assert not SERVERS.running(APP)
+    assert asyncio.run(warm(factory(**GAME))) == [None] and SERVERS.running(APP)
+    [failed] = asyncio.run(warm(factory(**{**GAME, "app": "json:no_such_app", "start_timeout_s": 20})))
+    assert isinstance(failed, RuntimeError) and "warm-up guess failed (the OpenEnv server of json:no_such_app" \
+        in caplog.text
