@@ -36,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-delay-s", type=float, default=10.0,
                         help="kills land 0.5 s to this long after a train step (default 10)")
     parser.add_argument("--seed", type=int, default=48, help="the chaos runs' kill schedule (default 48)")
+    parser.add_argument("--tool-delay-s", type=float, default=0.5,
+                        help="each live step waits this long first (default 0.5), as real tools take time: the kills "
+                             "then find agents mid-rollout, past a journaled turn")
     parser.add_argument("--save-period", type=int, default=2,
                         help="train.save_period of the runs (default 2): each restart has a snapshot to restore")
 
@@ -49,7 +52,8 @@ def run(args: argparse.Namespace) -> BenchResult:
             run_dir = base / f"{ecosystem}-{'replay' if replay else 'restart_only'}"
             report = chaos_run("replay", run_dir, config, _chaos_args(args), [
                 *args.set, f"environments.{env}.options.replay={str(replay).lower()}", "env.stream_turns=true",
-                f"train.save_period={args.save_period}"])
+                f"train.save_period={args.save_period}", "env.fault_injection=true",
+                f'env.startup_faults={{"tool_delay_s": {{"{env}": {args.tool_delay_s}}}}}'])
             figures = {**chaos_figures(report), **replay_figures(run_dir)}
             data[f"{ecosystem} replay={replay}"] = figures
             rows.append([ecosystem, "replay" if replay else "restart_only", *_row(figures)])
@@ -62,6 +66,9 @@ def run(args: argparse.Namespace) -> BenchResult:
         "run restarted by the same command. `replay`: the environment's unfinished siblings continue from their "
         "journaled turn after a replay on a fresh instance made with the sibling's seed; `restart_only` "
         "(`options.replay = false`): they are regenerated from scratch.",
+        f"Each live step waits {args.tool_delay_s} s first (the fault plan's `tool_delay_s`), as real tools take "
+        "time: with the tiny model's instant turns, kills would otherwise find almost every agent between rollouts. "
+        "A replay's steps do not wait: its seconds are the environment's own.",
         "Tokens generated again: turns a later incarnation committed again, plus the tokens of turns a kill cut "
         "that no continuation kept (the engines' own count), as a share of every token the engines generated.",
         "Replay seconds: the `replay_checked` lines of the audit log, one per continued rollout: making the fresh "

@@ -311,7 +311,7 @@ class EnvServer:
                 return _failed(request, f"no restored agent {request.resume_from} on this server; "
                                         "rerun the sibling from scratch")
         try:
-            env = slow_tools(self.factory.make_for(request), self._faults.tool_delay_s(request.problem.env))
+            env = self.factory.make_for(request)
         except ValueError as err:
             return _failed(request, str(err))
         async with self.agents.live(request, env) as agent:
@@ -320,6 +320,7 @@ class EnvServer:
                 if saved is not None:
                     start = await self._continue(env, saved, request)
                     self.records.commit(start, request=request, env=env)
+                slow_tools(env, self._faults.tool_delay_s(request.problem.env))  # live calls only, not a replay's
                 result = await run_agent(
                     request, env, self.codec, self._policy, self.records, lambda: self.agents.park(agent),
                     for_environment(self._limits, request.problem.env), start=start,

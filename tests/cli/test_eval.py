@@ -29,7 +29,7 @@ def test_a_config_with_no_held_out_problems_and_no_prompts_is_refused_in_one_lin
     assert main(["eval", "--model", str(model), *settings]) == 2
     err = capsys.readouterr().err.strip()
     assert err == ("turnkeep eval: no held-out problems: the config has no tool_chat environment with reasoning_gym "
-                   "tasks; give --prompts FILE (or eval.prompts)"), err
+                   "tasks and no environment with a held-out dataset; give --prompts FILE (or eval.prompts)"), err
     assert main(["eval", "--model", str(model), "--samples", "0", *settings]) == 2
     assert "--samples and --limit must be at least 1" in capsys.readouterr().err
 

@@ -132,3 +132,14 @@ def test_with_snapshots_on_a_server_without_a_journal_needs_no_warning():
     cfg = parse_config({"environments": MIXED})
     plans, _ = plan_levels(cfg, environment_capabilities(cfg.environments, cfg.rollout.group_size))
     assert unjournaled_turns_warning(cfg, _servers(cfg, dict.fromkeys(MIXED, False)), plans) is None
+
+
+def test_a_replay_environment_keeps_the_token_level_and_one_declared_not_replayable_is_lowered_by_its_options():
+    held = {"kind": "python", "entry": "tests.envs.replay_envs:HeldCalc", "options": {"hold_dir": "/nonexistent"}}
+    guess = {"kind": "openenv", "options": {"url": "http://127.0.0.1:9", "replay": False}}
+    plans, warnings = _plans({"environments": {"held": held, "guess": guess},
+                              "rollout_recovery": {"target_level": "token"}})
+    assert (plans["held"].level, plans["held"].recovery_mode) == ("token", "replay")
+    assert (plans["guess"].level, plans["guess"].recovery_mode) == ("sibling", "restart_only")
+    [warning] = warnings
+    assert "'guess' (openenv, restart_only)" in warning
