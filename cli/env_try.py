@@ -256,6 +256,7 @@ async def _play_all(loaded: LoadedEnvironment, episodes: list[Episode], policy: 
 
 async def _play(env: Environment, policy: TurnPolicy, number: int, max_turns: int) -> float:
     """One episode as the agent loop plays it: prompt, then turn and step until done; the reward."""
+    await env.begin()
     print(f"  prompt  {env.prompt()!r}")
     policy.begin(number, env)
     step: StepResult | None = None

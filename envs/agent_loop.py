@@ -78,6 +78,7 @@ async def run_agent(
     """
     streams = limits.stream_turns or limits.journal_partial_turns or partial is not None
     journal = records.journal if limits.journal_partial_turns else None
+    await env.begin()
     segments, first_turn = _opening(request, env, codec, start, journal)
     outcome, reason = RolloutOutcome.TRUNCATED, f"no final answer within max_turns={limits.max_turns}"
     if start is not None and start.done:

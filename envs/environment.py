@@ -4,6 +4,7 @@ An environment is one class; the run's environment server builds one instance pe
 episode (one sibling of a prompt group) and drives it turn by turn:
 
     env = YourEnv(problem, ctx)        # problem: the prompt's record; ctx.options: your validated Options
+    await env.begin()                  # optional: open what the episode needs that takes time (a session)
     env.prompt()                       # the first user message
     env.step(turn_text)  -> StepResult # once per policy turn: call tools, say whether the episode is over
     ...                                # (observation: the tool's reply, fed back to the policy)
@@ -123,6 +124,10 @@ class Environment(ABC):
 
     @abstractmethod
     def __init__(self, problem: Problem, ctx: EnvContext) -> None: ...
+
+    async def begin(self) -> None:
+        """Open what the episode needs that takes time (a session with a server), before `prompt()`: the server
+        awaits it, so `prompt()` and `tools()` then answer at once without blocking its loop. Default: nothing."""
 
     @abstractmethod
     def prompt(self) -> str:

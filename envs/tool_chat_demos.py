@@ -88,8 +88,9 @@ def _off_by_a_little(value: str, rng: random.Random) -> str:
 async def played_conversation(env: Environment, turns: Iterable[str]) -> str:
     """A demonstration played against a real environment: its prompt, then each scripted turn and the environment's
     reply, in the template's lines (an adapter's environment whose replies only the environment knows)."""
-    lines = [one_line(env.prompt())]
     try:
+        await env.begin()
+        lines = [one_line(env.prompt())]
         for turn in turns:
             lines.append(one_line(turn))
             result = await env.step(turn)

@@ -156,6 +156,9 @@ class OpenEnvEnvironment(Environment):
         if isinstance(options, OpenEnvOptions) and options.app is not None:
             await asyncio.wrap_future(LOOP.submit(SERVERS.url_of(options.app, options.start_timeout_s)))
 
+    async def begin(self) -> None:
+        await self._wait_opened()  # the server's loop waits here, not in the synchronous prompt()
+
     def prompt(self) -> str:
         opened = self._opened()
         return opened.text(opened.reset["observation"])

@@ -4,64 +4,32 @@ own FastAPI app), served by uvicorn processes the adapter starts, as a run's env
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 import random
-import signal
 import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.envs.adapters.example_runs import train_example
+from tests.envs.adapters.openenv_games import (
+    APP,
+    EXAMPLE,
+    GAME,
+    episode,
+    example_importable,
+    guess,
+    play,
+    secret_of,
+)
 from turnkeep.envs.adapters.openenv_env import HELDOUT_SEED_BASE, OpenEnvEnvironment, OpenEnvOptions
 from turnkeep.envs.adapters.openenv_session import LOOP, SERVERS
 from turnkeep.envs.environment import EnvContext, StepResult
 from turnkeep.envs.tool_calls import parse_tool_calls
 from turnkeep.schemas.choices import RecoveryMode
-from turnkeep.schemas.rollout import Problem
 
-REPO = Path(__file__).resolve().parents[3]
-EXAMPLE = REPO / "examples" / "openenv_guess"
-INSTALLED = importlib.util.find_spec("turnkeep_example_openenv_guess") is not None
-if not INSTALLED:  # pip install -e examples/openenv_guess installs it; else its source folder
-    sys.path.insert(0, str(EXAMPLE / "src"))
-
-APP = "turnkeep_example_openenv_guess.server:app"
-GAME = dict(app=APP, action_tool="guess", observation_fields=["message"],
-            demonstrator="turnkeep_example_openenv_guess.demo:play")
-
-
-@pytest.fixture(autouse=True)
-def example_importable(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The servers the adapter starts (and `turnkeep run`'s processes) import the example package too."""
-    if not INSTALLED:
-        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(EXAMPLE / "src"),
-                                                                        os.environ.get("PYTHONPATH")])))
-
-
-def _secret(seed: int) -> int:
-    return random.Random(seed).randint(1, 8)
-
-
-def _guess(number: object) -> str:
-    return f'<tool_call>{{"name": "guess", "arguments": {{"number": {json.dumps(number)}}}}}</tool_call>'
-
-
-def _env(seed: int = 3, ctx_seed: int = 0, **options) -> OpenEnvEnvironment:
-    problem = Problem(question=f"openenv episode seed {seed}", env="guess", metadata={"seed": seed})
-    return OpenEnvEnvironment(problem, EnvContext(options=OpenEnvOptions(**{**GAME, **options}), seed=ctx_seed))
-
-
-async def _play(env: OpenEnvEnvironment, turns: list[str]) -> list[StepResult]:
-    try:
-        return [await env.step(turn) for turn in turns]
-    finally:
-        await env.close()
+__all__ = ["example_importable"]  # the autouse fixture of these tests
 
 
 # Options: what cannot be mapped is refused in one line.
@@ -85,7 +53,7 @@ def test_options_that_cannot_be_mapped_are_refused_in_one_line(options: dict, me
 def test_recovery_mode_follows_options_replay() -> None:
     assert OpenEnvEnvironment.recovery_mode_for(OpenEnvOptions(**GAME)) == RecoveryMode.REPLAY
     assert OpenEnvEnvironment.recovery_mode_for(OpenEnvOptions(**GAME, replay=False)) == RecoveryMode.RESTART_ONLY
-    env = _env(replay=False)
+    env = episode(replay=False)
     assert env.recovery_mode == RecoveryMode.RESTART_ONLY
     asyncio.run(env.close())
 
@@ -103,14 +71,14 @@ def test_the_dataset_gives_one_record_per_seed_heldout_apart() -> None:
 
 def test_an_episode_maps_tool_calls_to_actions_and_sums_the_step_rewards() -> None:
     seed = 3
-    secret = _secret(seed)
+    secret = secret_of(seed)
     low = 1 if secret > 1 else 2
-    env = _env(seed)
+    env = episode(seed)
     assert env.prompt() == "Guess my number from 1 to 8 in 4 tries."
     [tool] = env.tools()
     assert tool["function"]["name"] == "guess"
     assert tool["function"]["parameters"]["properties"]["number"]["maximum"] == 8
-    first, right = asyncio.run(_play(env, [_guess(low), _guess(secret)]))
+    first, right = asyncio.run(play(env, [guess(low), guess(secret)]))
     assert (first.observation, first.done) == (f"{low} is too {'low' if low < secret else 'high'}.", False)
     assert (right.observation, right.done) == (f"{secret} is right!", True)
     assert env.reward() == 0.75  # right at the second of four tries
@@ -118,10 +86,10 @@ def test_an_episode_maps_tool_calls_to_actions_and_sums_the_step_rewards() -> No
 
 
 def test_refused_actions_unknown_tools_and_bad_json_are_answered_and_the_episode_goes_on() -> None:
-    env = _env()
+    env = episode()
     env.prompt()
-    steps = asyncio.run(_play(env, [_guess(9), _guess("many"), '<tool_call>{"name": "peek", "arguments": {}}'
-                                    '</tool_call>', "<tool_call>{not json</tool_call>", _guess(_secret(3))]))
+    steps = asyncio.run(play(env, [guess(9), guess("many"), '<tool_call>{"name": "peek", "arguments": {}}'
+                                    '</tool_call>', "<tool_call>{not json</tool_call>", guess(secret_of(3))]))
     errors = [json.loads(s.observation)["error"] for s in steps[:4]]
     assert errors[0] == "invalid action: number: Input should be less than or equal to 8"
     assert errors[1].startswith("invalid action: number: Input should be a valid integer")
@@ -132,38 +100,38 @@ def test_refused_actions_unknown_tools_and_bad_json_are_answered_and_the_episode
 
 
 def test_a_turn_without_a_call_is_the_final_answer_or_goes_into_the_text_field() -> None:
-    final = _env()
-    [step] = asyncio.run(_play(final, ["I give up"]))
+    final = episode()
+    [step] = asyncio.run(play(final, ["I give up"]))
     assert (step.observation, step.done, final.reward()) == (None, True, 0.0)
-    texted = _env(text_field="number", reward="last")
-    secret = _secret(3)
-    steps = asyncio.run(_play(texted, [str(secret % 8 + 1), f" {secret}\n"]))
+    texted = episode(text_field="number", reward="last")
+    secret = secret_of(3)
+    steps = asyncio.run(play(texted, [str(secret % 8 + 1), f" {secret}\n"]))
     assert [s.done for s in steps] == [False, True] and steps[1].observation == f"{secret} is right!"
     assert texted.reward() == 0.75
 
 
 def test_observation_fields_choose_the_text_fed_back() -> None:
-    env = _env(observation_fields=[])
+    env = episode(observation_fields=[])
     assert json.loads(env.prompt()) == {"message": "Guess my number from 1 to 8 in 4 tries.", "tries_left": 4}
     asyncio.run(env.close())
-    missing = _env(observation_fields=["hint"])
+    missing = episode(observation_fields=["hint"])
     with pytest.raises(RuntimeError, match="has no field 'hint'.*fix options.observation_fields"):
         missing.prompt()
     asyncio.run(missing.close())
 
 
 def test_siblings_of_a_group_share_the_records_seed_unless_seed_from_episode() -> None:
-    seeds = [s for s in range(50) if _secret(s) != _secret(0)]
-    a, b = _env(0, ctx_seed=seeds[0]), _env(0, ctx_seed=seeds[1])
-    assert [asyncio.run(_play(e, [_guess(_secret(0))]))[0].done for e in (a, b)] == [True, True]
-    own = _env(0, ctx_seed=seeds[0], seed_from="episode")
-    assert asyncio.run(_play(own, [_guess(_secret(0))]))[0].done is False
+    seeds = [s for s in range(50) if secret_of(s) != secret_of(0)]
+    a, b = episode(0, ctx_seed=seeds[0]), episode(0, ctx_seed=seeds[1])
+    assert [asyncio.run(play(e, [guess(secret_of(0))]))[0].done for e in (a, b)] == [True, True]
+    own = episode(0, ctx_seed=seeds[0], seed_from="episode")
+    assert asyncio.run(play(own, [guess(secret_of(0))]))[0].done is False
 
 
 def test_replay_on_a_fresh_session_gives_the_same_observations_and_another_seed_may_differ() -> None:
-    turns = [_guess(n) for n in (4, 9, 2, 6)]
-    first = [s.observation for s in asyncio.run(_play(_env(5), turns))]
-    again = _env(5)
+    turns = [guess(n) for n in (4, 9, 2, 6)]
+    first = [s.observation for s in asyncio.run(play(episode(5), turns))]
+    again = episode(5)
 
     async def replayed() -> list[str | None]:
         try:
@@ -172,23 +140,23 @@ def test_replay_on_a_fresh_session_gives_the_same_observations_and_another_seed_
             await again.close()
 
     assert asyncio.run(replayed()) == first
-    other = next(s for s in range(6, 60) if _secret(s) not in (_secret(5), 4, 2, 6))
-    assert [s.observation for s in asyncio.run(_play(_env(other), turns))] != first
+    other = next(s for s in range(6, 60) if secret_of(s) not in (secret_of(5), 4, 2, 6))
+    assert [s.observation for s in asyncio.run(play(episode(other), turns))] != first
 
 
 def test_many_episodes_at_once_each_hold_their_own_session() -> None:
     async def group() -> list[list[StepResult]]:
-        envs = [_env(seed) for seed in range(8)]
-        return await asyncio.gather(*(_play(env, [_guess(_secret(seed))]) for seed, env in enumerate(envs)))
+        envs = [episode(seed) for seed in range(8)]
+        return await asyncio.gather(*(play(env, [guess(secret_of(seed))]) for seed, env in enumerate(envs)))
 
     assert all(steps[0].done and steps[0].observation.endswith("is right!") for steps in asyncio.run(group()))
 
 
 def test_attaching_to_a_running_server_by_url() -> None:
     url = LOOP.run(SERVERS.url_of(APP, 60), 70)  # the server the tests above started
-    env = _env(app=None, url=url + "/")
+    env = episode(app=None, url=url + "/")
     assert env.prompt().startswith("Guess my number")
-    assert asyncio.run(_play(env, [_guess(_secret(3))]))[0].done
+    assert asyncio.run(play(env, [guess(secret_of(3))]))[0].done
 
 
 MCP_ENV = """
@@ -234,12 +202,12 @@ def test_an_mcp_environment_takes_each_tool_call_as_a_call_tool_action(tmp_path:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
     app = "openenv_mcp_counter:app"
     try:
-        env = _env(seed=5, app=app, mcp=True, action_tool="step", observation_fields=[])
+        env = episode(seed=5, app=app, mcp=True, action_tool="step", observation_fields=[])
         assert env.prompt() == "{}"
         [tool] = env.tools()
         assert tool["function"]["name"] == "add" and tool["function"]["parameters"]["required"] == ["n"]
         call = '<tool_call>{{"name": "{}", "arguments": {}}}</tool_call>'.format
-        added, refused, unknown = asyncio.run(_play(env, [
+        added, refused, unknown = asyncio.run(play(env, [
             call("add", '{"n": 3}') + call("add", '{"n": 1}'), call("add", '{"n": "x"}'), call("peek", "{}")]))
         assert (added.observation, added.done) == ("8\n9", False)  # the seed 5, plus 3, plus 1
         assert "Input should be a valid integer" in json.loads(refused.observation)["error"]
@@ -254,101 +222,12 @@ def test_a_server_that_is_not_there_fails_the_episode_in_one_line() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    env = _env(app=None, url=f"http://127.0.0.1:{port}")
+    env = episode(app=None, url=f"http://127.0.0.1:{port}")
     with pytest.raises(RuntimeError, match=f"could not open an OpenEnv session at http://127.0.0.1:{port} "
                                            r"\(seed 3\): (ConnectionRefusedError|URLError)"):
         env.prompt()
     asyncio.run(env.close())
 
-
-ONE_SESSION = """
-from openenv.core.env_server import create_app
-from turnkeep_example_openenv_guess.server import GuessAction, GuessEnvironment, GuessObservation
-
-app = create_app(GuessEnvironment, GuessAction, GuessObservation, max_concurrent_envs=1)
-"""
-
-
-def test_a_server_at_its_session_limit_is_waited_for_then_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "openenv_one_session.py").write_text(ONE_SESSION)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
-    app = "openenv_one_session:app"
-
-    async def group() -> list[list[StepResult]]:
-        envs = [_env(seed, app=app) for seed in range(3)]  # one at a time: each waits for the one before to close
-        return await asyncio.gather(*(_play(env, [_guess(_secret(seed))]) for seed, env in enumerate(envs)))
-
-    try:
-        assert all(steps[0].done for steps in asyncio.run(group()))
-        holder = _env(0, app=app)
-        holder.prompt()
-        waiting = _env(1, app=app, session_wait_s=1)
-        with pytest.raises(RuntimeError, match="stayed at its session limit .* serve it with max_concurrent_envs of at least"):
-            waiting.prompt()
-        asyncio.run(holder.close())
-        asyncio.run(waiting.close())
-    finally:
-        log = SERVERS._started[app].log
-        SERVERS.stop(app)
-        log.unlink(missing_ok=True)  # OpenEnv's tracebacks of the sessions it refused
-
-
-# Servers the adapter starts.
-
-def test_a_server_that_does_not_start_is_named_with_its_log() -> None:
-    env = _env(app="json:no_such_app", start_timeout_s=20)  # the module imports, the app is not there
-    with pytest.raises(RuntimeError, match=r"the OpenEnv server of json:no_such_app exited with \d+ at start; see its "
-                                           r"log /\S+json\.no_such_app\.\d+\.\d+\.log") as err:
-        env.prompt()
-    asyncio.run(env.close())
-    log = Path(str(err.value).rsplit(" ", 1)[1])
-    assert 'Attribute "no_such_app" not found' in log.read_text()
-    log.unlink()
-
-
-CHILD = f"""
-import sys
-sys.path.insert(0, {str(EXAMPLE / 'src')!r})
-from turnkeep.envs.adapters.openenv_session import LOOP, SERVERS
-LOOP.run(SERVERS.url_of({APP!r}, 60), 70)
-print(SERVERS._started[{APP!r}].process.pid, SERVERS._started[{APP!r}].log, flush=True)
-sys.stdin.read()
-"""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-
-
-@pytest.mark.parametrize("ending", ["exit", "sigkill"])
-def test_the_server_dies_with_the_process_that_started_it(ending: str) -> None:
-    child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True, start_new_session=True)
-    try:
-        pid, log = child.stdout.readline().split()
-        server_pid = int(pid)
-        assert _alive(server_pid)
-        if ending == "exit":
-            child.stdin.close()  # atexit stops it
-        else:
-            os.kill(child.pid, signal.SIGKILL)  # no atexit: the parent-death signal kills it
-        child.wait(30)
-        deadline = time.monotonic() + 15
-        while _alive(server_pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not _alive(server_pid)
-        Path(log).unlink(missing_ok=True)  # left by a killed process (no atexit)
-    finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)
-
-
-# Demonstrations: games the package's scripted player plays through the server.
 
 def test_demonstrations_are_whole_games_in_the_tool_format() -> None:
     options = OpenEnvOptions(**GAME)
@@ -371,6 +250,7 @@ def test_demonstrations_are_whole_games_in_the_tool_format() -> None:
 
 # End to end: `turnkeep run` trains the example for a few steps.
 
+
 @pytest.mark.integration
 def test_the_example_trains_through_the_adapter(stack_config) -> None:
     train_example(stack_config, EXAMPLE / "config.toml", "tk-openenv-", "--set", "model.tiny.warm_start_steps=100",
@@ -392,5 +272,6 @@ def test_the_environment_servers_warm_up_starts_the_apps_server_before_any_episo
     assert not SERVERS.running(APP)
     assert asyncio.run(warm(factory(**GAME))) == [None] and SERVERS.running(APP)
     [failed] = asyncio.run(warm(factory(**{**GAME, "app": "json:no_such_app", "start_timeout_s": 20})))
+    SERVERS.stop("json:no_such_app")  # the next test that asks for it starts it afresh
     assert isinstance(failed, RuntimeError) and "warm-up guess failed (the OpenEnv server of json:no_such_app" \
         in caplog.text
