@@ -391,6 +391,5 @@ class EnvServer:
         return {"cancelled": len(tasks), "discarded_results": discarded}
 
 
-
 def _failed(request: RolloutRequest, reason: str) -> RolloutResult:
     return RolloutResult(rollout_id=request.rollout_id, outcome=RolloutOutcome.FAILED, reason=reason)

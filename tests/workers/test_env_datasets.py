@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from turnkeep.schemas.config import TurnkeepConfig
 from turnkeep.workers.env_datasets import environment_datasets
-from turnkeep.workers.eval_problems import eval_problems
+from turnkeep.workers.eval_problems import eval_problems, run_eval_problems
 from turnkeep.workers.prompts import prompt_source
 
 ENTRY = "tests.envs.user_envs"
@@ -33,3 +33,9 @@ def test_the_held_out_rows_are_what_an_evaluation_plays_and_no_dataset_falls_bac
     assert (problem.question, problem.env, problem.metadata) == ("held", "a", {"row": "h0"})
     assert environment_datasets(_config(plain="Echo"), "train") is None
     assert type(prompt_source(_config(plain="Echo"))).__name__ == "CalcProblems"
+
+
+def test_a_runs_evaluations_play_the_held_out_rows_and_none_without_a_source() -> None:
+    [problem] = run_eval_problems(_config(a="WithDataset"))
+    assert (problem.question, problem.env) == ("held", "a")
+    assert run_eval_problems(_config(plain="Echo")) == []
