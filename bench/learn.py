@@ -24,22 +24,26 @@ from turnkeep.bench.runs import metric_lines, run_turnkeep, throughput, turnkeep
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tool_chat.toml"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
-    parser.add_argument("--steps", type=int, default=100, help="train steps (default 100)")
-    parser.add_argument("--eval-prompts", type=int, default=50, help="held-out problems scored (default 50)")
-    parser.add_argument("--samples", type=int, default=4, help="samples per held-out problem (default 4)")
-    parser.add_argument("--eval-every", type=int, default=20, help="in-run evaluation every N train steps "
-                                                                 "(default 20; and once before training)")
-    parser.add_argument("--cost-pairs", type=int, default=2, help="pairs of short runs with and without in-run "
-                                                                  "evaluation, for its cost (default 2; 0: none)")
+def add_arguments(parser: argparse.ArgumentParser, config: Path = DEFAULT_CONFIG, steps: int = 100,
+                  eval_prompts: int = 50, samples: int = 4, eval_every: int = 20, cost_pairs: int = 2) -> None:
+    parser.add_argument("--config", type=Path, default=config)
+    parser.add_argument("--steps", type=int, default=steps, help="train steps (default %(default)s)")
+    parser.add_argument("--eval-prompts", type=int, default=eval_prompts,
+                        help="held-out problems scored (default %(default)s)")
+    parser.add_argument("--samples", type=int, default=samples, help="samples per held-out problem (default "
+                                                                     "%(default)s)")
+    parser.add_argument("--eval-every", type=int, default=eval_every, help="in-run evaluation every N train steps "
+                                                                         "(default %(default)s; and once before)")
+    parser.add_argument("--cost-pairs", type=int, default=cost_pairs, help="pairs of short runs with and without "
+                                                                           "in-run evaluation, for its cost "
+                                                                           "(default %(default)s; 0: none)")
     parser.add_argument("--cost-steps", type=int, default=30, help="train steps of each cost run (default 30)")
     parser.add_argument("--cost-eval-every", type=int, default=5, help="evaluation every N steps in the cost runs "
                                                                        "(default 5)")
 
 
-def run(args: argparse.Namespace) -> BenchResult:
-    base = (args.out / "learn").resolve()
+def run(args: argparse.Namespace, name: str = "learn") -> BenchResult:
+    base = (args.out / name).resolve()
     config = args.config.resolve()
     run_dir = base / "run"
     sized = [*args.set, f"eval.prompts_limit={args.eval_prompts}", f"eval.samples={args.samples}"]
@@ -62,7 +66,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     if args.cost_pairs:
         figures["eval_cost"] = measure_eval_cost(config, sized, base, pairs=args.cost_pairs, steps=args.cost_steps,
                                                  every=args.cost_eval_every)
-    return BenchResult("learn", _table(figures), figures, _notes(figures, args))
+    return BenchResult(name, _table(figures), figures, _notes(figures, args))
 
 
 def _curve(run_dir: Path) -> list[float]:

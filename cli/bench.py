@@ -37,6 +37,8 @@ BENCHMARKS = {
                "each piece being up, the first train step and the first generated turn; CPU seconds by process",
     "learn": "the tool_chat task on the tiny chat model: reward curve, wall time, tokens/s; the export, and the base "
              "and trained models' held-out pass@k",
+    "learn_real": "a real pretrained model, SmolLM2-135M-Instruct from its package, by RL alone on one-digit sums "
+                  "(configs/smollm2.toml): held-out pass@1 before and after, reward curve, step seconds, tokens/s",
     "lora": "full fine-tuning against LoRA refit as merged weights and as adapters alone, alternating: refit bytes "
             "and seconds, trainer compute, steps/min, checkpoint size, memory",
     "variants": "grpo, dr_grpo, dapo (clip-higher + dynamic sampling), rloo and grpo with KL on the tool_chat task: "

@@ -34,6 +34,7 @@ PASS_ARGS: dict[str, list[str]] = {
     "ranks": ["--kills", "2", "--chaos-steps", "60"],
     "restart": ["--restarts", "3"],
     "learn": ["--steps", "100"],
+    "learn_real": [],
     "lora": ["--rounds", "1", "--steps", "20"],
     "variants": ["--steps", "40"],
     "hangs": [],
@@ -53,7 +54,7 @@ keeps the previous file's."""
 
 RUN_FOLDERS = {"overhead": "overhead", "wasted": "wasted", "recovery": "chaos", "soak": "soak", "engines": "engines",
                "partial_turns": "partial_turns", "ranks": "ranks",
-               "restart": "restart", "learn": "learn", "lora": "lora", "variants": "variants", "hangs": "hangs",
+               "restart": "restart", "learn": "learn", "learn_real": "learn_real", "lora": "lora", "variants": "variants", "hangs": "hangs",
                "replay": "replay", "peers": "peers"}
 """The folder of `--out` where each benchmark that starts runs keeps them (it refuses one that is not empty)."""
 

@@ -48,7 +48,7 @@ class ModelPolicy:
         self._turn: list[int] = []
 
     def begin(self, episode: int, env: Environment) -> None:
-        self._ids = self._codec.conversation_start(env.prompt(), env.tools())
+        self._ids = self._codec.conversation_start(env.prompt(), env.tools(), env.system_prompt())
         self._turn = []
 
     def next_turn(self, previous: StepResult | None) -> str | None:

@@ -22,6 +22,7 @@ COMMANDS = {
     "plot": ("turnkeep.cli.plot:add_plot_parser", "turnkeep.cli.plot:run_plot"),
     "config-docs": ("turnkeep.cli.config_docs:add_config_docs_parser", "turnkeep.cli.config_docs:run_config_docs"),
     "make-model": ("turnkeep.cli.make_model:add_make_model_parser", "turnkeep.cli.make_model:run_make_model"),
+    "model": ("turnkeep.cli.model:add_model_parser", "turnkeep.cli.model:run_model"),
     "eval": ("turnkeep.cli.eval:add_eval_parser", "turnkeep.cli.eval:run_eval"),
     "export": ("turnkeep.cli.export:add_export_parser", "turnkeep.cli.export:run_export"),
 }

@@ -111,7 +111,8 @@ def _opening(request: RolloutRequest, env: Environment, codec: TurnCodec, start:
     """The conversation so far and the turn to generate next: the prompt alone, or a restored boundary's."""
     if start is not None:
         return list(start.segments), start.turn_index
-    segments = [Segment(kind="prompt", token_ids=codec.conversation_start(env.prompt(), env.tools()))]
+    opening = codec.conversation_start(env.prompt(), env.tools(), env.system_prompt())
+    segments = [Segment(kind="prompt", token_ids=opening)]
     if journal is not None:
         # The first turn's tokens need the conversation's opening record to hang on.
         opening = TurnBoundary(rollout_id=request.rollout_id, turn_index=0, segments=segments)

@@ -153,12 +153,15 @@ class TurnCodec:
             raise ChatTemplateError(f"the chat template ({self.template_source}) cannot render roles {roles}: "
                                     f"{err}") from None
 
-    def conversation_start(self, prompt: str, tools: list[dict[str, Any]] | None = None) -> list[int]:
-        """Ids of the first user message and the generation prompt: the only rendering that is tokenised whole.
+    def conversation_start(self, prompt: str, tools: list[dict[str, Any]] | None = None,
+                           system: str | None = None) -> list[int]:
+        """Ids of the opening (the `system` message when given, then the first user message) and the generation
+        prompt: the only rendering that is tokenised whole.
 
         `tools` (JSON schemas) reach this rendering only (templates put them in the system message);
         the probes of later deltas render without them."""
-        return self.encode(self.render([{"role": "user", "content": prompt}], True, tools))
+        opening = [{"role": "system", "content": system}] if system is not None else []
+        return self.encode(self.render([*opening, {"role": "user", "content": prompt}], True, tools))
 
     def after_turn(self, turn_ids: list[int], observation: str | None, role: str = "tool",
                    done: bool = False) -> list[int]:

@@ -142,7 +142,12 @@ class Environment(ABC):
         """The verifier's reward for the episode so far."""
 
     def tools(self) -> list[dict[str, Any]] | None:
-        """JSON schemas of the episode's tools, for chat templates that list them (Qwen's `tools`); None: no list."""
+        """JSON schemas of the episode's tools, for chat templates that list them (Qwen's `tools`); None: no list.
+        A template that renders no tools (SmolLM2's ChatML) gets them described in the system message instead."""
+        return None
+
+    def system_prompt(self) -> str | None:
+        """The system message opening the conversation; None: the chat template's own default, if it has one."""
         return None
 
     def export_state(self) -> dict[str, Any] | None:

@@ -18,6 +18,7 @@ is checked on the way back; a cut turn continues from its journaled tokens at th
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import re
 from typing import Any, ClassVar, Literal
@@ -32,6 +33,7 @@ from turnkeep.envs.tool_calls import ToolCall, ToolCallError, format_tool_result
 from turnkeep.schemas.rollout import Problem
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 TOOLS = {"python": (SCHEMA, run_python)}
 
 
@@ -49,6 +51,16 @@ class ToolChatOptions(BaseModel):
     """Calls per episode; later ones are answered with an error telling the model to answer."""
     demo_error_rate: float = Field(default=0.5, ge=0.0, le=1.0)
     """Share of the made-up tiny model's demonstrations that end on a wrong answer (room for RL to improve)."""
+    system_prompt: str | None = None
+    """The conversation's system message (None: the chat template's own default, if it writes one)."""
+    tools_in_system_prompt: bool = False
+    """Describe the tools, and how to call them, at the end of the system message: for a chat template that lists
+    none (SmolLM2's ChatML). The tools still go to templates that do list them."""
+    instruction: str = ""
+    """Text put after every question (e.g. "Answer with the number only.")."""
+    answer: Literal["tag_or_turn", "last_number"] = "tag_or_turn"
+    """How the final turn is read: the text in its last `<answer>...</answer>`, else the whole turn; or
+    `last_number`: that tag's text if there is one, else the last number in the turn (GSM8K-style), else the turn."""
 
     def model_post_init(self, context: Any) -> None:
         if self.reasoning_gym is not None:
@@ -74,10 +86,16 @@ class ToolChatEnvironment(Environment):
         self._answer: str | None = None
 
     def prompt(self) -> str:
-        return self._problem.question
+        instruction = self._options.instruction
+        return f"{self._problem.question} {instruction}" if instruction else self._problem.question
 
     def tools(self) -> list[dict[str, Any]] | None:
         return [TOOLS[name][0] for name in self._options.tools] or None
+
+    def system_prompt(self) -> str | None:
+        tools = self.tools() if self._options.tools_in_system_prompt else None
+        parts = [part for part in (self._options.system_prompt, tools and describe_tools(tools)) if part]
+        return "\n\n".join(parts) if parts else None
 
     async def step(self, turn_text: str) -> StepResult:
         result = self._act(turn_text)
@@ -125,8 +143,7 @@ class ToolChatEnvironment(Environment):
         except ToolCallError as err:
             return StepResult(observation=format_tool_result({"error": str(err)}), done=False)
         if not calls:
-            answers = _ANSWER.findall(text)
-            self._answer = (answers[-1] if answers else text).strip()
+            self._answer = final_answer(text, self._options.answer)
             return StepResult(observation=None, done=True)
         return StepResult(observation="\n".join(self._call(call) for call in calls), done=False)
 
@@ -142,6 +159,23 @@ class ToolChatEnvironment(Environment):
             return format_tool_result(TOOLS[call.name][1](call.arguments))
         except ToolError as err:
             return format_tool_result({"error": str(err)})
+
+
+def final_answer(text: str, how: str) -> str:
+    """The answer a final turn gives, read as `ToolChatOptions.answer` says."""
+    tagged = _ANSWER.findall(text)
+    if tagged:
+        return tagged[-1].strip()
+    numbers = _NUMBER.findall(text) if how == "last_number" else []
+    return numbers[-1].replace(",", "") if numbers else text.strip()
+
+
+def describe_tools(tools: list[dict[str, Any]]) -> str:
+    """The tools for a model whose chat template lists none, in the Hermes format `envs/tool_calls.py` parses."""
+    schemas = "\n".join(json.dumps(tool.get("function", tool)) for tool in tools)
+    return ("You may call these tools. Each is a JSON schema:\n<tools>\n" + schemas + "\n</tools>\n"
+            'To call one, write <tool_call>{"name": NAME, "arguments": {ARGUMENTS}}</tool_call>; its result comes '
+            "back in the next message.")
 
 
 def answers_match(given: str, expected: Any) -> bool:

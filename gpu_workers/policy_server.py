@@ -37,7 +37,7 @@ from turnkeep.participants.core import ParticipantCore
 from turnkeep.participants.faults import FaultInjector
 from turnkeep.participants.http_server import ControlAuth
 from turnkeep.primitives.node_address import advertised_host, listen_host
-from turnkeep.primitives.token_tally import PROBES, TokenTally
+from turnkeep.primitives.token_tally import GENERATED, PROBES, TokenTally
 from turnkeep.schemas.config_services import PolicyServerConfig
 from turnkeep.schemas.config_train import LoraConfig
 from turnkeep.schemas.names import REFIT_HOLDER
@@ -191,19 +191,22 @@ class PolicyServer:
         """Seconds the engine core took to generate one token for a probe request outside the admission gate (its
         step progress, not the HTTP front end's): None while it is not asked (stopped, starting, or paused by
         design to load weights for less than `timeout_s`; a refit's drain is asked: a hung core never drains);
-        `timeout_s` or more when it did not answer in time, or a weight load has been under way that long (a core
-        that hangs in the load)."""
+        `timeout_s` or more when it did not answer in time and generated no other token meanwhile, or a weight load
+        has been under way that long (a core that hangs in the load)."""
         if self._loading_since is not None:
             loading_s = time.monotonic() - self._loading_since
             return loading_s if loading_s >= timeout_s else None
         if self._engine is None or (self._warming is not None and not self._warming.done()):
             return None
-        started = time.monotonic()
+        started, generated = time.monotonic(), self.tally.count(GENERATED)
         self.tally.add(PROBES, 1)
         try:
             await asyncio.wait_for(generate(self._engine, [0], 1, 1.0, [], 0, lora_request=self._lora_request),
                                    timeout_s)
         except TimeoutError:
+            if self.tally.count(GENERATED) > generated:
+                # Busy, not hung: the probe queued behind a full batch (a real model on CPUs) while tokens came.
+                return None
             return max(time.monotonic() - started, timeout_s)
         return time.monotonic() - started
 

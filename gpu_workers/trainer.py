@@ -55,6 +55,8 @@ class Trainer:
         self.hold_wait_clock = HoldWaitClock()
         self.policy_version = 0
         self.step = 0
+        self.weights_moved = False
+        """The running step has begun an optimizer step: the weights are no longer those of `policy_version`."""
         """The last train step committed here (the controller numbers steps; the policy version counts updates)."""
 
     @property
@@ -96,6 +98,7 @@ class Trainer:
             if not self.hold.is_clear():
                 self.hold_wait_clock.waiting_since = waited
             await self.hold.wait_clear()
+            self.weights_moved = True  # before the optimizer step's first await: see `TrainerActor.holds_weights_of`
             self.hold_wait_clock.waiting_since = None
             totals["hold_wait_s"] += time.monotonic() - waited
             norm, stepped = (await self.ranks.all("optimizer_step"))[0]
@@ -106,7 +109,7 @@ class Trainer:
                 if key in per_rank[0]:
                     totals[key] = totals.get(key, 0.0) + sum(s[key] for s in per_rank) / self._cfg.passes_per_batch
         self.policy_version += 1
-        self.step = step
+        self.step, self.weights_moved = step, False
         if self.local.copies is not None:
             totals["copy_s"] = await self._refresh_copies(step, list(order))
         return {**{k: round(v, 5) for k, v in totals.items()}, "compute_s": round(compute_s, 3),

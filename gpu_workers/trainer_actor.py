@@ -11,6 +11,7 @@ from pathlib import Path
 import ray
 
 from turnkeep.gpu_workers.shared_weights import SharedWeights
+from turnkeep.primitives.chaos_points import reached
 from turnkeep.primitives.holds import HoldSet, UnknownHolder
 from turnkeep.primitives.run_member import RunMember
 from turnkeep.schemas.config import TurnkeepConfig
@@ -101,6 +102,7 @@ class TrainerActor(RunMember):
     async def train_step(self, rows: list[dict], step: int) -> dict:
         parsed = [RolloutRow.model_validate(row) for row in rows]
         async with self._stepping:
+            await reached("train_step", self._run_dir)  # a test's slow step: it computes for TURNKEEP_CHAOS_WAIT_S
             stats = await self._trainer.train_step(parsed, step)
             self._last_step = {"step": step, "groups": list(dict.fromkeys(row.group_id for row in parsed))}
             self._from_copies = False
@@ -217,6 +219,13 @@ class TrainerActor(RunMember):
             self.hold.release(holder)
         async with self._stepping:
             return self._trainer.policy_version
+
+    async def holds_weights_of(self, version: int) -> bool:
+        """With a holder in the trainer hold: whether the weights are still policy `version`'s and stay so. Not
+        under `_stepping`, so it answers while a step computes: the running step has begun no optimizer step, and
+        cannot begin one while the hold is held (it sets `weights_moved` the moment the hold clears for it)."""
+        held = not self.hold.is_clear()
+        return held and not self._trainer.weights_moved and self._trainer.policy_version == version
 
     async def hold_release(self, holder: str) -> bool:
         return self.hold.release(holder)

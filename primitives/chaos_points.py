@@ -22,11 +22,12 @@ POINTS = ("gym_prepare", "gym_commit", "cut", "publish", "resume", "restore", "c
 """Points inside the code; `training` (a random moment between steps) needs no hook. `checkpoint_write` is in
 the middle of a trainer checkpoint (its files written, no manifest yet, not renamed into place); `prune` is in the
 middle of removing an old trainer checkpoint (renamed away, its files not deleted yet)."""
-OTHER_POINTS = ("evaluation", "trained")
+OTHER_POINTS = ("evaluation", "trained", "train_step")
 """Points tests pin a kill to that `turnkeep chaos` does not pick (a run evaluates only when its config asks):
 `evaluation` holds an evaluation's journal once it has scored a few samples (`controller/pumps/eval_pump.py`);
 `trained` holds the train pump after a train step past a trainer checkpoint of this incarnation, its engines
-refitted (`controller/pumps/train_pump.py`): the trainer idle at the journal's step."""
+refitted (`controller/pumps/train_pump.py`): the trainer idle at the journal's step; `train_step` holds the trainer's
+first train step before its computation (`gpu_workers/trainer_actor.py`): a step as slow as the wait, in flight."""
 
 _fired: set[str] = set()
 

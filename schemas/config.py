@@ -85,14 +85,14 @@ class TinyModelConfig(StrictModel):
 
 class ModelConfig(StrictModel):
     path: ModelPath | None = None
-    """A Hugging Face model directory (config.json, safetensors, tokenizer), or a hub id `org/name`: found in (or
-    fetched into) the Hugging Face cache once, before the run starts (HF_HOME, HF_HUB_CACHE, HF_HUB_OFFLINE and the
-    saved token apply), and the run uses that folder. None: make the tiny model."""
+    """A Hugging Face model folder, a hub id `org/name` (fetched once into the Hugging Face cache), a `.gguf` file or
+    a packaged model's name ("smollm2-135m-instruct"; `turnkeep model list`; converted once under `cache_dir`), made
+    a folder before the run starts. None: make the tiny model."""
     revision: str | None = None
     """With a hub id in `path`: the branch, tag or commit to use (None: the repository's default branch). Ignored
     for a local folder."""
     cache_dir: ConfigPath = Path("~/.cache/turnkeep/models")
-    """Where the made-up tiny model is cached, keyed by its settings and seed."""
+    """Where the tiny model is cached (keyed by its settings and seed), and GGUF files' folders (by their sha256)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weights dtype in both trainer and policy server."""
     tiny: TinyModelConfig = TinyModelConfig()

@@ -25,8 +25,9 @@ HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
 def is_hub_id(text: str) -> bool:
     """`org/name` naming no local file or folder. What looks like a folder (absolute, starting with . or ~, more
-    than one /) or exists here is a folder."""
-    return HUB_ID.fullmatch(text) is not None and not Path(text).exists()
+    than one /), a GGUF file, or exists here is a path."""
+    return (HUB_ID.fullmatch(text) is not None and not text.lower().endswith(".gguf")
+            and not Path(text).exists())
 
 
 def _model_source(value: Any) -> str:

@@ -88,6 +88,10 @@ group (turns kept from before the kill included) would be discarded."""
 
 CHECKPOINT_HOLDER_PREFIX = "checkpoint:"
 
+PREEMPTION_HOLDER = "preemption"
+"""The trainer hold while a preemption checkpoints the last finished step under a step still computing: the running
+step never reaches its optimizer step, so its groups stay untrained in the checkpoint and train after the restart."""
+
 
 def snapshot_holder(checkpoint_id: str) -> str:
     """An attempt's holder in every hold set it closes."""

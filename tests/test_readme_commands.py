@@ -37,6 +37,8 @@ RUN_FOR_REAL = {
               "tests/chaos/test_recheck.py"),
     "bench": ("tests/cli/test_bench_pass.py", "benchmarks take minutes to hours: parsed here and in that file (as "
               "`--help` would), each benchmark's pieces run in tests/bench/"),
+    "model": ("tests/workers/test_gguf_model.py", "`model get` of a GGUF file the test writes and `model list`; the "
+              "packaged SmolLM2 in tests/workers/test_real_model.py"),
     "eval": ("tests/cli/test_eval.py", "`eval --model` of a tiny model on a prompts file; `eval --run-dir` against a "
              "live run in tests/workers/test_evaluations.py"),
 }

@@ -6,6 +6,9 @@ The cache is huggingface_hub's own, read at call time: HF_HUB_CACHE, else HF_HOM
 TRANSFORMERS_OFFLINE) looks only there, and the token is the usual one (HF_TOKEN, or the one `hf auth login` saved).
 Online, a model that is not cached yet is fetched into the cache (its weights, config and tokenizer files). A hub id
 that cannot be had is one line naming it and the command that fetches it.
+
+A `.gguf` file, or the name of a model that ships in a package (`packaged_models.py`), becomes its converted folder
+the same way (`gguf_model.py`), in `model.cache_dir`.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from pathlib import Path
 
 from turnkeep.config.loader import ConfigError
 from turnkeep.schemas.config import TurnkeepConfig
+from turnkeep.workers.gguf_model import gguf_model_folder, is_gguf_file
+from turnkeep.workers.packaged_models import is_packaged_name, packaged_gguf
 
 MODEL_FILES = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
 """What a run reads of a hub repository: config, weights (safetensors), tokenizer and chat template files; the same
@@ -25,17 +30,29 @@ TRUE_VALUES = {"1", "ON", "YES", "TRUE"}
 
 
 def with_model_resolved(cfg: TurnkeepConfig) -> TurnkeepConfig:
-    """`cfg` with a hub id in `model.path` (and in `algorithm.reference_path`) replaced by its folder in the Hugging
-    Face cache; unchanged when each is a folder or unset. Raises ConfigError (one line) when a hub id cannot be
-    had."""
-    if isinstance(cfg.model.path, str):
-        folder = hub_folder(cfg.model.path, cfg.model.revision)
+    """`cfg` with a hub id, a GGUF file or a packaged model's name in `model.path` (and in
+    `algorithm.reference_path`) replaced by its folder; unchanged when each is a folder or unset. Raises ConfigError
+    (one line) when a model cannot be had."""
+    cache = Path(cfg.model.cache_dir)
+    path, reference = cfg.model.path, cfg.algorithm.reference_path
+    if path is not None and (folder := model_folder(path, cfg.model.revision, cache)) != path:
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": folder})})
-    reference = cfg.algorithm.reference_path
-    if isinstance(reference, str):
-        folder = hub_folder(reference, None, "algorithm.reference_path")
+    key = "algorithm.reference_path"
+    if reference is not None and (folder := model_folder(reference, None, cache, key)) != reference:
         cfg = cfg.model_copy(update={"algorithm": cfg.algorithm.model_copy(update={"reference_path": folder})})
     return cfg
+
+
+def model_folder(source: Path | str, revision: str | None, cache: Path, key: str = "model.path") -> Path:
+    """The local folder of a model source: a hub id's cached snapshot, a GGUF file's or a packaged model's
+    converted folder, or the folder itself."""
+    if isinstance(source, str):
+        return hub_folder(source, revision, key)
+    if is_packaged_name(str(source)):
+        return gguf_model_folder(packaged_gguf(str(source), key), cache, key)
+    if is_gguf_file(source):
+        return gguf_model_folder(source.expanduser(), cache, key)
+    return source
 
 
 def hub_folder(repo_id: str, revision: str | None, key: str = "model.path") -> Path:

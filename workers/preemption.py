@@ -17,8 +17,10 @@ import threading
 from pathlib import Path
 
 import psutil
+from temporalio.client import WorkflowUpdateRPCTimeoutOrCancelledError
 
 from turnkeep.controller.runtime import Controller
+from turnkeep.controller.stores.trainer_checkpoint import published_steps
 from turnkeep.primitives.pid_files import live_pids
 from turnkeep.primitives.process_tree import kill_tree
 from turnkeep.schemas.choices import Outcome
@@ -86,12 +88,12 @@ class PreemptionHandler:
         self._controller.training.freeze()
         try:
             self.saved = await asyncio.wait_for(self._final_save(), self._grace_s)
-        except TimeoutError:
-            self.saved = (f"no final snapshot within snapshot.preemption_grace_s = {self._grace_s:g}s; "
-                          "the newest published snapshot stays authoritative")
+        except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):  # the update, cancelled at the grace's end
+            self.saved = (f"nothing within snapshot.preemption_grace_s = {self._grace_s:g}s; "
+                          f"{next_start(self._controller.cfg.run.run_dir)}")
         except Exception as err:  # noqa: BLE001 - the run must still stop and say why
             log.exception("final snapshot failed")
-            self.saved = f"the final snapshot failed ({err}); the newest published snapshot stays authoritative"
+            self.saved = f"nothing: the final snapshot failed ({err}); {next_start(self._controller.cfg.run.run_dir)}"
         self._controller.request_stop(f"preempted ({name})")
 
     async def _final_save(self) -> str:
@@ -105,7 +107,8 @@ class PreemptionHandler:
         )
         if result.outcome in (Outcome.PUBLISHED, Outcome.PUBLISHED_RELEASE_PENDING):
             return f"snapshot {result.snapshot_dir} ({saved_agents(result)}, {result.data_plane_rows} finished rows)"
-        return f"the final snapshot ended {result.outcome}: {result.reason}"
+        return (f"nothing: the final snapshot ended {result.outcome} ({result.reason}); "
+                f"{next_start(self._controller.cfg.run.run_dir)}")
 
     async def _final_checkpoint(self) -> str:
         training = self._controller.training
@@ -114,6 +117,15 @@ class PreemptionHandler:
             await asyncio.sleep(0.1)
         return (f"trainer checkpoint checkpoints/step_{training.step} "
                 "(its data plane; running agents continue from the turn journals)")
+
+
+def next_start(run_dir: Path) -> str:
+    """Where the next start of the run begins, from what is on disk (said when the final save saved nothing)."""
+    steps = published_steps(run_dir)
+    if not steps:
+        return "no trainer checkpoint is on disk, so the next start begins at step 0"
+    return (f"the next start begins at step {steps[-1]} (trainer checkpoint step_{steps[-1]} and the newest snapshot "
+            "filed under it)")
 
 
 def preempted_line(step: int, saved: str) -> str:

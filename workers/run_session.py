@@ -46,6 +46,7 @@ from turnkeep.schemas.participant import Capabilities
 from turnkeep.schemas.recovery import RecoveryResult, SourceKind
 from turnkeep.workers.eval_problems import run_eval_problems
 from turnkeep.workers.model_source import with_model_resolved
+from turnkeep.workers.rank_copies_default import with_rank_copies_decided
 from turnkeep.workers.preemption import PreemptionHandler
 from turnkeep.workers.process_watch import first_death, first_of
 from turnkeep.workers.prompts import prompt_source
@@ -77,7 +78,7 @@ STOP_GRACE_AFTER_DEATH_S = 5.0
 async def run_training(cfg: TurnkeepConfig, max_steps: int | None) -> RunSummary:
     # Participants in other processes get paths from us; they must not depend on our cwd.
     cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"run_dir": cfg.run.run_dir.resolve()})})
-    cfg = with_model_resolved(cfg)  # a hub id becomes its cached folder (`turnkeep run` resolved it already)
+    cfg = with_rank_copies_decided(with_model_resolved(cfg))  # a hub id or GGUF file becomes its folder first
     start_count = count_at_start(cfg)  # the engines an operator scaled the run to, if the config is as it was
     cfg, temporal_note = temporal_from_environment(start_count.cfg)
     for note in (start_count.note, temporal_note):
@@ -268,6 +269,7 @@ async def _wind_down(cfg: TurnkeepConfig, controller: Controller, processes: Pro
         # for it would only delay the one-line stop.
         grace_s = STOP_GRACE_AFTER_DEATH_S if died else cfg.snapshot.phase_timeout_s
         await stop_snapshots(snapshots, controller.stop_reason or "training finished", grace_s)
+    await controller.training.release_preemption_hold()  # a preemption's hold on the step it abandoned
     await observers.last_sample()
     await _audit_end(controller, processes, controller.stop_reason or "finished")
     controller.metrics.finish()

@@ -32,11 +32,14 @@ from turnkeep.primitives.audit_log import AuditLog
 from turnkeep.primitives.chaos_points import reached
 from turnkeep.primitives.holds import HoldSet
 from turnkeep.schemas.audit import GroupsDiscarded, StepTrained
+from turnkeep.schemas.choices import Trigger
 from turnkeep.schemas.config import TrainConfig
-from turnkeep.schemas.names import REFIT_HOLDER, REPLAY_HOLDER
+from turnkeep.schemas.names import PREEMPTION_HOLDER, REFIT_HOLDER, REPLAY_HOLDER
 from turnkeep.schemas.rollout import RolloutRow
 
 log = logging.getLogger("turnkeep.train")
+PREEMPTION_HOLD_LEASE_S = 600.0
+"""The preemption's trainer hold expires by itself if its controller dies without releasing it."""
 
 
 @dataclass
@@ -112,6 +115,9 @@ class TrainPump:
         self.policy_version = 0
         """Policy version of the committed step (the trainer's, reported with each step)."""
         self._frozen = False
+        self.step_running = False
+        """A train step is on the trainer (claimed, not yet committed)."""
+        self._preemption_save: asyncio.Future | None = None
         self.replay_batches: deque[list[str]] = deque()
         """Batches of steps a crash undid (`ReplayState`), trained again first, in their order, so the steps
         after the restore train what the lost ones trained and each policy version keeps its meaning."""
@@ -149,13 +155,35 @@ class TrainPump:
         self._group_settled.set()
 
     def request_checkpoint(self, trigger: str) -> None:
-        """Write a trainer checkpoint at the current step as soon as no step is running.
+        """Write a trainer checkpoint at the current step as soon as no step is running (a preemption's: at once).
 
         A snapshot must be filed under a checkpoint of the current step; this lets a
         periodic or operator snapshot get one instead of being skipped.
         """
+        if trigger == Trigger.PREEMPTION and self.step_running and self.checkpointed_step != self.step:
+            self._preemption_save = asyncio.ensure_future(self._checkpoint_under_running_step(trigger))
+            return
         self._checkpoint_request = trigger
         self._group_settled.set()  # wakes a train pump that is waiting for data
+
+    async def _checkpoint_under_running_step(self, trigger: str) -> None:
+        """A checkpoint of the last finished step now, while a step still computes (a scheduler's grace is shorter
+        than a real model's step): the trainer hold keeps the running step from its optimizer step, so the weights
+        stay the finished step's and the running step's groups stay untrained (claimed, so a restart trains them).
+        When the running step has moved the weights already (a second pass), it finishes first, as before."""
+        step, version = self.step, self.policy_version
+        await self._trainer.hold_add.remote(PREEMPTION_HOLDER, PREEMPTION_HOLD_LEASE_S)
+        if self.step == step and self.step_running and await self._trainer.holds_weights_of.remote(version):
+            log.info("preemption: checkpointing step %d while step %d waits before its optimizer step", step, step + 1)
+            await self._checkpoint(step, trigger)
+            return
+        await self._trainer.hold_release.remote(PREEMPTION_HOLDER)
+        self._checkpoint_request = trigger
+        self._group_settled.set()
+
+    async def release_preemption_hold(self) -> None:
+        """At the run's end: the held step is abandoned by then, and no hold outlives the run."""
+        await self._trainer.hold_release.remote(PREEMPTION_HOLDER)
 
     def hold_generation_during_replay(self) -> None:
         """After a restore: close admission while a turn generated now could not be trained in time."""
@@ -222,12 +250,14 @@ class TrainPump:
         rows = [row for gid in group_ids for row in self._data_plane.rows(gid)]
         staleness = self.step - min(v for row in rows for v in row.policy_versions())
         self._claims.claim(target, group_ids)
-        started = time.monotonic()
+        started, self.step_running = time.monotonic(), True
         try:
             trainer_stats = await self._trainer.train_step.remote([row.model_dump() for row in rows], target)
         except BaseException:
             self._claims.release(target)
             raise
+        finally:
+            self.step_running = False
         train_step_s = time.monotonic() - started
         async with self._data_plane.barrier:
             if self._audit is not None:

@@ -74,6 +74,14 @@ def test_the_prompt_is_the_templates_first_user_message_with_the_generation_prom
     assert ids == hf(text, add_special_tokens=False)["input_ids"]
 
 
+def test_a_system_message_opens_the_conversation_as_the_template_renders_it(codec: TurnCodec, hf) -> None:
+    messages = [{"role": "system", "content": "Answer with a number."}, {"role": "user", "content": "2+3?"}]
+    text = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<|im_start|>system\nAnswer with a number.<|im_end|>")
+    ids = codec.conversation_start("2+3?", None, "Answer with a number.")
+    assert ids == hf(text, add_special_tokens=False)["input_ids"]
+
+
 def test_turn_by_turn_ids_equal_the_templates_rendering_of_the_whole_conversation(codec: TurnCodec, hf) -> None:
     turns = ['<tool_call>\n{"name": "add", "arguments": {"a": 37, "b": 48}}\n</tool_call>',
              "I will ask the user.", "The answer is 85."]

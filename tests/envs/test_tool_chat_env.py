@@ -108,3 +108,26 @@ def test_options_name_an_unknown_task_or_setting_in_one_line() -> None:
         ToolChatOptions(reasoning_gym={"tasks": ["no_such_task"]})
     with pytest.raises(ValueError, match="reasoning_gym.config names \\['countdown'\\]"):
         ToolChatOptions(reasoning_gym={"tasks": ["chain_sum"], "config": {"countdown": {}}})
+
+
+def test_a_model_that_answers_at_length_is_read_by_its_last_number_and_tags_still_win() -> None:
+    problem = _rg_problem()
+    answer = str(problem.answer)
+    env = _env(problem, answer="last_number", instruction="Answer with the number only.", tools=[])
+    assert env.prompt() == f"{problem.question} Answer with the number only." and env.tools() is None
+    asyncio.run(env.step(f"Adding them up step by step, 1,000 less is not it: the total is {answer}."))
+    assert env.answer == answer and env.reward() == 1.0
+    tagged = _env(problem, answer="last_number")
+    asyncio.run(tagged.step(f"<answer>{answer}</answer> and then 7"))
+    assert tagged.answer == answer
+    plain = _env(problem)  # the default reads the whole turn: the same words score less than 1
+    asyncio.run(plain.step(f"the total is {answer}."))
+    assert plain.answer == f"the total is {answer}." and plain.reward() < 1.0
+
+
+def test_tools_are_described_in_the_system_message_for_a_template_that_lists_none() -> None:
+    env = _env(_rg_problem(), system_prompt="You add numbers.", tools_in_system_prompt=True)
+    system = env.system_prompt()
+    assert system.startswith("You add numbers.\n\n") and '"name": "python"' in system and "<tool_call>" in system
+    assert _env(_rg_problem()).system_prompt() is None
+    assert _env(_rg_problem(), system_prompt="S").system_prompt() == "S"

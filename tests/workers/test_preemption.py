@@ -104,3 +104,33 @@ def test_sigterm_saves_a_final_snapshot_through_a_restarted_outside_temporal_and
     opened = [f"{oct(p.stat().st_mode & 0o777)} {p}" for p in run_dir.rglob("*")
               if p.relative_to(run_dir).parts[0] != "ray" and p.stat().st_mode & 0o077]
     assert not opened, opened
+
+
+def test_sigterm_during_a_train_step_longer_than_the_grace_saves_the_finished_step_and_says_so(
+        stack_config, monkeypatch) -> None:
+    """A real model's step outlasts a scheduler's grace: the final save must not wait for it. The first train step is
+    held on the trainer (the `train_step` fault point) far past the grace; SIGTERM then checkpoints the step before
+    it under the trainer hold, publishes a snapshot of it, and the last line says so."""
+    run_dir = short_run_dir("tk-slowstep-")
+    log = run_dir.parent / "turnkeep.log"
+    monkeypatch.setenv("TURNKEEP_CHAOS_KILL_AT", "train_step")
+    monkeypatch.setenv("TURNKEEP_CHAOS_WAIT_S", "900")
+    grace_s = 60
+    proc = turnkeep("run", "--run-dir", str(run_dir), "--steps", "5", *small_run_settings(stack_config),
+                    "--set", f"snapshot.preemption_grace_s={grace_s}", log=log)
+    try:
+        wait_until((run_dir / "chaos" / "reached").exists, 300, "the first train step on the trainer", proc)
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=grace_s + 60) == 0, log.read_text()[-3000:]
+        print(f"\nSIGTERM mid-step -> exit 0 in {time.monotonic() - signalled:.1f} s")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = log.read_text()
+    assert "turnkeep: preempted at step 0; saved snapshot" in output, output[-3000:]
+    assert (run_dir / "checkpoints" / "step_0").is_dir()
+    [final] = [m for m in metrics(run_dir, "snapshot") if m["trigger"] == "preemption"]
+    assert final["outcome"] == "published" and final["anchor_step"] == 0, final
+    [ended] = [e for e in read_audit(run_dir) if e.event == "run_ended"]
+    assert ended.step == 0 and ended.trainer_holders == [], ended  # the held step never committed, its hold is gone

@@ -53,3 +53,13 @@ def test_a_preempted_run_whose_processes_hang_on_the_way_out_exits_0_soon_with_i
     assert "turnkeep: preempted at step 12; saved snapshot checkpoints/step_12" in proc.stdout
     assert "did not stop within 0.5s of the save and were killed" in proc.stdout
     assert not psutil.pid_exists(int(child_pid)) or psutil.Process(int(child_pid)).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_save_that_saved_nothing_says_where_the_next_start_begins(tmp_path) -> None:
+    from turnkeep.workers.preemption import next_start, preempted_line
+
+    line = preempted_line(3, f"nothing within snapshot.preemption_grace_s = 60s; {next_start(tmp_path)}")
+    assert line.startswith("turnkeep: preempted at step 3; saved nothing within") and "begins at step 0" in line
+    (tmp_path / "checkpoints" / "step_2").mkdir(parents=True)
+    (tmp_path / "checkpoints" / ".staging-step_4-ab12").mkdir()  # never read as a checkpoint
+    assert "begins at step 2 (trainer checkpoint step_2" in next_start(tmp_path)
