@@ -50,6 +50,7 @@ def run(args: argparse.Namespace, name: str = "learn") -> BenchResult:
     wall = run_turnkeep(run_dir, config, args.steps, [*sized, f"eval.every_steps={args.eval_every}",
                                                       "eval.before_training=true"], base / "run.log")
     figures = {**throughput(run_dir), "wall_s": round(wall, 1), "curve": _curve(run_dir),
+               "step_seconds": _step_seconds(run_dir),
                "eval_curve": [{key: line[key] for key in ("step", "pass@1", "mean_reward", "eval_s",
                                                           "policy_version_min", "policy_version_max")}
                               for line in metric_lines(run_dir, "eval")]}
@@ -74,6 +75,16 @@ def _curve(run_dir: Path) -> list[float]:
     tenth = max(1, len(rewards) // 10)
     return [round(statistics.fmean(rewards[i:i + tenth]), 3) for i in range(0, tenth * 10, tenth)
             if rewards[i:i + tenth]]
+
+
+def _step_seconds(run_dir: Path) -> dict:
+    """Where a train step's seconds went: the step on the trainer, its computation, the refit after it."""
+    steps = metric_lines(run_dir, "train_step")
+    step_s = [s["train_step_s"] for s in steps]
+    return {"min": min(step_s), "max": max(step_s), "median": round(statistics.median(step_s), 1),
+            "compute_median": round(statistics.median(s["trainer_compute_s"] for s in steps), 1),
+            "refit_median": round(statistics.median(s["refit_s"] for s in steps), 1),
+            "refit_bytes": max(s["refit_bytes"] for s in steps)}
 
 
 def _eval(model: str, config: Path, settings: list[str], args: argparse.Namespace, out: Path) -> dict:
@@ -102,8 +113,11 @@ def _table(figures: dict) -> str:
 
 
 def _notes(figures: dict, args: argparse.Namespace) -> list[str]:
-    export = figures["export"]
-    return [f"reward of the first ten train steps against the last ten; the curve is the mean of each tenth of the "
+    export, step = figures["export"], figures["step_seconds"]
+    return [f"train step {step['min']:.1f}-{step['max']:.1f} s (median {step['median']}; trainer compute median "
+            f"{step['compute_median']} s), refit of {step['refit_bytes']:,} bytes median {step['refit_median']} s; "
+            f"peak RSS of the run's process tree {figures['peak_rss_tree_mib']:,} MiB",
+            f"reward of the first ten train steps against the last ten; the curve is the mean of each tenth of the "
             f"{figures['steps']} steps",
             f"held-out: {args.eval_prompts} problems the run never trained on, {args.samples} samples each, "
             "temperature 1; a sample is correct at reward 1",

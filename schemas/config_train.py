@@ -81,4 +81,4 @@ class TrainConfig(StrictModel):
     of a shard are gone (two nodes lost together) does the restore fall back to the newest checkpoint. Costs a
     copy of the shard per step and, per keeper, host memory for two shards (four while a step's copies arrive);
     `turnkeep bench ranks` measures both. None: on for a model of at most 64 MiB of weights (the tiny model), off
-    above (SmolLM2-135M: 1.6 GB a copy, 26 s a step and 6.4 GB of keepers on 2 cores)."""
+    above (SmolLM2-135M: 1.6 GB a copy and 26 s of a step on 2 cores)."""

@@ -119,7 +119,7 @@ def test_sigterm_during_a_train_step_longer_than_the_grace_saves_the_finished_st
     proc = turnkeep("run", "--run-dir", str(run_dir), "--steps", "5", *small_run_settings(stack_config),
                     "--set", f"snapshot.preemption_grace_s={grace_s}", log=log)
     try:
-        wait_until((run_dir / "chaos" / "reached").exists, 300, "the first train step on the trainer", proc)
+        wait_until((run_dir / "chaos" / "reached").exists, 600, "the first train step on the trainer", proc)
         signalled = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=grace_s + 60) == 0, log.read_text()[-3000:]
