@@ -55,9 +55,9 @@ class Trainer:
         self.hold_wait_clock = HoldWaitClock()
         self.policy_version = 0
         self.step = 0
+        """The last train step committed here (the controller numbers steps; the policy version counts updates)."""
         self.weights_moved = False
         """The running step has begun an optimizer step: the weights are no longer those of `policy_version`."""
-        """The last train step committed here (the controller numbers steps; the policy version counts updates)."""
 
     @property
     def model(self) -> torch.nn.Module:

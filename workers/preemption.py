@@ -89,11 +89,10 @@ class PreemptionHandler:
         try:
             self.saved = await asyncio.wait_for(self._final_save(), self._grace_s)
         except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):  # the update, cancelled at the grace's end
-            self.saved = (f"nothing within snapshot.preemption_grace_s = {self._grace_s:g}s; "
-                          f"{next_start(self._controller.cfg.run.run_dir)}")
+            self.saved = self._nothing(f"within snapshot.preemption_grace_s = {self._grace_s:g}s")
         except Exception as err:  # noqa: BLE001 - the run must still stop and say why
             log.exception("final snapshot failed")
-            self.saved = f"nothing: the final snapshot failed ({err}); {next_start(self._controller.cfg.run.run_dir)}"
+            self.saved = self._nothing(f"the final snapshot failed ({err})")
         self._controller.request_stop(f"preempted ({name})")
 
     async def _final_save(self) -> str:
@@ -107,8 +106,11 @@ class PreemptionHandler:
         )
         if result.outcome in (Outcome.PUBLISHED, Outcome.PUBLISHED_RELEASE_PENDING):
             return f"snapshot {result.snapshot_dir} ({saved_agents(result)}, {result.data_plane_rows} finished rows)"
-        return (f"nothing: the final snapshot ended {result.outcome} ({result.reason}); "
-                f"{next_start(self._controller.cfg.run.run_dir)}")
+        return self._nothing(f"the final snapshot ended {result.outcome} ({result.reason})")
+
+    def _nothing(self, why: str) -> str:
+        """What the last line says was saved when the final save saved nothing: why, and where the next start begins."""
+        return f"nothing ({why}); {next_start(self._controller.cfg.run.run_dir)}"
 
     async def _final_checkpoint(self) -> str:
         training = self._controller.training

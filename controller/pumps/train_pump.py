@@ -117,7 +117,7 @@ class TrainPump:
         self._frozen = False
         self.step_running = False
         """A train step is on the trainer (claimed, not yet committed)."""
-        self._preemption_save: asyncio.Future | None = None
+        self._preemption_save: asyncio.Future | None = None  # a reference, so the loop keeps the task until it ends
         self.replay_batches: deque[list[str]] = deque()
         """Batches of steps a crash undid (`ReplayState`), trained again first, in their order, so the steps
         after the restore train what the lost ones trained and each policy version keeps its meaning."""

@@ -58,8 +58,8 @@ def test_a_preempted_run_whose_processes_hang_on_the_way_out_exits_0_soon_with_i
 def test_a_save_that_saved_nothing_says_where_the_next_start_begins(tmp_path) -> None:
     from turnkeep.workers.preemption import next_start, preempted_line
 
-    line = preempted_line(3, f"nothing within snapshot.preemption_grace_s = 60s; {next_start(tmp_path)}")
-    assert line.startswith("turnkeep: preempted at step 3; saved nothing within") and "begins at step 0" in line
+    line = preempted_line(3, f"nothing (within snapshot.preemption_grace_s = 60s); {next_start(tmp_path)}")
+    assert line.startswith("turnkeep: preempted at step 3; saved nothing (within") and "begins at step 0" in line
     (tmp_path / "checkpoints" / "step_2").mkdir(parents=True)
     (tmp_path / "checkpoints" / ".staging-step_4-ab12").mkdir()  # never read as a checkpoint
     assert "begins at step 2 (trainer checkpoint step_2" in next_start(tmp_path)
